@@ -1,0 +1,76 @@
+"""Pure tensor math of GRPO and Bradley–Terry reward modelling.
+
+Rules for everything in this package: torch only (never transformers or torch.distributed), no
+config objects, no `.item()`, no logging, never an in-place write to an input. Every semantic
+choice is a named argument, and every variant is chosen from one table:
+
+    LOSS_TYPES          loss_type -> (surrogate, aggregation)
+    SURROGATES          clipped | cispo | sapo | vespo
+    AGGREGATIONS        how [B, T] per-token losses become a scalar
+    IMPORTANCE_LEVELS   token | sequence | sequence_token
+    NEGATIVE_ADVANTAGE_CLIPS  ppo | easydel
+    KL_ESTIMATORS       k1 | k2 | k3
+    REWARD_SCALES       group | batch | none
+
+Shape letters: P prompts, G completions per prompt, B = P·G rows, T completion width,
+V vocabulary, R reward functions.
+"""
+
+from .advantages import REWARD_SCALES, GroupAdvantages, RewardScale, combine_rewards, group_advantages
+from .kl import KL_ESTIMATORS, KLEstimator, kl_penalty
+from .logprobs import (
+    TokenLogps,
+    completion_logits,
+    completion_logps,
+    entropy_from_logits,
+    selective_log_softmax,
+    sequence_logps,
+    token_logps,
+    token_logps_and_entropy,
+)
+from .masking import masked_mean, masked_sum
+from .outputs import LossOutput
+from .policy_loss import (
+    AGGREGATIONS,
+    IMPORTANCE_LEVELS,
+    LOSS_TYPES,
+    NEGATIVE_ADVANTAGE_CLIPS,
+    SURROGATES,
+    ImportanceSamplingLevel,
+    LossType,
+    NegativeAdvantageClip,
+    grpo_loss,
+)
+from .reward_loss import bradley_terry_loss
+
+__all__ = [
+    "AGGREGATIONS",
+    "IMPORTANCE_LEVELS",
+    "KL_ESTIMATORS",
+    "LOSS_TYPES",
+    "NEGATIVE_ADVANTAGE_CLIPS",
+    "REWARD_SCALES",
+    "SURROGATES",
+    "GroupAdvantages",
+    "ImportanceSamplingLevel",
+    "KLEstimator",
+    "LossOutput",
+    "LossType",
+    "NegativeAdvantageClip",
+    "RewardScale",
+    "TokenLogps",
+    "bradley_terry_loss",
+    "combine_rewards",
+    "completion_logits",
+    "completion_logps",
+    "entropy_from_logits",
+    "group_advantages",
+    "grpo_loss",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "selective_log_softmax",
+    "sequence_logps",
+    "token_logps",
+    "token_logps_and_entropy",
+]

@@ -1,0 +1,144 @@
+"""Rewards -> group-relative advantages (the "GR" of GRPO).
+
+    A[b] = (R[b] − mean_{group(b)} R) / (std + eps)         eps outside the square root (TRL, EasyDeL)
+    A[b] = (R[b] − mean_{group(b)} R) / sqrt(var + eps)     eps inside (Edifice)
+
+This module is the only place where the flat completion axis [B] is reshaped to [P, G] and back:
+row b belongs to prompt b // G (the completions of a prompt are contiguous).
+
+NaN rewards mean "unscorable" (TRL's convention): they are excluded from the group statistics and
+get advantage 0. EasyDeL instead scores them 0 and includes them; to reproduce it, pass
+`torch.nan_to_num(rewards, nan=0.0)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+RewardScale = Literal["group", "batch", "none"]
+REWARD_SCALES: tuple[str, ...] = get_args(RewardScale)
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Advantages and the statistics they were computed from, all [B]."""
+
+    advantages: torch.Tensor  # [B] 0 for unscorable rows and zero-variance groups
+    mean: torch.Tensor  # [B] mean reward of the row's group (NaN if the group has no scorable row)
+    std: torch.Tensor  # [B] std used for scaling: group std, or batch std for scale="batch"
+    is_std_zero: torch.Tensor  # [B] bool, std ≈ 0 (TRL's `frac_reward_zero_std` is its mean)
+
+
+def combine_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """Weighted sum over reward functions, NaN-aware.
+
+        R[b] = Σ_f w[f]·r[b, f] over the functions that scored row b;  NaN if none did.
+
+    Args:
+        rewards_per_func: [B, R] float, NaN where a function could not score a row.
+        weights: [R].
+    Returns:
+        rewards [B].
+
+    Parity: TRL `sum_then_normalize` (nansum, rows no function scored stay NaN). EasyDeL turns
+    all-NaN rows into 0 (`jnp.nansum`); apply `nan_to_num` to the result to reproduce it.
+    """
+    if rewards_per_func.dim() != 2:
+        raise ValueError(f"rewards_per_func must be [B, R], got shape {tuple(rewards_per_func.shape)}.")
+    w = torch.as_tensor(weights, dtype=rewards_per_func.dtype, device=rewards_per_func.device)
+    if w.shape != (rewards_per_func.shape[1],):
+        raise ValueError(
+            f"weights has shape {tuple(w.shape)} but there are {rewards_per_func.shape[1]} reward functions; "
+            "give one weight per function."
+        )
+    weighted = rewards_per_func * w  # [B, R]
+    combined = weighted.nansum(dim=1)  # [B]
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)  # [B]
+    return combined.masked_fill(unscorable, float("nan"))
+
+
+def _nan_std(x: torch.Tensor, dim: int | None, ddof: int, eps: float, eps_inside_sqrt: bool) -> torch.Tensor:
+    """NaN-ignoring std along `dim` (all when None), keepdim; NaN when fewer than ddof+1 values."""
+    dims = tuple(range(x.dim())) if dim is None else (dim,)
+    valid = ~torch.isnan(x)
+    count = valid.sum(dim=dims, keepdim=True).to(x.dtype)
+    mean = torch.nanmean(x, dim=dims, keepdim=True)
+    sq_dev = torch.where(valid, (x - mean) ** 2, torch.zeros_like(x))
+    denom = count - ddof
+    var = sq_dev.sum(dim=dims, keepdim=True) / denom.clamp(min=1.0)
+    var = torch.where(denom > 0, var, torch.full_like(var, float("nan")))
+    return torch.sqrt(var + eps) if eps_inside_sqrt else torch.sqrt(var)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scale: RewardScale = "group",
+    std_ddof: int = 1,
+    eps: float = 1e-4,
+    eps_inside_sqrt: bool = False,
+) -> GroupAdvantages:
+    """Group-relative advantages of `rewards` [B] with groups of `group_size` contiguous rows.
+
+        mean_g = nanmean of the group;   A = (R − mean_g) / (std + eps)   [eps_inside_sqrt: / sqrt(var + eps)]
+
+    Args:
+        rewards: [B] float, B = P·G, NaN = unscorable.
+        group_size: G, completions per prompt.
+        scale: "group" divides by the group's std, "batch" by the std of the whole batch (the
+            mean stays per group), "none" does not divide (Dr. GRPO).
+        std_ddof: 1 = Bessel-corrected std (TRL), 0 = population std (EasyDeL, Edifice).
+        eps: added to the std (or to the variance when `eps_inside_sqrt`).
+        eps_inside_sqrt: Edifice's `(r − μ)/sqrt(σ² + eps)` with eps=1e-8.
+    Returns:
+        GroupAdvantages with every field [B]. Unscorable rows, groups whose scorable rewards are
+        all equal, and groups with too few scorable rows for the std (G=1 with ddof=1) get
+        advantage exactly 0, never NaN.
+
+    Parity: TRL `_generate_and_score_completions` (std_ddof=1, eps=1e-4); EasyDeL (std_ddof=0,
+    eps=1e-4); Edifice `compute_advantages` (std_ddof=0, eps=1e-8, eps_inside_sqrt=True).
+    """
+    if scale not in REWARD_SCALES:
+        raise ValueError(f"Unknown scale {scale!r}; valid values: {', '.join(REWARD_SCALES)}.")
+    if std_ddof not in (0, 1):
+        raise ValueError(f"std_ddof must be 0 (population) or 1 (Bessel), got {std_ddof}.")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be [B], got shape {tuple(rewards.shape)}; flatten [P, G] with .reshape(-1).")
+    if rewards.numel() == 0:
+        raise ValueError("rewards is empty: a GRPO batch needs at least one group of completions.")
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"{rewards.numel()} rewards cannot be split into groups of {group_size}: "
+            "the batch size must be a multiple of the number of generations per prompt."
+        )
+    grouped = rewards.reshape(-1, group_size)  # [P, G]
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)  # [P, 1]
+    if scale == "batch":
+        std = _nan_std(grouped, None, std_ddof, eps if eps_inside_sqrt else 0.0, eps_inside_sqrt)  # [1, 1]
+    else:
+        std = _nan_std(grouped, 1, std_ddof, eps if eps_inside_sqrt else 0.0, eps_inside_sqrt)  # [P, 1]
+    std = std.expand_as(grouped)  # [P, G]
+    centred = grouped - mean  # [P, G]
+    if scale == "none":
+        adv = centred
+    elif eps_inside_sqrt:
+        adv = centred / std
+    else:
+        adv = centred / (std + eps)
+    # A group whose scorable rewards are all equal carries no signal: exactly 0, not ulp noise / eps.
+    hi = torch.where(torch.isnan(grouped), -torch.inf, grouped).amax(dim=1, keepdim=True)  # [P, 1]
+    lo = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1, keepdim=True)  # [P, 1]
+    adv = torch.where(hi == lo, torch.zeros_like(adv), adv)
+    adv = torch.nan_to_num(adv, nan=0.0)  # unscorable rows; groups too small for the std
+    zero_std = torch.isclose(std, torch.zeros_like(std))  # [P, G]
+    return GroupAdvantages(
+        advantages=adv.reshape(-1),  # [B]
+        mean=mean.expand_as(grouped).reshape(-1),  # [B]
+        std=std.reshape(-1),  # [B]
+        is_std_zero=zero_std.reshape(-1),  # [B]
+    )
