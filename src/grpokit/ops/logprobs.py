@@ -89,8 +89,9 @@ class _ChunkedLogSoftmaxStats(torch.autograd.Function):
             lse[b, start:stop] = chunk_lse
             logps[b, start:stop] = z.gather(-1, ids[b, start:stop, None]).squeeze(-1) - chunk_lse
             if with_entropy:
-                probs = torch.exp(z - chunk_lse[:, None])  # [n, V]
-                entropy[b, start:stop] = chunk_lse - (probs * z).sum(-1)
+                log_probs = z - chunk_lse[:, None]  # [n, V]
+                # −Σ p·log p rather than lse − Σ p·z: no cancellation between two large terms
+                entropy[b, start:stop] = -(torch.exp(log_probs) * log_probs).sum(-1)
         ctx.save_for_backward(logits, ids, lse, entropy)
         ctx.temperature = temperature
         ctx.with_entropy = with_entropy
