@@ -67,3 +67,13 @@ def test_cli_help_and_demo_run():
     assert "greedy accuracy" in result.stdout
     bad = subprocess.run([sys.executable, "-m", "grpokit", "demo", "--loss-type", "ppo"], capture_output=True, text=True)
     assert bad.returncode != 0 and "invalid choice: 'ppo'" in bad.stderr and "'dapo'" in bad.stderr
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(readme) == 2, "the README starts with exactly two commands"
+    ci_command = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci_command == readme[1]
