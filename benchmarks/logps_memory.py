@@ -58,8 +58,15 @@ def measure(method: str, shape: list[int], grad: bool) -> dict:
     peak = _status_kib("VmHWM")
     logits_bytes = logits.numel() * logits.element_size()
     extra = max(peak - base, 0) * 1024
-    return {"method": method, "shape": shape, "grad": grad, "logits_bytes": logits_bytes,
-            "peak_extra_bytes": extra, "peak_extra_fraction": extra / logits_bytes, "seconds": seconds}
+    return {
+        "method": method,
+        "shape": shape,
+        "grad": grad,
+        "logits_bytes": logits_bytes,
+        "peak_extra_bytes": extra,
+        "peak_extra_fraction": extra / logits_bytes,
+        "seconds": seconds,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--grad"] if args.grad else []
         results.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     for r in results:
-        print(f"{r['method']:8s} peak beyond logits: {r['peak_extra_bytes'] / 2**20:8.1f} MiB "
-              f"({100 * r['peak_extra_fraction']:5.1f}% of the logits' {r['logits_bytes'] / 2**20:.0f} MiB), "
-              f"{r['seconds'] * 1000:.0f} ms")
+        print(
+            f"{r['method']:8s} peak beyond logits: {r['peak_extra_bytes'] / 2**20:8.1f} MiB "
+            f"({100 * r['peak_extra_fraction']:5.1f}% of the logits' {r['logits_bytes'] / 2**20:.0f} MiB), "
+            f"{r['seconds'] * 1000:.0f} ms"
+        )
     print(json.dumps(results))
     return 0
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def random_batch(gen: torch.Generator, B: int = 6, T: int = 7, *, empty_row: bool = False) -> dict[str, torch.Tensor]:
+def random_batch(
+    gen: torch.Generator, B: int = 6, T: int = 7, *, empty_row: bool = False
+) -> dict[str, torch.Tensor]:
     """A float64 off-policy batch: lp, old (= lp + 0.3·N), ref (= lp + 0.2·N), entropies, advantages,
     and a bool mask whose rows have lengths 1..T (row 0 all-masked when `empty_row`)."""
     lp = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3 - 0.05  # [B, T]

@@ -39,7 +39,9 @@ def test_ops_modules_import_only_torch_and_the_standard_library():
     for path in Path(grpokit.ops.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                assert node.func.attr not in ("item", "tolist"), f"{path.name}:{node.lineno} syncs with .{node.func.attr}()"
+                assert node.func.attr not in ("item", "tolist"), (
+                    f"{path.name}:{node.lineno} syncs with .{node.func.attr}()"
+                )
             if isinstance(node, ast.Attribute) and node.attr == "distributed":
                 raise AssertionError(f"{path.name}:{node.lineno} uses torch.distributed")
             if isinstance(node, ast.Import):
@@ -65,7 +67,9 @@ def test_cli_help_and_demo_run():
     )
     assert result.returncode == 0, result.stderr
     assert "greedy accuracy" in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "grpokit", "demo", "--loss-type", "ppo"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "grpokit", "demo", "--loss-type", "ppo"], capture_output=True, text=True
+    )
     assert bad.returncode != 0 and "invalid choice: 'ppo'" in bad.stderr and "'dapo'" in bad.stderr
 
 

@@ -1,6 +1,6 @@
 """Command line: parse, validate, dispatch. No logic lives here.
 
-    grpokit demo [--steps N] [--loss-type dapo] ...   a GRPO run on a toy task, in seconds
+grpokit demo [--steps N] [--loss-type dapo] ...   a GRPO run on a toy task, in seconds
 """
 
 from __future__ import annotations
@@ -19,16 +19,31 @@ def _demo(args: argparse.Namespace) -> int:
 
     cfg = ToyConfig(**{f.name: getattr(args, f.name) for f in fields(ToyConfig)})
     console = Console()
-    table = Table(title=f"GRPO on the toy digits task ({cfg.loss_type}, P={cfg.num_prompts}, G={cfg.num_generations})")
+    table = Table(
+        title=f"GRPO on the toy digits task ({cfg.loss_type}, P={cfg.num_prompts}, G={cfg.num_generations})"
+    )
     # metric name -> column header (TRL's metric names; headers short enough for an 80-column terminal)
-    headers = {"reward": "reward", "frac_reward_zero_std": "zero-std groups", "kl": "kl",
-               "clip_ratio/region_mean": "clipped", "loss": "loss", "greedy_accuracy": "accuracy"}
+    headers = {
+        "reward": "reward",
+        "frac_reward_zero_std": "zero-std groups",
+        "kl": "kl",
+        "clip_ratio/region_mean": "clipped",
+        "loss": "loss",
+        "greedy_accuracy": "accuracy",
+    }
     columns = ["step", *headers]
     for header in ["step", *headers.values()]:
         table.add_column(header, justify="right")
     every = max(1, cfg.steps // 10)
-    with Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("training"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("train", total=cfg.steps, status="")
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -48,7 +63,9 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .ops import LOSS_TYPES
 
-    parser = argparse.ArgumentParser(prog="grpokit", description="Group Relative Policy Optimization for language models.")
+    parser = argparse.ArgumentParser(
+        prog="grpokit", description="Group Relative Policy Optimization for language models."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run GRPO on a toy task in seconds (exercises grpokit.ops)")
     demo.add_argument("--steps", type=int, default=60)

@@ -42,7 +42,7 @@ def test_edifice_compute_advantages_single_element_groups_are_zero():
 
 
 def test_edifice_compute_logprobs_per_sequence_sums():
-    """Constant logits over V = 10: each token −log 10; a 3-token sequence with 2 valid tokens sums to −2 log 10."""
+    """Constant logits over V = 10: each token scores −log 10, so 2 valid tokens sum to −2 log 10."""
     logits = torch.zeros(2, 3, 10, dtype=D)
     targets = torch.tensor([[1, 2, 3], [4, 5, 6]])
     out = compat.edifice_compute_logprobs(logits, targets, torch.tensor([[1, 1, 0], [1, 1, 1]]))
@@ -62,9 +62,12 @@ def test_edifice_loss_without_clipping_is_minus_mean_a_logp():
 
 
 def test_edifice_loss_with_clipping_uses_sign_aware_rule():
-    """c = 0.2; rows: (A = 1, r = 1.5) -> min(1.5, 1.2) = 1.2; (A = −1, r = 0.5) -> −A·min(0.5, 0.8) = 0.5 -> −(1.2·1 + 0.5·(−1))/2."""
+    """c = 0.2. Row 1 (A = 1, r = 1.5): surrogate min(1.5, 1.2)·A = 1.2.
+    Row 2 (A = −1, r = 0.5): max(−0.5, −0.8) = −0.5. Loss −(1.2 − 0.5)/2."""
     lp = torch.tensor([math.log(1.5), math.log(0.5)], dtype=D)
-    loss = compat.edifice_loss(lp, torch.tensor([1.0, -1.0], dtype=D), clip_range=0.2, old_log_probs=torch.zeros(2, dtype=D))
+    loss = compat.edifice_loss(
+        lp, torch.tensor([1.0, -1.0], dtype=D), clip_range=0.2, old_log_probs=torch.zeros(2, dtype=D)
+    )
     assert loss.item() == pytest.approx(-(1.2 - 0.5) / 2)
     with pytest.raises(ValueError, match="old_log_probs"):
         compat.edifice_loss(lp, torch.ones(2, dtype=D), clip_range=0.2)
@@ -73,7 +76,11 @@ def test_edifice_loss_with_clipping_uses_sign_aware_rule():
 def test_edifice_defaults():
     assert compat.default_group_size() == 8
     assert compat.recommended_defaults() == {
-        "hidden_size": 512, "num_layers": 6, "num_heads": 8, "vocab_size": 32000, "group_size": 8
+        "hidden_size": 512,
+        "num_layers": 6,
+        "num_heads": 8,
+        "vocab_size": 32000,
+        "group_size": 8,
     }
 
 
@@ -95,7 +102,9 @@ def test_di_engine_grpo_policy_error_on_random_logits():
         lo = torch.log_softmax(old, -1).gather(-1, action[..., None]).squeeze(-1)
         lr = torch.log_softmax(ref, -1).gather(-1, action[..., None]).squeeze(-1)
         r = torch.exp(lp - lo)
-        per_token = -torch.min(r * adv[:, None], r.clamp(0.8, 1.2) * adv[:, None]) + 0.1 * (torch.exp(lr - lp) - (lr - lp) - 1)
+        per_token = -torch.min(r * adv[:, None], r.clamp(0.8, 1.2) * adv[:, None]) + 0.1 * (
+            torch.exp(lr - lp) - (lr - lp) - 1
+        )
         w = torch.ones_like(per_token) if weight is None else weight
         expected = ((per_token * w).sum(1) / w.sum(1)).mean()
         torch.testing.assert_close(out.loss, expected, rtol=1e-12, atol=1e-14)
@@ -108,7 +117,9 @@ def test_di_engine_all_masked_row_is_zero_not_nan():
     """DI divides by Σ weight unclamped (NaN for an all-zero row); grpokit's row contributes 0."""
     logits = torch.randn(2, 3, 5, dtype=D)
     weight = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], dtype=D)
-    out = compat.di_engine_grpo_policy_error(logits, logits, logits, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, dtype=D), weight)
+    out = compat.di_engine_grpo_policy_error(
+        logits, logits, logits, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, dtype=D), weight
+    )
     assert torch.isfinite(out.loss)
     assert out.loss.item() == pytest.approx(-0.5)  # row 0: −A·1 = −1, row 1: 0; mean over 2 rows
 
@@ -124,7 +135,9 @@ def test_easydel_get_per_token_logps_and_entropies_semantics():
     out = compat.easydel_per_token_logps_and_entropies(logits, ids, prompt_length=2)
     assert out.logps.shape == (2, 4) and out.logps.dtype == torch.float32
     logp_full = torch.log_softmax(logits.float()[:, 1:-1], -1)
-    torch.testing.assert_close(out.logps, logp_full.gather(-1, ids[:, 2:, None]).squeeze(-1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        out.logps, logp_full.gather(-1, ids[:, 2:, None]).squeeze(-1), rtol=0, atol=1e-5
+    )
     torch.testing.assert_close(out.entropy, -(logp_full.exp() * logp_full).sum(-1), rtol=0, atol=1e-5)
 
 
@@ -141,7 +154,11 @@ def test_easydel_reward_loss_defaults_and_fixed_margin():
 def test_easydel_grpo_step_rejects_loss_types_it_does_not_have():
     with pytest.raises(ValueError, match="EasyDeL has loss types"):
         compat.easydel_grpo_step_loss(
-            torch.zeros(1, 2), torch.zeros(1), torch.ones(1, 2, dtype=torch.bool), ref_logps=torch.zeros(1, 2), loss_type="sapo"
+            torch.zeros(1, 2),
+            torch.zeros(1),
+            torch.ones(1, 2, dtype=torch.bool),
+            ref_logps=torch.zeros(1, 2),
+            loss_type="sapo",
         )
 
 

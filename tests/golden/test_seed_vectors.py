@@ -25,11 +25,15 @@ def _inputs(vectors):
 
 
 def _case_kwargs(case: str) -> dict:
-    """'grpo|token|q=0.5|delta=1.5' -> grpo_loss keyword arguments (β 0.04, ε 0.2, ε_high 0.28, 5 for cispo)."""
+    """'grpo|token|q=0.5|delta=1.5' -> grpo_loss kwargs (β 0.04, ε 0.2, ε_high 0.28 or 5 for cispo)."""
     loss_type, level, q, *extra = case.split("|")
     kw = dict(
-        loss_type=loss_type, importance_sampling_level=level, top_entropy_quantile=float(q[2:]), beta=0.04,
-        epsilon=0.2, epsilon_high=5.0 if loss_type == "cispo" else 0.28,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        top_entropy_quantile=float(q[2:]),
+        beta=0.04,
+        epsilon=0.2,
+        epsilon_high=5.0 if loss_type == "cispo" else 0.28,
     )
     for item in extra:
         if item == "delta=1.5":
@@ -48,9 +52,14 @@ def _cases(system):
     return list(json.loads((Path(__file__).parent / "seed_vectors.json").read_text())[system])
 
 
-EASYDEL_METRICS = {"mean_kl": "kl", "mean_entropy": "entropy", "clip_ratio/low_mean": "clip_ratio/low_mean",
-                   "clip_ratio/high_mean": "clip_ratio/high_mean", "clip_ratio/region_mean": "clip_ratio/region_mean",
-                   "cispo_clip_ratio": "cispo_clip_ratio"}
+EASYDEL_METRICS = {
+    "mean_kl": "kl",
+    "mean_entropy": "entropy",
+    "clip_ratio/low_mean": "clip_ratio/low_mean",
+    "clip_ratio/high_mean": "clip_ratio/high_mean",
+    "clip_ratio/region_mean": "clip_ratio/region_mean",
+    "cispo_clip_ratio": "cispo_clip_ratio",
+}
 
 
 @pytest.mark.parametrize("case", _cases("easydel"))
@@ -60,15 +69,22 @@ def test_easydel_grpo_step(seed_vectors, case):
     kw = _case_kwargs(case)
     lp = x["lp"].clone().requires_grad_()
     out = easydel_grpo_step_loss(
-        lp, x["advantages"], x["mask"], ref_logps=x["ref"], old_logps=x["old"],
+        lp,
+        x["advantages"],
+        x["mask"],
+        ref_logps=x["ref"],
+        old_logps=x["old"],
         entropies=x["entropies"] if kw["top_entropy_quantile"] < 1 else None,
-        num_items_in_batch=int(x["mask"].sum()), **kw,
+        num_items_in_batch=int(x["mask"].sum()),
+        **kw,
     )
     out.loss.backward()
     torch.testing.assert_close(out.loss, torch.tensor(expected["loss"], dtype=D), **TOL)
     for name, value in expected["metrics"].items():
         if name in EASYDEL_METRICS and value == value:  # NaN = "not computed" in EasyDeL
-            torch.testing.assert_close(out.metrics[EASYDEL_METRICS[name]], torch.tensor(value, dtype=D), **TOL, msg=name)
+            torch.testing.assert_close(
+                out.metrics[EASYDEL_METRICS[name]], torch.tensor(value, dtype=D), **TOL, msg=name
+            )
     grad = torch.tensor(expected["grad_wrt_lp"], dtype=D)
     if kw["loss_type"] != "cispo":
         torch.testing.assert_close(lp.grad, grad, **TOL)
@@ -84,8 +100,16 @@ def test_easydel_grpo_step(seed_vectors, case):
             torch.testing.assert_close(lp.grad + extra, grad, **TOL)
 
 
-TRL_METRICS = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-               "clip_ratio/low_min", "clip_ratio/high_max", "cispo_clip_ratio")
+TRL_METRICS = (
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "cispo_clip_ratio",
+)
 
 
 @pytest.mark.parametrize("case", _cases("trl"))
@@ -96,8 +120,15 @@ def test_trl_snapshot_compute_loss(seed_vectors, case):
     expected = seed_vectors["trl"][case]
     lp = x["lp"].clone().requires_grad_()
     out = grpo_loss(
-        lp, x["advantages"], x["mask"], old_logps=x["old"], ref_logps=x["ref"], entropies=x["entropies"],
-        use_bias_correction_kl=False, max_completion_length=5, **_case_kwargs(case),
+        lp,
+        x["advantages"],
+        x["mask"],
+        old_logps=x["old"],
+        ref_logps=x["ref"],
+        entropies=x["entropies"],
+        use_bias_correction_kl=False,
+        max_completion_length=5,
+        **_case_kwargs(case),
     )
     out.loss.backward()
     torch.testing.assert_close(out.loss, torch.tensor(expected["loss"], dtype=D), **TOL)
@@ -123,9 +154,19 @@ def test_di_engine_grpo_policy_error(seed_vectors):
         return torch.stack([logp, other], dim=-1)  # [B, S, 2]
 
     out = di_engine_grpo_policy_error(
-        logits_for(x["lp"]), logits_for(x["old"]), logits_for(x["ref"]), action, x["advantages"], x["mask"].to(D),
-        clip_ratio=0.2, beta=0.04,
+        logits_for(x["lp"]),
+        logits_for(x["old"]),
+        logits_for(x["ref"]),
+        action,
+        x["advantages"],
+        x["mask"].to(D),
+        clip_ratio=0.2,
+        beta=0.04,
     )
     torch.testing.assert_close(out.loss, torch.tensor(expected["loss"], dtype=D), **TOL)
-    torch.testing.assert_close(out.metrics["approx_kl"], torch.tensor(expected["info"]["approx_kl"], dtype=D), **TOL)
-    torch.testing.assert_close(out.metrics["clipfrac"], torch.tensor(expected["info"]["clipfrac"], dtype=D), **TOL)
+    torch.testing.assert_close(
+        out.metrics["approx_kl"], torch.tensor(expected["info"]["approx_kl"], dtype=D), **TOL
+    )
+    torch.testing.assert_close(
+        out.metrics["clipfrac"], torch.tensor(expected["info"]["clipfrac"], dtype=D), **TOL
+    )

@@ -33,14 +33,20 @@ def test_hand_computed_two_groups_bessel():
     [
         ({"std_ddof": 1}, 0.86587543, "TRL: Bessel std, eps outside"),
         ({"std_ddof": 0}, 0.99980004, "EasyDeL: population std, eps outside"),
-        ({"std_ddof": 0, "eps": 1e-8, "eps_inside_sqrt": True}, 0.99999998, "Edifice: population, eps inside"),
+        (
+            {"std_ddof": 0, "eps": 1e-8, "eps_inside_sqrt": True},
+            0.99999998,
+            "Edifice: population, eps inside",
+        ),
     ],
 )
 def test_reference_conventions_verified_values(kwargs, magnitude, system):
     """grpo-math.md §2.4 [verified]: rewards [0, 0, 1, 1], G = 4 under each system's convention."""
     out = group_advantages(torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64), 4, **kwargs)
     expected = torch.tensor([-magnitude, -magnitude, magnitude, magnitude], dtype=torch.float64)
-    torch.testing.assert_close(out.advantages, expected, rtol=0, atol=5e-9, msg=system)  # values given to 8 digits
+    torch.testing.assert_close(
+        out.advantages, expected, rtol=0, atol=5e-9, msg=system
+    )  # values given to 8 digits
 
 
 def test_matches_trl_formula_on_random_groups(gen):

@@ -65,7 +65,7 @@ def test_delta_caps_the_ratio_for_negative_advantages():
 
 
 def test_epsilon_high_clips_positive_advantages_asymmetrically():
-    """A = +1, r = 1.25: ε_high = 0.2 clips (loss −1.2, frozen); ε_high = 0.28 does not (−1.25, grad −1.25)."""
+    """A = +1, r = 1.25: ε_high = 0.2 clips (loss −1.2, frozen); ε_high = 0.28 does not (−1.25, grad −1.25)"""
     loss, grad, metrics = single_token("grpo", 1.0, 1.25, epsilon=0.2)
     assert (loss, grad) == pytest.approx((-1.2, 0.0))
     assert metrics["clip_ratio/high_mean"].item() == 1.0 and metrics["clip_ratio/low_mean"].item() == 0.0
@@ -126,7 +126,9 @@ def test_on_policy_gradient_is_the_walkthroughs_coefficient(gen):
     b = random_batch(gen, B=4, T=5)
     lp = b["lp"].clone().requires_grad_()
     beta = 0.04
-    out = grpo_loss(lp, b["adv"], b["mask"], ref_logps=b["ref"], beta=beta, loss_type="grpo", use_bias_correction_kl=False)
+    out = grpo_loss(
+        lp, b["adv"], b["mask"], ref_logps=b["ref"], beta=beta, loss_type="grpo", use_bias_correction_kl=False
+    )
     out.loss.backward()
     coefficient = b["adv"][:, None] + beta * (torch.exp(b["ref"] - b["lp"]) - 1)
     lengths = b["mask"].sum(-1, keepdim=True).to(D)
@@ -171,7 +173,9 @@ def test_top_entropy_mask_keeps_tokens_above_the_quantile():
     their policy loss; the KL term stays on all four."""
     lp = t([[-1.0, -1.0, -1.0, -1.0]]).requires_grad_()
     mask = torch.tensor([[True, True, True, True]])
-    out = grpo_loss(lp, t([1.0]), mask, entropies=t([[0.1, 0.5, 0.9, 0.3]]), top_entropy_quantile=0.5, loss_type="bnpo")
+    out = grpo_loss(
+        lp, t([1.0]), mask, entropies=t([[0.1, 0.5, 0.9, 0.3]]), top_entropy_quantile=0.5, loss_type="bnpo"
+    )
     out.loss.backward()
     torch.testing.assert_close(lp.grad, t([[0.0, -0.25, -0.25, 0.0]]))
     assert out.metrics["entropy"].item() == pytest.approx(0.45)
@@ -210,8 +214,16 @@ def test_gradcheck_float64(gen, loss_type, level):
 
     def f(lp):
         return grpo_loss(
-            lp, b["adv"], b["mask"], old_logps=b["old"], ref_logps=b["ref"], beta=0.04, loss_type=loss_type,
-            importance_sampling_level=level, epsilon_high=0.28, max_completion_length=6,
+            lp,
+            b["adv"],
+            b["mask"],
+            old_logps=b["old"],
+            ref_logps=b["ref"],
+            beta=0.04,
+            loss_type=loss_type,
+            importance_sampling_level=level,
+            epsilon_high=0.28,
+            max_completion_length=6,
         ).loss
 
     assert torch.autograd.gradcheck(f, (b["lp"].clone().requires_grad_(),))
@@ -238,7 +250,9 @@ def test_micro_batch_split_with_global_token_count_gives_the_same_gradient(gen, 
     total_loss, grads = 0.0, []
     for s in parts:
         kw_s = {**kw, "ref_logps": b["ref"][s]}
-        loss, grad = _loss_and_grad(b["lp"][s], b["adv"][s], b["mask"][s], num_items_in_batch=n_global, **kw_s)
+        loss, grad = _loss_and_grad(
+            b["lp"][s], b["adv"][s], b["mask"][s], num_items_in_batch=n_global, **kw_s
+        )
         total_loss += loss
         grads.append(grad)
     torch.testing.assert_close(total_loss, full_loss, rtol=1e-12, atol=1e-15)
@@ -257,11 +271,24 @@ def test_padding_width_does_not_change_loss_or_gradient(gen, loss_type, level):
         return torch.cat([x, garbage], dim=1)
 
     wide_mask = torch.cat([b["mask"], torch.zeros(5, pad, dtype=torch.bool)], dim=1)
-    kw = dict(loss_type=loss_type, beta=0.04, importance_sampling_level=level, top_entropy_quantile=0.7, max_completion_length=9)
-    narrow = _loss_and_grad(b["lp"], b["adv"], b["mask"], old_logps=b["old"], ref_logps=b["ref"], entropies=b["entropies"], **kw)
+    kw = dict(
+        loss_type=loss_type,
+        beta=0.04,
+        importance_sampling_level=level,
+        top_entropy_quantile=0.7,
+        max_completion_length=9,
+    )
+    narrow = _loss_and_grad(
+        b["lp"], b["adv"], b["mask"], old_logps=b["old"], ref_logps=b["ref"], entropies=b["entropies"], **kw
+    )
     wide = _loss_and_grad(
-        widen(b["lp"]), b["adv"], wide_mask, old_logps=widen(b["old"]), ref_logps=widen(b["ref"]),
-        entropies=widen(b["entropies"]).abs(), **kw,
+        widen(b["lp"]),
+        b["adv"],
+        wide_mask,
+        old_logps=widen(b["old"]),
+        ref_logps=widen(b["ref"]),
+        entropies=widen(b["entropies"]).abs(),
+        **kw,
     )
     torch.testing.assert_close(wide[0], narrow[0], rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(wide[1][:, :4], narrow[1], rtol=1e-12, atol=1e-15)
@@ -277,8 +304,16 @@ def test_all_masked_row_contributes_nothing_and_no_nan(gen, loss_type, level):
     b = random_batch(gen, B=4, T=5, empty_row=True)
     lp = b["lp"].clone().requires_grad_()
     out = grpo_loss(
-        lp, b["adv"], b["mask"], old_logps=b["old"], ref_logps=b["ref"], entropies=b["entropies"], beta=0.04,
-        loss_type=loss_type, importance_sampling_level=level, top_entropy_quantile=0.8,
+        lp,
+        b["adv"],
+        b["mask"],
+        old_logps=b["old"],
+        ref_logps=b["ref"],
+        entropies=b["entropies"],
+        beta=0.04,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        top_entropy_quantile=0.8,
     )
     out.loss.backward()
     assert torch.isfinite(out.loss)
@@ -288,7 +323,14 @@ def test_all_masked_row_contributes_nothing_and_no_nan(gen, loss_type, level):
 
 def test_all_masked_batch_gives_zero_loss():
     lp = t([[-1.0, -2.0]]).requires_grad_()
-    out = grpo_loss(lp, t([1.0]), torch.tensor([[False, False]]), loss_type="dapo", entropies=t([[0.5, 0.5]]), top_entropy_quantile=0.5)
+    out = grpo_loss(
+        lp,
+        t([1.0]),
+        torch.tensor([[False, False]]),
+        loss_type="dapo",
+        entropies=t([[0.5, 0.5]]),
+        top_entropy_quantile=0.5,
+    )
     out.loss.backward()
     assert out.loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros(1, 2, dtype=D))
 
@@ -302,20 +344,30 @@ def test_group_of_one_and_zero_advantages_give_zero_policy_loss(gen):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"loss_type": "ppo"}, ValueError, "valid names: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo"),
+        (
+            {"loss_type": "ppo"},
+            ValueError,
+            "valid names: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo",
+        ),
         ({"importance_sampling_level": "seq"}, ValueError, "token, sequence, sequence_token"),
         ({"negative_advantage_clip": "trl"}, ValueError, "ppo, easydel"),
         ({"beta": 0.1}, ValueError, "needs ref_logps"),
         ({"top_entropy_quantile": 0.5}, ValueError, "pass entropies"),
         ({"top_entropy_quantile": 0.0}, ValueError, r"in \(0, 1\]"),
         ({"max_completion_length": 0}, ValueError, "max_completion_length"),
-        ({"kl_estimator": "k4", "beta": 0.1, "ref_logps": torch.zeros(2, 3, dtype=D)}, ValueError, "k1, k2, k3"),
+        (
+            {"kl_estimator": "k4", "beta": 0.1, "ref_logps": torch.zeros(2, 3, dtype=D)},
+            ValueError,
+            "k1, k2, k3",
+        ),
         ({"old_logps": torch.zeros(2, 4, dtype=D)}, ValueError, "old_logps has shape"),
     ],
 )
 def test_bad_arguments_raise_named_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
-        grpo_loss(torch.zeros(2, 3, dtype=D), torch.zeros(2, dtype=D), torch.ones(2, 3, dtype=torch.bool), **kwargs)
+        grpo_loss(
+            torch.zeros(2, 3, dtype=D), torch.zeros(2, dtype=D), torch.ones(2, 3, dtype=torch.bool), **kwargs
+        )
 
 
 def test_bad_shapes_and_mask_dtype():
@@ -336,8 +388,15 @@ def test_inputs_are_never_modified(gen, loss_type):
     inputs = {k: (v.clone().requires_grad_() if k == "lp" else v.clone()) for k, v in b.items()}
     versions = {k: v._version for k, v in inputs.items()}
     out = grpo_loss(
-        inputs["lp"], inputs["adv"], inputs["mask"], old_logps=inputs["old"], ref_logps=inputs["ref"],
-        entropies=inputs["entropies"], beta=0.04, loss_type=loss_type, top_entropy_quantile=0.6,
+        inputs["lp"],
+        inputs["adv"],
+        inputs["mask"],
+        old_logps=inputs["old"],
+        ref_logps=inputs["ref"],
+        entropies=inputs["entropies"],
+        beta=0.04,
+        loss_type=loss_type,
+        top_entropy_quantile=0.6,
     )
     out.loss.backward()
     for k, v in inputs.items():

@@ -95,7 +95,7 @@ def test_chunking_is_exact(gen, monkeypatch):
     whole = run()
     monkeypatch.setattr(logprobs_module, "_CHUNK_ELEMENTS", 1)
     pieces = run()
-    for a, b in zip(whole, pieces):
+    for a, b in zip(whole, pieces, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
 
 
@@ -107,7 +107,10 @@ def test_sliced_view_is_not_copied_and_shift_is_right(gen):
     view = completion_logits(logits, Lp)
     assert view.data_ptr() == logits[:, Lp - 1].data_ptr() and view.shape == (B, T, V)
     expected = torch.stack(
-        [torch.log_softmax(logits[:, Lp - 1 + t], -1).gather(-1, ids[:, Lp + t, None]).squeeze(-1) for t in range(T)],
+        [
+            torch.log_softmax(logits[:, Lp - 1 + t], -1).gather(-1, ids[:, Lp + t, None]).squeeze(-1)
+            for t in range(T)
+        ],
         dim=1,
     )
     torch.testing.assert_close(completion_logps(logits, ids, Lp), expected, rtol=0, atol=1e-12)
@@ -126,8 +129,12 @@ def test_uniform_logits_hand_computed():
     V = 7
     logits = torch.zeros(2, 3, V)
     ids = torch.tensor([[0, 3, 6], [1, 2, 5]])
-    torch.testing.assert_close(token_logps(logits, ids), torch.full((2, 3), -torch.log(torch.tensor(7.0)).item()))
-    torch.testing.assert_close(entropy_from_logits(logits), torch.full((2, 3), torch.log(torch.tensor(7.0)).item()))
+    torch.testing.assert_close(
+        token_logps(logits, ids), torch.full((2, 3), -torch.log(torch.tensor(7.0)).item())
+    )
+    torch.testing.assert_close(
+        entropy_from_logits(logits), torch.full((2, 3), torch.log(torch.tensor(7.0)).item())
+    )
 
 
 def test_inputs_are_not_modified(gen):

@@ -49,26 +49,49 @@ class _OneProcess:
 
 def trl_grpo_loss(batch, lp, *, loss_type, level, beta, epsilon, epsilon_high, delta, q, bias_kl, max_len):
     args = SimpleNamespace(
-        use_bias_correction_kl=bias_kl, delta=delta, sapo_temperature_pos=1.0, sapo_temperature_neg=SAPO_NEG,
-        vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, steps_per_generation=1,
+        use_bias_correction_kl=bias_kl,
+        delta=delta,
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=SAPO_NEG,
+        vespo_k_pos=2.0,
+        vespo_lambda_pos=3.0,
+        vespo_k_neg=3.0,
+        vespo_lambda_neg=2.0,
+        steps_per_generation=1,
     )
     me = SimpleNamespace(
-        args=args, loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=epsilon,
-        epsilon_high=epsilon if epsilon_high is None else epsilon_high, top_entropy_quantile=q,
-        max_completion_length=max_len, accelerator=_OneProcess(), model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1, off_policy_mask_threshold=None, use_vllm=False,
-        vllm_importance_sampling_correction=False, _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        args=args,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=beta,
+        epsilon_low=epsilon,
+        epsilon_high=epsilon if epsilon_high is None else epsilon_high,
+        top_entropy_quantile=q,
+        max_completion_length=max_len,
+        accelerator=_OneProcess(),
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        off_policy_mask_threshold=None,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
         _metrics=defaultdict(lambda: defaultdict(list)),
-        get_gamma_weights=GRPOTrainer.get_gamma_weights, get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=GRPOTrainer.get_gamma_weights,
+        get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
     )
     me.get_high_entropy_mask = lambda e, m, thr: GRPOTrainer.get_high_entropy_mask(me, e, m, thr)
     me._get_per_token_logps_and_entropies = lambda *a, **k: (lp, batch["entropies"], None)
     B, T = lp.shape
     mask = batch["mask"].long()  # TRL's completion_mask is an integer tensor
     inputs = {
-        "prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-        "advantages": batch["adv"], "old_per_token_logps": batch["old"], "ref_per_token_logps": batch["ref"],
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": batch["adv"],
+        "old_per_token_logps": batch["old"],
+        "ref_per_token_logps": batch["ref"],
         "num_items_in_batch": mask.sum(),
     }
     loss = GRPOTrainer._compute_loss(me, None, inputs)
@@ -98,15 +121,29 @@ def test_grpo_loss_matches_trl_1_16(loss_type, level, beta, variant):
     options = dict(epsilon=0.2, epsilon_high=None, delta=None, q=1.0, bias_kl=True) | VARIANTS[variant]
 
     lp_trl = batch["lp"].clone().requires_grad_()
-    trl_loss, trl_metrics = trl_grpo_loss(batch, lp_trl, loss_type=loss_type, level=level, beta=beta, max_len=9, **options)
+    trl_loss, trl_metrics = trl_grpo_loss(
+        batch, lp_trl, loss_type=loss_type, level=level, beta=beta, max_len=9, **options
+    )
     trl_loss.backward()
 
     lp = batch["lp"].clone().requires_grad_()
     out = grpo_loss(
-        lp, batch["adv"], batch["mask"], old_logps=batch["old"], ref_logps=batch["ref"], entropies=batch["entropies"],
-        loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon=options["epsilon"],
-        epsilon_high=options["epsilon_high"], delta=options["delta"], top_entropy_quantile=options["q"],
-        use_bias_correction_kl=options["bias_kl"], max_completion_length=9, sapo_temperature_neg=SAPO_NEG,
+        lp,
+        batch["adv"],
+        batch["mask"],
+        old_logps=batch["old"],
+        ref_logps=batch["ref"],
+        entropies=batch["entropies"],
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=beta,
+        epsilon=options["epsilon"],
+        epsilon_high=options["epsilon_high"],
+        delta=options["delta"],
+        top_entropy_quantile=options["q"],
+        use_bias_correction_kl=options["bias_kl"],
+        max_completion_length=9,
+        sapo_temperature_neg=SAPO_NEG,
     )
     out.loss.backward()
 
@@ -114,16 +151,25 @@ def test_grpo_loss_matches_trl_1_16(loss_type, level, beta, variant):
     torch.testing.assert_close(lp.grad, lp_trl.grad, rtol=1e-6, atol=1e-12)
     assert set(out.metrics) == set(trl_metrics), "grpokit reports exactly TRL's metric names"
     for name, value in trl_metrics.items():
-        torch.testing.assert_close(out.metrics[name], torch.tensor(value, dtype=D), rtol=1e-6, atol=1e-12, msg=name)
+        torch.testing.assert_close(
+            out.metrics[name], torch.tensor(value, dtype=D), rtol=1e-6, atol=1e-12, msg=name
+        )
 
 
 def trl_reward_loss(chosen, rejected, margin, coefficient):
     me = SimpleNamespace(
-        args=SimpleNamespace(center_rewards_coefficient=coefficient), model=SimpleNamespace(training=True),
-        accelerator=_OneProcess(), _metrics=defaultdict(lambda: defaultdict(list)), _total_train_tokens=0, _tp_size=1,
+        args=SimpleNamespace(center_rewards_coefficient=coefficient),
+        model=SimpleNamespace(training=True),
+        accelerator=_OneProcess(),
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        _total_train_tokens=0,
+        _tp_size=1,
     )
     scores = torch.cat([chosen, rejected])[:, None]  # TRL runs chosen and rejected as one batch -> [2B, 1]
-    inputs = {"input_ids": torch.zeros(len(scores), 3, dtype=torch.long), "attention_mask": torch.ones(len(scores), 3)}
+    inputs = {
+        "input_ids": torch.zeros(len(scores), 3, dtype=torch.long),
+        "attention_mask": torch.ones(len(scores), 3),
+    }
     if margin is not None:
         inputs["margin"] = margin
     loss = RewardTrainer.compute_loss(me, lambda **kw: SimpleNamespace(logits=scores), inputs)
@@ -142,10 +188,12 @@ def test_bradley_terry_matches_trl_reward_trainer(with_margin, coefficient):
     out = bradley_terry_loss(chosen, rejected, margin=margin, center_rewards_coefficient=coefficient)
     grads = torch.autograd.grad(out.loss, (chosen, rejected))
     torch.testing.assert_close(out.loss, trl_loss, rtol=1e-6, atol=1e-12)
-    for ours, theirs in zip(grads, trl_grads):
+    for ours, theirs in zip(grads, trl_grads, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-12)
     for name in ("accuracy", "margin"):
-        torch.testing.assert_close(out.metrics[name], torch.tensor(trl_metrics[name], dtype=D), rtol=1e-6, atol=1e-12)
+        torch.testing.assert_close(
+            out.metrics[name], torch.tensor(trl_metrics[name], dtype=D), rtol=1e-6, atol=1e-12
+        )
 
 
 def test_defaults_are_trl_1_16_grpo_config_defaults():
@@ -155,10 +203,25 @@ def test_defaults_are_trl_1_16_grpo_config_defaults():
     from trl import GRPOConfig
 
     config = GRPOConfig(output_dir="/tmp/unused-grpokit-parity", report_to=[], use_cpu=True, bf16=False)
-    ours = {n: p.default for n, p in inspect.signature(grpo_loss).parameters.items() if p.default is not p.empty}
+    ours = {
+        n: p.default for n, p in inspect.signature(grpo_loss).parameters.items() if p.default is not p.empty
+    }
     shared = set(ours) & set(vars(config))
-    assert {"loss_type", "beta", "epsilon", "epsilon_high", "delta", "importance_sampling_level", "top_entropy_quantile",
-            "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-            "vespo_lambda_neg", "use_bias_correction_kl"} <= shared
+    assert {
+        "loss_type",
+        "beta",
+        "epsilon",
+        "epsilon_high",
+        "delta",
+        "importance_sampling_level",
+        "top_entropy_quantile",
+        "sapo_temperature_pos",
+        "sapo_temperature_neg",
+        "vespo_k_pos",
+        "vespo_lambda_pos",
+        "vespo_k_neg",
+        "vespo_lambda_neg",
+        "use_bias_correction_kl",
+    } <= shared
     for name in shared - {"max_completion_length"}:  # ours: None = the width T; TRL's config: 256
         assert ours[name] == getattr(config, name), name

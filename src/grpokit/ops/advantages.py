@@ -108,7 +108,9 @@ def group_advantages(
     if std_ddof not in (0, 1):
         raise ValueError(f"std_ddof must be 0 (population) or 1 (Bessel), got {std_ddof}.")
     if rewards.dim() != 1:
-        raise ValueError(f"rewards must be [B], got shape {tuple(rewards.shape)}; flatten [P, G] with .reshape(-1).")
+        raise ValueError(
+            f"rewards must be [B], got shape {tuple(rewards.shape)}; flatten [P, G] with .reshape(-1)."
+        )
     if rewards.numel() == 0:
         raise ValueError("rewards is empty: a GRPO batch needs at least one group of completions.")
     if group_size < 1 or rewards.numel() % group_size != 0:

@@ -95,7 +95,9 @@ def edifice_compute_advantages(
     elif rewards.dim() == 1:
         size = default_group_size() if group_size is None else group_size
     else:
-        raise ValueError(f"rewards must be [batch, group] or [batch·group], got shape {tuple(rewards.shape)}.")
+        raise ValueError(
+            f"rewards must be [batch, group] or [batch·group], got shape {tuple(rewards.shape)}."
+        )
     out = group_advantages(rewards.reshape(-1), size, std_ddof=0, eps=eps, eps_inside_sqrt=True)
     return out.advantages.reshape(rewards.shape)
 
@@ -132,7 +134,9 @@ def edifice_loss(
     if clip_range is None:
         return grpo_loss(lp, adv, mask, loss_type="cispo", epsilon_high=1.0).loss
     if old_log_probs is None:
-        raise ValueError("edifice_loss with clip_range needs old_log_probs (the sampling policy's log-probs).")
+        raise ValueError(
+            "edifice_loss with clip_range needs old_log_probs (the sampling policy's log-probs)."
+        )
     old = old_log_probs.reshape(-1, 1).to(lp.dtype)  # [B, 1]
     return grpo_loss(
         lp, adv, mask, old_logps=old, loss_type="grpo", epsilon=clip_range, negative_advantage_clip="easydel"

@@ -51,7 +51,11 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: KLEstima
     try:
         fn = KL_ESTIMATORS[estimator]
     except KeyError:
-        raise ValueError(f"Unknown KL estimator {estimator!r}; valid names: {', '.join(KL_ESTIMATORS)}.") from None
+        raise ValueError(
+            f"Unknown KL estimator {estimator!r}; valid names: {', '.join(KL_ESTIMATORS)}."
+        ) from None
     if logps.shape != ref_logps.shape:
-        raise ValueError(f"logps {tuple(logps.shape)} and ref_logps {tuple(ref_logps.shape)} must have one shape.")
+        raise ValueError(
+            f"logps {tuple(logps.shape)} and ref_logps {tuple(ref_logps.shape)} must have one shape."
+        )
     return fn(ref_logps - logps)

@@ -54,7 +54,7 @@ def _chunks(rows_per_sequence: int, n_sequences: int, vocab_size: int, chunk_ele
 
 
 def _scaled_chunk(logits: torch.Tensor, b: int, start: int, stop: int, temperature: float) -> torch.Tensor:
-    """Rows [start, stop) of sequence b of `logits` [S, N, V], upcast and divided by the temperature. [n, V]"""
+    """Rows [start, stop) of sequence b of `logits` [S, N, V], upcast, divided by the temperature. [n, V]"""
     chunk = logits[b, start:stop].to(_accumulation_dtype(logits.dtype))
     return chunk / temperature if temperature != 1.0 else chunk
 
@@ -140,7 +140,8 @@ def _logps_and_entropy(
         ids = torch.zeros(lead, dtype=torch.long, device=logits.device)
     elif ids.shape != lead:
         raise ValueError(
-            f"ids has shape {tuple(ids.shape)} but logits {tuple(logits.shape)} need ids of shape {tuple(lead)}."
+            f"ids has shape {tuple(ids.shape)} but logits {tuple(logits.shape)} "
+            f"need ids of shape {tuple(lead)}."
         )
     vocab = logits.shape[-1]
     try:  # merge all leading dims when the layout allows it without a copy: one [1, N, V] view
@@ -148,7 +149,9 @@ def _logps_and_entropy(
     except RuntimeError:  # a sliced view such as logits[:, Lp-1:-1]: keep [S, N, V], still no copy
         view3 = logits if logits.dim() == 3 else logits.reshape(-1, *logits.shape[-2:])
     ids3 = ids.reshape(view3.shape[:-1]).long()  # [S, N]
-    logps, entropy = _ChunkedLogSoftmaxStats.apply(view3, ids3, float(temperature), with_entropy, _CHUNK_ELEMENTS)
+    logps, entropy = _ChunkedLogSoftmaxStats.apply(
+        view3, ids3, float(temperature), with_entropy, _CHUNK_ELEMENTS
+    )
     return logps.reshape(lead), (entropy.reshape(lead) if with_entropy else entropy)
 
 

@@ -132,7 +132,11 @@ def _clipped_surrogate(x: SurrogateInputs, p: SurrogateParams) -> SurrogateOutpu
     is_region = torch.maximum(is_low, is_high)
     return SurrogateOutput(
         per_token_loss=-surrogate,
-        means={"clip_ratio/low_mean": is_low, "clip_ratio/high_mean": is_high, "clip_ratio/region_mean": is_region},
+        means={
+            "clip_ratio/low_mean": is_low,
+            "clip_ratio/high_mean": is_high,
+            "clip_ratio/region_mean": is_region,
+        },
         extrema={"clip_ratio/low_min": ("min", is_low), "clip_ratio/high_max": ("max", is_high)},
     )
 
@@ -283,10 +287,8 @@ def _masked_metric_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _sequence_extremum(x: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
     """nanmin / nanmax over sequences of each sequence's masked mean (empty rows ignored)."""
-    if x.shape[-1] == 1 and mask.shape[-1] != 1:
-        per_seq = x.squeeze(-1)  # [B]
-    else:
-        per_seq = (x * mask).sum(-1) / mask.sum(-1)  # [B], NaN for empty rows
+    per_sequence_value = x.shape[-1] == 1 and mask.shape[-1] != 1
+    per_seq = x.squeeze(-1) if per_sequence_value else (x * mask).sum(-1) / mask.sum(-1)  # [B], NaN if empty
     fill = torch.inf if kind == "min" else -torch.inf
     filled = torch.where(torch.isnan(per_seq), torch.full_like(per_seq, fill), per_seq)
     value = filled.min() if kind == "min" else filled.max()
@@ -329,7 +331,28 @@ def _validate(
         )
     for name, tensor in others.items():
         if tensor is not None and tensor.shape != logps.shape:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logps.shape)} like logps.")
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logps.shape)} like logps."
+            )
+
+
+def _check_options(
+    beta: float,
+    ref_logps: torch.Tensor | None,
+    top_entropy_quantile: float,
+    entropies: torch.Tensor | None,
+    max_completion_length: int | None,
+) -> None:
+    if beta != 0.0 and ref_logps is None:
+        raise ValueError(
+            f"beta={beta} needs ref_logps (the reference policy's log-probs); pass them or set beta=0."
+        )
+    if not 0.0 < top_entropy_quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {top_entropy_quantile}.")
+    if top_entropy_quantile < 1.0 and entropies is None:
+        raise ValueError("top_entropy_quantile < 1 needs the token entropies: pass entropies=[B, T].")
+    if max_completion_length is not None and max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be ≥ 1, got {max_completion_length}.")
 
 
 def grpo_loss(
@@ -391,15 +414,13 @@ def grpo_loss(
     _lookup(LOSS_TYPES, loss_type, "loss_type")  # type: ignore[arg-type]
     _lookup(IMPORTANCE_LEVELS, importance_sampling_level, "importance_sampling_level")  # type: ignore[arg-type]
     _lookup(NEGATIVE_ADVANTAGE_CLIPS, negative_advantage_clip, "negative_advantage_clip")  # type: ignore[arg-type]
-    _validate(logps, advantages, completion_mask, {"old_logps": old_logps, "ref_logps": ref_logps, "entropies": entropies})
-    if beta != 0.0 and ref_logps is None:
-        raise ValueError(f"beta={beta} needs ref_logps (the reference policy's log-probs); pass them or set beta=0.")
-    if not 0.0 < top_entropy_quantile <= 1.0:
-        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {top_entropy_quantile}.")
-    if top_entropy_quantile < 1.0 and entropies is None:
-        raise ValueError("top_entropy_quantile < 1 needs the token entropies: pass entropies=[B, T].")
-    if max_completion_length is not None and max_completion_length < 1:
-        raise ValueError(f"max_completion_length must be ≥ 1, got {max_completion_length}.")
+    _validate(
+        logps,
+        advantages,
+        completion_mask,
+        {"old_logps": old_logps, "ref_logps": ref_logps, "entropies": entropies},
+    )
+    _check_options(beta, ref_logps, top_entropy_quantile, entropies, max_completion_length)
 
     variant = LOSS_TYPES[loss_type]
     mask = completion_mask.to(logps.dtype)  # [B, T] 0/1

@@ -51,7 +51,11 @@ def digit_reward(completions: torch.Tensor, target: torch.Tensor) -> torch.Tenso
 def leading_digit_reward(completions: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """1 when the first digit is right, else unscorable (NaN): shows NaN-aware combination. [B]"""
     right = completions[:, 0] == target[:, 0]
-    return torch.where(right, torch.ones_like(right, dtype=torch.float), torch.full_like(right, float("nan"), dtype=torch.float))
+    return torch.where(
+        right,
+        torch.ones_like(right, dtype=torch.float),
+        torch.full_like(right, float("nan"), dtype=torch.float),
+    )
 
 
 def greedy_accuracy(theta: torch.Tensor, target: torch.Tensor) -> float:
@@ -74,7 +78,9 @@ def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
         # sample G completions per prompt from the current policy
         with torch.no_grad():
             probs = torch.softmax(theta, -1).repeat_interleave(G, dim=0)  # [B, T, V]
-            completions = torch.multinomial(probs.reshape(-1, DIGITS), 1, generator=gen).reshape(P * G, T)  # [B, T]
+            completions = torch.multinomial(probs.reshape(-1, DIGITS), 1, generator=gen).reshape(
+                P * G, T
+            )  # [B, T]
             row_target = target.repeat_interleave(G, dim=0)  # [B, T]
             rewards_per_func = torch.stack(
                 [digit_reward(completions, row_target), leading_digit_reward(completions, row_target)], dim=1
@@ -87,8 +93,15 @@ def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
         for _ in range(cfg.num_iterations):
             logps = token_logps(theta.repeat_interleave(G, dim=0), completions)  # [B, T]
             out = grpo_loss(
-                logps, adv.advantages, mask, old_logps=old_logps, ref_logps=ref_logps, loss_type=cfg.loss_type,
-                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                logps,
+                adv.advantages,
+                mask,
+                old_logps=old_logps,
+                ref_logps=ref_logps,
+                loss_type=cfg.loss_type,
+                beta=cfg.beta,
+                epsilon=cfg.epsilon,
+                epsilon_high=cfg.epsilon_high,
             )
             optimizer.zero_grad()
             out.loss.backward()
