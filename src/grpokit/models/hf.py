@@ -1,0 +1,153 @@
+"""The one module that builds and loads models and tokenizers through transformers.
+
+Nothing here downloads: `load_policy` reads a local directory only (`local_files_only=True`), and
+the built-in tasks build their policy from a config (`build_policy`) and their tokenizer from an
+alphabet (`char_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    model: Any  # a transformers PreTrainedModel (causal LM)
+    tokenizer: Any  # a transformers tokenizer with pad and eos tokens
+
+
+def char_tokenizer(alphabet: str, *, model_max_length: int = 2048) -> Any:
+    """A character-level fast tokenizer: one token per character of `alphabet`, plus <pad>=0,
+    <bos>=1, <eos>=2, <unk>=3. Round-trips through save_pretrained / AutoTokenizer.from_pretrained.
+
+    No BOS is added automatically: prompts are encoded exactly as written."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys(alphabet))  # unique, in order
+    if not chars:
+        raise ValueError("char_tokenizer needs a non-empty alphabet.")
+    specials = [PAD, BOS, EOS, UNK]
+    clash = [c for c in chars if c in specials]
+    if clash:
+        raise ValueError(f"alphabet characters {clash} collide with special tokens {specials}.")
+    vocab = {token: i for i, token in enumerate(specials + chars)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        model_max_length=model_max_length,
+        padding_side="left",
+    )
+
+
+def build_policy(
+    hidden_size: int = 512,
+    num_layers: int = 6,
+    num_heads: int = 8,
+    vocab_size: int = 32000,
+    dropout: float = 0.1,
+    max_seq_len: int = 2048,
+    seed: int = 0,
+    *,
+    intermediate_size: int | None = None,
+    pad_token_id: int = 0,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+) -> Any:
+    """A randomly initialised decoder-only transformer (Llama architecture), deterministic for `seed`.
+
+    The Edifice `GRPO.build` entry point, with its defaults (512 / 6 / 8 / 32000 / 0.1 / 2048).
+    Differences from Edifice's Axon model, by design: learned token embeddings and rotary
+    positions (Edifice uses a fixed iota embedding and sinusoidal positions), RMSNorm and SwiGLU:
+    a standard Llama that transformers can save, load and generate with.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if hidden_size % num_heads != 0:
+        raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}.")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_seq_len,
+        attention_dropout=dropout,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = pad_token_id
+    model.generation_config.eos_token_id = eos_token_id
+    return model
+
+
+def _ensure_pad_token(tokenizer: Any) -> None:
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; add one before training.")
+        logger.info("tokenizer has no pad token: using its eos token %r for padding", tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def load_policy(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+) -> LoadedPolicy:
+    """Load a causal LM and its tokenizer from a local directory (never from a hub).
+
+    A tokenizer without a pad token gets its eos token as pad (logged); prompts are left-padded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist; give a local directory.")
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} has no config.json: it is not a saved transformers model.")
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
+    ).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(
+        directory, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    _ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "left"
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return LoadedPolicy(model=model, tokenizer=tokenizer)
+
+
+def save_policy(model: Any, tokenizer: Any, path: str | Path) -> None:
+    """Save weights (safetensors) and tokenizer so that `load_policy(path)` restores both."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
