@@ -48,7 +48,8 @@ def _tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams
         first = too_long[0]
         raise ValueError(
             f"prompt {first} has {len(encoded[first])} tokens, more than max_prompt_length={limit} "
-            f"({len(too_long)} prompts are too long); raise max_prompt_length or set prompt_truncation='left'."
+            f"({len(too_long)} prompts are too long); "
+            "raise max_prompt_length or set prompt_truncation='left'."
         )
     if too_long:
         logger.warning(

@@ -1,0 +1,30 @@
+"""Reward functions: the TRL convention f(prompts, completions, **columns) -> list[float | None]."""
+
+from .builtin import (
+    exact_answer,
+    extract_math_answer,
+    format_tags,
+    length_penalty,
+    make_format_tags,
+    math_answer,
+    overlong_penalty,
+    parse_number,
+)
+from .reward_model import RewardModelFunction
+from .scoring import RewardFunctionError, RewardScores, reward_name, score_completions
+
+__all__ = [
+    "RewardFunctionError",
+    "RewardModelFunction",
+    "RewardScores",
+    "exact_answer",
+    "extract_math_answer",
+    "format_tags",
+    "length_penalty",
+    "make_format_tags",
+    "math_answer",
+    "overlong_penalty",
+    "parse_number",
+    "reward_name",
+    "score_completions",
+]

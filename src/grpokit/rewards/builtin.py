@@ -1,0 +1,149 @@
+"""Built-in reward functions, TRL's convention: f(prompts, completions, **columns) -> list[float | None].
+
+Dataset columns arrive as keyword lists (one value per completion); `completion_ids` (token ids
+per completion) is passed too. None means "cannot score this one" and never counts as 0.
+Functions that need settings are made by a factory (`overlong_penalty(4096, 512)`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+RewardFunc = Callable[..., list[float | None]]
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def _answer_in_marker(text: str, tag: str) -> str | None:
+    match = re.search(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+    return match.group(1).strip() if match else None
+
+
+def _last_token(text: str) -> str:
+    parts = text.strip().split()
+    return parts[-1] if parts else ""
+
+
+def exact_answer(
+    prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """1.0 when the completion's answer equals the `answer` column, else 0.0; None where the row has
+    no reference answer. The completion's answer is the text inside <answer>…</answer> when
+    present, otherwise the completion's last whitespace-separated token."""
+    if answer is None:
+        raise ValueError("exact_answer needs an 'answer' column in the dataset.")
+    scores: list[float | None] = []
+    for completion, reference in zip(completions, answer, strict=True):
+        if reference is None:
+            scores.append(None)
+            continue
+        given = _answer_in_marker(completion, "answer")
+        given = _last_token(completion) if given is None else given
+        scores.append(1.0 if given == str(reference).strip() else 0.0)
+    return scores
+
+
+def parse_number(text: str) -> Fraction | None:
+    """A number written as an integer, a decimal or a fraction a/b (with optional sign), exactly."""
+    text = text.strip().replace(",", "").replace("$", "")
+    text = re.sub(r"\\frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", text)
+    if not re.fullmatch(_NUMBER, text):
+        return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_math_answer(completion: str) -> Fraction | None:
+    """The last \\boxed{…} value if any, else the last number in the text."""
+    boxed = _BOXED.findall(completion)
+    if boxed:
+        return parse_number(boxed[-1])
+    numbers = re.findall(_NUMBER, completion.replace(",", ""))
+    return parse_number(numbers[-1]) if numbers else None
+
+
+def math_answer(
+    prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """1.0 when the completion's final number equals the reference numerically (1/2 = 0.5 = 2/4),
+    0.0 when it differs or the completion has no number; None where the reference is no number."""
+    if answer is None:
+        raise ValueError("math_answer needs an 'answer' column in the dataset.")
+    scores: list[float | None] = []
+    for completion, reference in zip(completions, answer, strict=True):
+        expected = parse_number(str(reference)) if reference is not None else None
+        if expected is None:
+            scores.append(None)
+            continue
+        given = extract_math_answer(completion)
+        scores.append(1.0 if given is not None and given == expected else 0.0)
+    return scores
+
+
+def make_format_tags(tags: Sequence[str] = ("think", "answer")) -> RewardFunc:
+    """A reward of 1.0 when the completion is exactly the given tags in order
+    (`<think>…</think><answer>…</answer>`, whitespace between them allowed), else 0.0."""
+    pattern = re.compile(r"^\s*" + r"\s*".join(rf"<{t}>.*?</{t}>" for t in tags) + r"\s*$", flags=re.DOTALL)
+
+    def format_tags(prompts: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
+        return [1.0 if pattern.match(c) else 0.0 for c in completions]
+
+    return format_tags
+
+
+format_tags = make_format_tags()
+
+
+def _lengths(completions: Sequence[str], completion_ids: Sequence[Sequence[int]] | None) -> list[int]:
+    if completion_ids is None:
+        raise ValueError(
+            "this reward needs `completion_ids` (token ids per completion); the trainer passes them."
+        )
+    return [len(ids) for ids in completion_ids]
+
+
+def overlong_penalty(max_completion_length: int, soft_punish_cache: int) -> RewardFunc:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), L = completion length in tokens:
+    0                              for L ≤ L_max − L_cache
+    (L_max − L_cache − L)/L_cache  for L_max − L_cache < L ≤ L_max   (0 … −1, linear)
+    −1                             for L > L_max
+    """
+    if not 0 <= soft_punish_cache <= max_completion_length:
+        raise ValueError("soft_punish_cache must be in [0, max_completion_length].")
+    start = max_completion_length - soft_punish_cache
+
+    def overlong(
+        prompts: Sequence[Any], completions: Sequence[str], completion_ids: Any = None, **_: Any
+    ) -> list[float | None]:
+        out: list[float | None] = []
+        for n in _lengths(completions, completion_ids):
+            if n <= start:
+                out.append(0.0)
+            elif n <= max_completion_length:
+                out.append((start - n) / soft_punish_cache)
+            else:
+                out.append(-1.0)
+        return out
+
+    overlong.__name__ = "overlong_penalty"
+    return overlong
+
+
+def length_penalty(max_completion_length: int, coefficient: float = 1.0) -> RewardFunc:
+    """−coefficient · L / L_max: a steady pull towards shorter completions (L in tokens)."""
+    if max_completion_length < 1:
+        raise ValueError("max_completion_length must be ≥ 1.")
+
+    def penalty(
+        prompts: Sequence[Any], completions: Sequence[str], completion_ids: Any = None, **_: Any
+    ) -> list[float | None]:
+        return [-coefficient * n / max_completion_length for n in _lengths(completions, completion_ids)]
+
+    penalty.__name__ = "length_penalty"
+    return penalty
