@@ -1,0 +1,173 @@
+"""Prompt datasets: rows (dicts) with a prompt column; every other column reaches the rewards.
+
+Sources: a JSON Lines / JSON / CSV / Parquet file, a `datasets.Dataset` (if that package is
+installed; it is not a dependency), or a Python list of dicts. A prompt is a string, or a list of
+chat messages ({"role", "content"}) rendered with the tokenizer's chat template.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class DataError(ValueError):
+    """The prompt data cannot be used; the message names the file, row or column and the fix."""
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{path}: line {number} is not valid JSON ({error.msg} at column {error.colno})."
+                ) from None
+            if not isinstance(row, dict):
+                raise DataError(
+                    f"{path}: line {number} is a JSON {type(row).__name__}, expected an object {{...}}."
+                )
+            rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}).") from None
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DataError(f"{path}: expected a JSON list of objects (or use JSON Lines, one object per line).")
+    return data
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as f:
+        return [dict(row) for row in csv.DictReader(f)]
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow.") from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise DataError(f"{path}: not a readable Parquet file ({error}).") from None
+
+
+READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def load_prompts(source: Any, *, prompt_column: str = "prompt") -> list[dict[str, Any]]:
+    """Rows of a prompt dataset, checked: non-empty, each with a non-empty `prompt_column`.
+
+    Args:
+        source: a path (.jsonl, .json, .csv, .parquet), a `datasets.Dataset`, or a list of dicts.
+        prompt_column: the column holding the prompt (a string or a list of chat messages).
+    """
+    name = "the prompt list"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        name = str(path)
+        if not path.is_file():
+            raise DataError(f"prompt file {name!r} does not exist.")
+        reader = READERS.get(path.suffix.lower())
+        if reader is None:
+            raise DataError(f"{name}: unknown file type {path.suffix!r}; use one of {', '.join(READERS)}.")
+        rows = reader(path)
+    elif hasattr(source, "column_names") and hasattr(source, "to_list"):  # datasets.Dataset
+        name = "the dataset"
+        rows = source.to_list()
+    elif isinstance(source, Sequence) and all(isinstance(r, dict) for r in source):
+        rows = [dict(r) for r in source]
+    else:
+        raise DataError(
+            f"cannot read prompts from a {type(source).__name__}; give a file path, a list of dicts or a datasets.Dataset."
+        )
+    if not rows:
+        raise DataError(f"{name} has no rows: a prompt dataset needs at least one prompt.")
+    missing = [i for i, row in enumerate(rows) if row.get(prompt_column) in (None, "", [])]
+    if missing:
+        columns = ", ".join(sorted(rows[missing[0]])) or "none"
+        if all(prompt_column not in row for row in rows):
+            raise DataError(
+                f"{name} has no column {prompt_column!r} (columns: {columns}); set prompt_column to the right one."
+            )
+        raise DataError(
+            f"{name}: row {missing[0]} has an empty {prompt_column!r} ({len(missing)} rows do); remove or fill them."
+        )
+    return rows
+
+
+def render_prompt(prompt: Any, tokenizer: Any = None) -> str:
+    """A text prompt as is; a conversation (list of {"role", "content"}) through the chat template."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in prompt
+    ):
+        if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
+            raise DataError(
+                "a conversational prompt needs a tokenizer with a chat template; this one has none."
+            )
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    raise DataError(
+        f"a prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}."
+    )
+
+
+def columns_of(rows: Sequence[dict[str, Any]], prompt_column: str, repeat: int = 1) -> dict[str, list[Any]]:
+    """Every non-prompt column as a list, each value repeated `repeat` times (once per completion)."""
+    keys = {k for row in rows for k in row if k != prompt_column}
+    return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in sorted(keys)}
+
+
+class PromptSampler:
+    """Endless batches of rows, reshuffled every epoch from `seed`; its position is a state dict
+    so that a resumed run continues with exactly the next batch."""
+
+    def __init__(
+        self, rows: Sequence[dict[str, Any]], batch_size: int, *, seed: int = 0, shuffle: bool = True
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
+        self.rows, self.batch_size, self.seed, self.shuffle = list(rows), batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> list[int]:
+        import random
+
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next_batch(self) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        while len(batch) < self.batch_size:
+            order = self._order()
+            take = order[self.position : self.position + self.batch_size - len(batch)]
+            batch.extend(self.rows[i] for i in take)
+            self.position += len(take)
+            if self.position >= len(order):
+                self.epoch, self.position = self.epoch + 1, 0
+        return batch
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
