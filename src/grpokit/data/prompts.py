@@ -91,7 +91,8 @@ def load_prompts(source: Any, *, prompt_column: str = "prompt") -> list[dict[str
         rows = [dict(r) for r in source]
     else:
         raise DataError(
-            f"cannot read prompts from a {type(source).__name__}; give a file path, a list of dicts or a datasets.Dataset."
+            f"cannot read prompts from a {type(source).__name__}; "
+            "give a file path, a list of dicts or a datasets.Dataset."
         )
     if not rows:
         raise DataError(f"{name} has no rows: a prompt dataset needs at least one prompt.")
@@ -100,10 +101,12 @@ def load_prompts(source: Any, *, prompt_column: str = "prompt") -> list[dict[str
         columns = ", ".join(sorted(rows[missing[0]])) or "none"
         if all(prompt_column not in row for row in rows):
             raise DataError(
-                f"{name} has no column {prompt_column!r} (columns: {columns}); set prompt_column to the right one."
+                f"{name} has no column {prompt_column!r} (columns: {columns}); "
+                "set prompt_column to the right one."
             )
         raise DataError(
-            f"{name}: row {missing[0]} has an empty {prompt_column!r} ({len(missing)} rows do); remove or fill them."
+            f"{name}: row {missing[0]} has an empty {prompt_column!r} ({len(missing)} rows do); "
+            "remove or fill them."
         )
     return rows
 
