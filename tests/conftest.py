@@ -20,3 +20,38 @@ def seed_vectors() -> dict:
 @pytest.fixture
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch):
+    """Every test runs with internet sockets blocked: nothing may reach a model hub or anything else."""
+    import socket
+
+    real_connect = socket.socket.connect
+
+    def guarded(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            raise ConnectionError(f"network access attempted in a test: {address!r}")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """A 2-layer Llama over the addition alphabet and its character tokenizer (built, never downloaded)."""
+    from grpokit.models import build_policy, char_tokenizer
+
+    tokenizer = char_tokenizer("0123456789+=")
+    model = build_policy(
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        vocab_size=len(tokenizer),
+        dropout=0.0,
+        max_seq_len=64,
+        seed=3,
+    )
+    return model, tokenizer

@@ -36,11 +36,7 @@ def char_tokenizer(alphabet: str, *, model_max_length: int = 2048) -> Any:
     chars = list(dict.fromkeys(alphabet))  # unique, in order
     if not chars:
         raise ValueError("char_tokenizer needs a non-empty alphabet.")
-    specials = [PAD, BOS, EOS, UNK]
-    clash = [c for c in chars if c in specials]
-    if clash:
-        raise ValueError(f"alphabet characters {clash} collide with special tokens {specials}.")
-    vocab = {token: i for i, token in enumerate(specials + chars)}
+    vocab = {token: i for i, token in enumerate([PAD, BOS, EOS, UNK, *chars])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     backend.decoder = decoders.Fuse()

@@ -15,7 +15,6 @@ from typing import Any
 RewardFunc = Callable[..., list[float | None]]
 
 _NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def _answer_in_marker(text: str, tag: str) -> str | None:
@@ -59,11 +58,24 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
+def _last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{…}, braces balanced (so \\boxed{\\frac{1}{2}} works)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
 def extract_math_answer(completion: str) -> Fraction | None:
     """The last \\boxed{…} value if any, else the last number in the text."""
-    boxed = _BOXED.findall(completion)
-    if boxed:
-        return parse_number(boxed[-1])
+    boxed = _last_boxed(completion)
+    if boxed is not None:
+        return parse_number(boxed)
     numbers = re.findall(_NUMBER, completion.replace(",", ""))
     return parse_number(numbers[-1]) if numbers else None
 

@@ -1,0 +1,156 @@
+"""The transformers-generate sampler: determinism, masks, truncation flags, sampling log-probs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from grpokit.ops import completion_logps
+from grpokit.rollout import HFGenerateSampler, SamplingParams, completion_mask_from_ids
+
+EOS = 2
+
+
+def test_mask_hand_checked_cases():
+    """T = 4, EOS = 2. Row 0: EOS first -> only it counts. Row 1: no EOS -> all count, truncated.
+    Row 2: EOS at the last allowed position -> all count, not truncated. Row 3: EOS then more
+    tokens -> up to and including the first EOS. Row 4: a stop string completed at token 2."""
+    ids = torch.tensor([[2, 0, 0, 0], [5, 6, 7, 8], [5, 6, 7, 2], [5, 2, 7, 2], [5, 6, 0, 0]])
+    stops = torch.tensor([-1, -1, -1, -1, 2])
+    mask, truncated = completion_mask_from_ids(ids, [EOS], stops)
+    assert mask.tolist() == [
+        [True, False, False, False],
+        [True, True, True, True],
+        [True, True, True, True],
+        [True, True, False, False],
+        [True, True, False, False],
+    ]
+    assert truncated.tolist() == [False, True, False, False, False]
+
+
+@contextlib.contextmanager
+def biased_logits(model, token: int, bias: float):
+    """Add `bias` to one token's logit at every position (forces or forbids it)."""
+
+    def hook(module, inputs, output):
+        output = output.clone()
+        output[..., token] += bias
+        return output
+
+    handle = model.lm_head.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def test_same_seed_same_completions(tiny_policy):
+    model, tok = tiny_policy
+    sampler = HFGenerateSampler(model, tok)
+    prompts = [f"{a}+{a + 3}=" for a in range(16)]
+    params = SamplingParams(num_generations=8, max_completion_length=6, seed=7)
+    first, second = sampler.sample(prompts, params), sampler.sample(prompts, params)
+    assert first.completion_ids.shape[0] == 128
+    assert torch.equal(first.completion_ids, second.completion_ids)
+    assert torch.equal(first.sampling_logps, second.sampling_logps)
+    other = sampler.sample(prompts, SamplingParams(num_generations=8, max_completion_length=6, seed=8))
+    assert not torch.equal(first.completion_ids, other.completion_ids)
+    # rows p·G … p·G+G−1 hold prompt p
+    assert torch.equal(first.prompt_ids[8:16], first.prompt_ids[8:9].expand(8, -1))
+
+
+def test_eos_first_and_never(tiny_policy):
+    model, tok = tiny_policy
+    sampler = HFGenerateSampler(model, tok)
+    params = SamplingParams(num_generations=2, max_completion_length=5, seed=0)
+    with biased_logits(model, EOS, 1e4):
+        first = sampler.sample(["1+1="], params)
+    assert first.completion_mask.tolist() == [[True], [True]] and not first.truncated.any()
+    assert first.completions == ["", ""]
+    with biased_logits(model, EOS, -1e4):
+        never = sampler.sample(["1+1="], params)
+    assert never.completion_ids.shape == (2, 5) and never.completion_mask.all() and never.truncated.all()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7}, {"repetition_penalty": 1.3}])
+def test_sampling_logps_equal_a_forward_pass(tiny_policy, kwargs):
+    """Without truncating warpers the sampling distribution is softmax(logits / temperature), so
+    the recorded log-probs equal ops.completion_logps of a forward pass over prompt + completion
+    (repetition penalty excepted, which reshapes the distribution: there they must differ)."""
+    model, tok = tiny_policy
+    sampler = HFGenerateSampler(model, tok)
+    params = SamplingParams(num_generations=4, max_completion_length=6, seed=3, **kwargs)
+    r = sampler.sample(["12+3=", "7+8="], params)  # prompts of different lengths: left padding
+    ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
+    mask = torch.cat([r.prompt_mask, r.completion_mask], dim=1).long()
+    with torch.no_grad():
+        logps = completion_logps(
+            model(ids, attention_mask=mask).logits, ids, r.prompt_ids.shape[1], params.temperature
+        )
+    gap = torch.where(r.completion_mask, logps - r.sampling_logps, 0.0).abs().max()
+    if "repetition_penalty" in kwargs:
+        assert gap > 1e-3
+    else:
+        assert gap < 1e-5  # float32 forward passes of different batch shapes
+
+
+def test_top_k_logps_are_renormalised_over_the_kept_tokens(tiny_policy):
+    model, tok = tiny_policy
+    r = HFGenerateSampler(model, tok).sample(
+        ["5+5="], SamplingParams(num_generations=16, max_completion_length=3, seed=1, top_k=1)
+    )
+    # top_k = 1 is greedy: every kept token has probability 1
+    assert torch.allclose(r.sampling_logps[r.completion_mask], torch.zeros(()), atol=1e-6)
+
+
+def test_greedy_gives_identical_rows(tiny_policy):
+    model, tok = tiny_policy
+    r = HFGenerateSampler(model, tok).sample(
+        ["5+5="], SamplingParams(num_generations=3, max_completion_length=4, temperature=0.0)
+    )
+    assert torch.equal(r.completion_ids[0], r.completion_ids[1]) and torch.equal(
+        r.completion_ids[1], r.completion_ids[2]
+    )
+
+
+def test_stop_strings_end_a_row(tiny_policy):
+    model, tok = tiny_policy
+    plus = tok.convert_tokens_to_ids("+")
+    params = SamplingParams(num_generations=2, max_completion_length=6, seed=0, stop_strings=("+",))
+    with biased_logits(model, plus, 1e4):
+        r = HFGenerateSampler(model, tok).sample(["1="], params)
+    assert r.completion_mask.sum(1).tolist() == [1, 1] and not r.truncated.any()
+    assert r.completions == ["+", "+"]
+
+
+def test_long_prompts_are_cut_from_the_left_or_refused(tiny_policy, caplog):
+    model, tok = tiny_policy
+    sampler = HFGenerateSampler(model, tok)
+    cut = SamplingParams(num_generations=1, max_completion_length=2, max_prompt_length=3, seed=0)
+    with caplog.at_level("WARNING"):
+        r = sampler.sample(["123+4=", "1=", "99+1="], cut)
+    assert r.num_truncated_prompts == 2 and "2 prompt(s)" in caplog.text
+    assert tok.decode(r.prompt_ids[0]) == "+4="  # the end of the prompt is kept
+    refuse = SamplingParams(
+        num_generations=1, max_completion_length=2, max_prompt_length=3, prompt_truncation="error"
+    )
+    with pytest.raises(ValueError, match="prompt 0 has 6 tokens, more than max_prompt_length=3"):
+        sampler.sample(["123+4=", "1="], refuse)
+    with pytest.raises(ValueError, match="empty"):
+        sampler.sample([], cut)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_generations": 0}, "num_generations"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"prompt_truncation": "right"}, "prompt_truncation"),
+    ],
+)
+def test_bad_sampling_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
