@@ -81,3 +81,14 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert len(readme) == 2, "the README starts with exactly two commands"
     ci_command = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci_command == readme[1]
+
+
+def test_readme_python_example_runs():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    assert namespace["rollout"].completion_ids.shape[0] == 32
+    assert namespace["scores"].rewards.shape == (32,)

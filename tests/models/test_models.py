@@ -121,3 +121,31 @@ def test_sync_reference_mixes_weights():
     assert [should_sync(s, 4) for s in range(1, 9)] == [False, False, False, True, False, False, False, True]
     with pytest.raises(ValueError, match="alpha"):
         sync_reference(ref, policy, alpha=1.5)
+
+
+def test_lora_reference_is_the_policy_with_adapters_disabled(tiny_policy):
+    pytest.importorskip("peft")
+    import copy
+
+    from grpokit.models import apply_lora, is_lora, reference_model
+
+    base, tok = tiny_policy
+    policy = apply_lora(copy.deepcopy(base), r=2, alpha=4, target_modules=("q_proj", "v_proj"))
+    assert is_lora(policy) and make_reference(policy, beta=0.04) is None
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # make the adapters matter: LoRA starts as an identity (B = 0)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    ids = tok(["12+3="], return_tensors="pt")["input_ids"]
+    base.eval()
+    policy.eval()
+    with torch.no_grad():
+        reference_logits = base(ids).logits
+        with reference_model(policy, None) as ref:
+            assert torch.allclose(ref(ids).logits, reference_logits, atol=1e-6)
+        assert not torch.allclose(policy(ids).logits, reference_logits, atol=1e-3)
+    with pytest.raises(ValueError, match="no reference policy"):
+        with reference_model(base, None):
+            pass

@@ -14,8 +14,9 @@ import torch
 
 
 def make_reference(policy: torch.nn.Module, beta: float) -> torch.nn.Module | None:
-    """A frozen eval-mode copy of `policy` when beta ≠ 0, else None."""
-    if beta == 0.0:
+    """A frozen eval-mode copy of `policy` when beta ≠ 0, else None. A LoRA policy needs no copy:
+    its reference is itself with the adapters disabled (`models.lora.reference_model`)."""
+    if beta == 0.0 or (callable(getattr(policy, "disable_adapter", None)) and hasattr(policy, "peft_config")):
         return None
     reference = copy.deepcopy(policy)
     reference.eval()
