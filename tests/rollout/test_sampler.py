@@ -96,13 +96,18 @@ def test_sampling_logps_equal_a_forward_pass(tiny_policy, kwargs):
         assert gap < 1e-5  # float32 forward passes of different batch shapes
 
 
-def test_top_k_logps_are_renormalised_over_the_kept_tokens(tiny_policy):
+@pytest.mark.parametrize("kwargs", [{"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-6}])
+def test_truncating_warpers_renormalise_over_the_kept_tokens(tiny_policy, kwargs):
+    """top_k = 1, min_p = 1 and a tiny top_p each keep only the most likely token: the draws are
+    greedy and every recorded log-prob is log 1 = 0 (the distribution actually sampled from)."""
     model, tok = tiny_policy
-    r = HFGenerateSampler(model, tok).sample(
-        ["5+5="], SamplingParams(num_generations=16, max_completion_length=3, seed=1, top_k=1)
-    )
-    # top_k = 1 is greedy: every kept token has probability 1
+    sampler = HFGenerateSampler(model, tok)
+    r = sampler.sample(["5+5="], SamplingParams(num_generations=8, max_completion_length=3, seed=1, **kwargs))
     assert torch.allclose(r.sampling_logps[r.completion_mask], torch.zeros(()), atol=1e-6)
+    greedy = sampler.sample(
+        ["5+5="], SamplingParams(num_generations=1, max_completion_length=3, temperature=0.0)
+    )
+    assert torch.equal(r.completion_ids, greedy.completion_ids.expand(8, -1))
 
 
 def test_greedy_gives_identical_rows(tiny_policy):
