@@ -1,6 +1,14 @@
-"""Command line: parse, validate, dispatch. No logic lives here.
+"""Command line: parse, validate, dispatch. No training logic lives here.
 
-grpokit demo [--steps N] [--loss-type dapo] ...   a GRPO run on a toy task, in seconds
+    grpokit train [CONFIG.yaml] [key=value ...]    GRPO (no config: the built-in addition preset)
+    grpokit sft [CONFIG.yaml] [key=value ...]      supervised warm start
+    grpokit eval [CONFIG.yaml] [key=value ...]     held-out accuracy / reward of `model`
+    grpokit report RUN_DIR                         PNG plots and an HTML page of a run
+    grpokit print-config [CONFIG.yaml] [k=v ...]   every resolved value of a train config
+    grpokit demo                                   a toy GRPO run in seconds
+
+Errors that a user can fix (config, data, reward functions, missing files) print one line that
+names the culprit; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -8,21 +16,156 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PRESET = "addition.yaml"
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG.yaml] key=value ... -> (config path or None, overrides)."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
+def _train_config(items: list[str]) -> Any:
+    from .config import GRPOConfig, load_config, parse_overrides
+
+    path, overrides = _split_args(items)
+    if path is None:  # the built-in preset, with any overrides on top
+        preset = resources.files("grpokit.presets").joinpath(PRESET)
+        with resources.as_file(preset) as preset_path:
+            return load_config(GRPOConfig, preset_path, overrides)
+    parse_overrides(overrides)
+    return load_config(GRPOConfig, path, overrides)
+
+
+def _console() -> Any:
     from rich.console import Console
+
+    return Console()
+
+
+def _cmd_print_config(args: argparse.Namespace) -> int:
+    from .config import to_yaml
+
+    print(to_yaml(_train_config(args.items)), end="")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train.grpo import train_grpo
+    from .train.progress import RichReporter
+
+    cfg = _train_config(args.items)
+    console = _console()
+    with RichReporter(console, cfg, enabled=cfg.progress) as reporter:
+        result = train_grpo(cfg, on_event=reporter.on_event)
+    before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
+    if before is not None and after is not None:
+        console.print(
+            f"held-out greedy accuracy: [bold]{100 * before:.1f}%[/] before GRPO → "
+            f"[bold]{100 * after:.1f}%[/] "
+            f"after {result.steps} steps ({100 * (after - before):+.1f} points). Run: {result.output_dir}"
+        )
+    else:
+        console.print(f"done: {result.steps} steps, eval {result.eval_after}. Run: {result.output_dir}")
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from .config import SFTConfig, load_config, to_yaml
+    from .data import get_task
+    from .models import save_policy
+    from .train import common
+    from .train.evaluation import evaluate
+    from .train.sft import run_sft
+
+    path, overrides = _split_args(args.items)
+    cfg = load_config(SFTConfig, path, overrides)
+    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts)
+    common.seed_everything(cfg.seed)
+    model, tokenizer = common.policy_and_tokenizer(
+        cfg, task.alphabet, 4 * (task.max_prompt_length + task.max_completion_length)
+    )
+    console = _console()
+    run_sft(
+        model,
+        tokenizer,
+        task.train,
+        steps=cfg.max_steps,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        seed=cfg.seed,
+        on_step=lambda s, loss: s % 100 == 0 and console.print(f"sft step {s}: loss {loss:.4f}"),
+    )
+    out = Path(cfg.output_dir) / "final"
+    save_policy(model, tokenizer, out)
+    (Path(cfg.output_dir) / "config.yaml").write_text(to_yaml(cfg))
+    metrics = evaluate(
+        model,
+        tokenizer,
+        task.eval,
+        reward_funcs=[task.reward],
+        is_correct=task.is_correct,
+        max_prompt_length=task.max_prompt_length,
+        max_completion_length=task.max_completion_length,
+    )
+    console.print(f"held-out greedy accuracy {100 * metrics['accuracy']:.1f}%; saved to {out}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from .data import get_task, load_prompts
+    from .train import common
+    from .train.evaluation import evaluate
+
+    cfg = _train_config(args.items)
+    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts) if cfg.task else None
+    rows = (
+        task.eval if task else load_prompts(cfg.eval_dataset or cfg.dataset, prompt_column=cfg.prompt_column)
+    )
+    model, tokenizer = common.policy_and_tokenizer(cfg, task.alphabet if task else None, 256)
+    metrics = evaluate(
+        model,
+        tokenizer,
+        rows[: cfg.num_eval_prompts],
+        reward_funcs=[task.reward] if task else [],
+        is_correct=task.is_correct if task else None,
+        prompt_column=cfg.prompt_column,
+        max_prompt_length=cfg.max_prompt_length or (task.max_prompt_length if task else None),
+        max_completion_length=cfg.max_completion_length or (task.max_completion_length if task else 256),
+        pass_at_k=cfg.pass_at_k,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+    )
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    page = write_report(args.run_dir)
+    print(f"report written: {page}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
     from .train.toy_demo import ToyConfig, run
 
     cfg = ToyConfig(**{f.name: getattr(args, f.name) for f in fields(ToyConfig)})
-    console = Console()
+    console = _console()
     table = Table(
         title=f"GRPO on the toy digits task ({cfg.loss_type}, P={cfg.num_prompts}, G={cfg.num_generations})"
     )
-    # metric name -> column header (TRL's metric names; headers short enough for an 80-column terminal)
     headers = {
         "reward": "reward",
         "frac_reward_zero_std": "zero-std groups",
@@ -31,7 +174,6 @@ def _demo(args: argparse.Namespace) -> int:
         "loss": "loss",
         "greedy_accuracy": "accuracy",
     }
-    columns = ["step", *headers]
     for header in ["step", *headers.values()]:
         table.add_column(header, justify="right")
     every = max(1, cfg.steps // 10)
@@ -40,16 +182,15 @@ def _demo(args: argparse.Namespace) -> int:
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"),
         console=console,
         transient=True,
     ) as bar:
-        task = bar.add_task("train", total=cfg.steps, status="")
+        task = bar.add_task("train", total=cfg.steps)
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            bar.update(task, advance=1, status=f"reward {metrics['reward']:.3f}")
+            bar.update(task, advance=1)
             if step % every == 0 or step == cfg.steps:
-                table.add_row(str(step), *(f"{metrics.get(name, float('nan')):.4f}" for name in columns[1:]))
+                table.add_row(str(step), *(f"{metrics.get(name, float('nan')):.4f}" for name in headers))
 
         result = run(cfg, on_step)
     console.print(table)
@@ -66,7 +207,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpokit", description="Group Relative Policy Optimization for language models."
     )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
+    for name, handler, text in [
+        ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)"),
+        ("sft", _cmd_sft, "supervised warm start on a task's answers"),
+        ("eval", _cmd_eval, "evaluate `model` on held-out prompts"),
+        ("print-config", _cmd_print_config, "show every resolved value of a train config"),
+    ]:
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument(
+            "items", nargs="*", metavar="[CONFIG.yaml] key=value", help="config file and overrides"
+        )
+        cmd.set_defaults(handler=handler)
+    report = sub.add_parser("report", help="plots and an HTML page of a run directory")
+    report.add_argument("run_dir")
+    report.set_defaults(handler=_cmd_report)
     demo = sub.add_parser("demo", help="run GRPO on a toy task in seconds (exercises grpokit.ops)")
     demo.add_argument("--steps", type=int, default=60)
     demo.add_argument("--num-prompts", type=int, default=16)
@@ -78,13 +234,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epsilon-high", type=float, default=0.28)
     demo.add_argument("--learning-rate", type=float, default=0.3)
     demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=_cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    if args.debug:
+        return args.handler(args)
+    from .config import ConfigError
+    from .data import DataError
+    from .rewards import RewardFunctionError
+
+    try:
+        return args.handler(args)
+    except (ConfigError, DataError, RewardFunctionError, FileNotFoundError, ValueError) as error:
+        print(f"grpokit {args.command}: error: {error}", file=sys.stderr)
+        print("(run with --debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,6 @@
+"""Typed, validated run configuration (pydantic + YAML). No torch import."""
+
+from .load import ConfigError, load_config, parse_overrides, to_yaml
+from .schema import GRPOConfig, SFTConfig
+
+__all__ = ["ConfigError", "GRPOConfig", "SFTConfig", "load_config", "parse_overrides", "to_yaml"]

@@ -1,0 +1,74 @@
+"""`grpokit report RUN_DIR`: PNG plots of a run's metrics and an HTML page showing them with the config."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+PLOTS = {
+    "reward": ["reward", "eval/reward"],
+    "accuracy": ["eval/accuracy", "eval/pass@1", "eval/pass@4", "eval/pass@8"],
+    "kl": ["kl"],
+    "entropy": ["entropy"],
+    "length": ["completions/mean_length", "eval/completions/mean_length"],
+    "loss": ["loss"],
+    "clipping": ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"],
+}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a grpokit run directory?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/report/{<metric>.png, index.html}; returns the HTML path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = Path(run_dir)
+    rows = read_metrics(run)
+    out = run / "report"
+    out.mkdir(exist_ok=True)
+    figures = []
+    for name, keys in PLOTS.items():
+        series = {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
+        series = {k: v for k, v in series.items() if v}
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for key, points in series.items():
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker="o" if len(points) < 20 else None, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=100)
+        plt.close(fig)
+        figures.append(name)
+    config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else "(no config.yaml)"
+    last_eval = next((r for r in reversed(rows) if any(k.startswith("eval/") for k in r)), {})
+    summary = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{v:.4g}</td></tr>"
+        for k, v in last_eval.items()
+        if k.startswith("eval/") and isinstance(v, (int, float))
+    )
+    page = out / "index.html"
+    page.write_text(
+        "<!doctype html><meta charset='utf-8'><title>grpokit run report</title>"
+        "<style>body{font-family:sans-serif;max-width:1300px;margin:2em auto}img{width:600px}"
+        "pre{background:#f4f4f4;padding:1em}td{padding:0 1em}</style>"
+        f"<h1>{html.escape(run.name)}</h1>"
+        f"<p>{len(rows)} metric rows, last step {rows[-1]['step'] if rows else 0}</p>"
+        f"<h2>Last evaluation</h2><table>{summary}</table><h2>Curves</h2>"
+        + "".join(f"<img src='{n}.png' alt='{n}'>" for n in figures)
+        + f"<h2>Config</h2><pre>{html.escape(config)}</pre>"
+    )
+    return page

@@ -1,0 +1,198 @@
+"""Plumbing shared by the GRPO and SFT loops: policy set-up, optimizer and schedule, checkpoints,
+metrics. The loops themselves (grpo.py, sft.py) read top to bottom and call into this."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models import build_policy, char_tokenizer, load_policy
+
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
+    """Load `cfg.model` from a local directory, or build the tiny Llama over the task's alphabet."""
+    if cfg.model != "tiny":
+        loaded = load_policy(
+            cfg.model,
+            dtype=getattr(cfg, "dtype", "float32"),
+            gradient_checkpointing=getattr(cfg, "gradient_checkpointing", False),
+        )
+        return loaded.model, loaded.tokenizer
+    if alphabet is None:
+        raise ValueError(
+            "model='tiny' needs a built-in task (its alphabet makes the tokenizer); set task or model."
+        )
+    tokenizer = char_tokenizer(alphabet)
+    model = build_policy(
+        hidden_size=cfg.tiny_hidden_size,
+        num_layers=cfg.tiny_num_layers,
+        num_heads=cfg.tiny_num_heads,
+        vocab_size=len(tokenizer),
+        dropout=0.0,
+        max_seq_len=max_seq_len,
+        seed=cfg.seed,
+        intermediate_size=cfg.tiny_intermediate_size,
+    ).to(getattr(torch, getattr(cfg, "dtype", "float32")))
+    if getattr(cfg, "gradient_checkpointing", False):
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def make_optimizer(params: Any, cfg: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        [p for p in params if p.requires_grad],
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def lr_factor(step: int, *, kind: str, warmup_steps: int, max_steps: int) -> float:
+    """Multiplier of the peak learning rate after `step` optimizer steps: linear warm-up, then
+    constant, linear decay to 0, or cosine decay to 0 at max_steps (as transformers' schedules)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    if kind == "constant":
+        return 1.0
+    if kind == "linear":
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: Any, total_updates: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: lr_factor(
+            s, kind=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps, max_steps=total_updates
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+@dataclass
+class MetricsWriter:
+    """Metrics to `metrics.jsonl` (one JSON object per step), and to TensorBoard when installed."""
+
+    output_dir: Path
+    tensorboard: Any = None
+    _file: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._file = (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(self.output_dir / "tensorboard"))
+        except ImportError:
+            self.tensorboard = None
+
+    def write(self, step: int, metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+        row = {"step": step, "time": time.time()}
+        for key, value in metrics.items():
+            number = value.item() if isinstance(value, torch.Tensor) else value
+            row[prefix + key] = None if isinstance(number, float) and not math.isfinite(number) else number
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self.tensorboard is not None:
+            for key, value in row.items():
+                if key not in ("step", "time") and isinstance(value, (int, float)):
+                    self.tensorboard.add_scalar(key, value, step)
+        return row
+
+    def close(self) -> None:
+        self._file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def truncate_metrics_after(output_dir: Path, step: int) -> None:
+    """On resume: drop metric rows written after the checkpoint (they will be written again)."""
+    path = output_dir / "metrics.jsonl"
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    training_state: dict[str, Any],
+    config_yaml: str,
+    keep: int,
+) -> Path:
+    """Write checkpoint-<step>/ atomically: into a temporary directory, then renamed.
+
+    Contents: weights (safetensors) and tokenizer, `state.pt` (optimizer, scheduler, RNG states,
+    data position; tensors and plain values only, loadable with weights_only=True), config.yaml."""
+    final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
+    tmp = output_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(training_state, tmp / "state.pt")
+    (tmp / "config.yaml").write_text(config_yaml)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary directories are never listed)."""
+    found = [p for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and (p / "state.pt").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
+
+
+def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
+    """Restore the weights of `model` from `checkpoint` and return its training state."""
+    from safetensors.torch import load_file
+
+    weights = load_file(checkpoint / "model.safetensors")
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or [m for m in missing if "rotary" not in m]:
+        raise ValueError(
+            f"checkpoint {checkpoint} does not match the model (missing {missing}, unexpected {unexpected})."
+        )
+    return torch.load(checkpoint / "state.pt", weights_only=True)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_pos": random.getstate()[2],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state["python_pos"]))

@@ -1,0 +1,454 @@
+"""The GRPO training loop, top to bottom.
+
+One step: take P prompts -> sample G completions each -> score them -> group-relative advantages
+-> (old-policy log-probs if the policy moves during the step; reference log-probs if beta ≠ 0)
+-> μ = num_iterations optimizer steps over the batch in micro-batches -> log, evaluate, save.
+
+Deliberate choices, where TRL differs or is silent:
+* one generation batch per step, consumed by num_iterations optimizer steps (TRL additionally
+  has steps_per_generation); old log-probs are computed exactly when num_iterations > 1;
+* loss normalisers are right across micro-batches: dapo/cispo/vespo divide by the token count of
+  the whole batch (num_items_in_batch), the per-batch means (grpo, bnpo, dr_grpo, luspo, sapo)
+  are averaged over the micro-batches;
+* every step's sampling seed derives from (seed, step), so a resumed run draws exactly what an
+  uninterrupted one would;
+* DAPO dynamic sampling is bounded (max_resample_batches) and reports how many batches it drew.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import GRPOConfig, to_yaml
+from ..data import PromptSampler, columns_of, get_task, load_prompts, render_prompt
+from ..models import make_reference, reference_model, should_sync, sync_reference
+from ..ops import LOSS_TYPES, TokenLogps, group_advantages, grpo_loss, token_logps_and_entropy
+from ..rewards import score_completions
+from ..rollout import HFGenerateSampler, SamplingParams
+from . import common
+from .evaluation import evaluate
+from .sft import run_sft
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One generation batch, B = P·G rows; rows p·G … p·G+G−1 share a prompt."""
+
+    prompt_ids: torch.Tensor  # [B, Lp] left-padded
+    prompt_mask: torch.Tensor  # [B, Lp] bool
+    completion_ids: torch.Tensor  # [B, T]
+    completion_mask: torch.Tensor  # [B, T] bool (after mask_truncated_completions)
+    advantages: torch.Tensor  # [B]
+    prompts: list[str]  # [B]
+    completions: list[str]  # [B]
+    rewards: torch.Tensor  # [B]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    output_dir: Path
+    steps: int
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+
+
+def _pad_cat(tensors: Sequence[torch.Tensor], value: int | bool, left: bool) -> torch.Tensor:
+    """Concatenate [n_i, L_i] tensors along rows, padding the width to the largest L."""
+    width = max(t.shape[1] for t in tensors)
+    padded = []
+    for t in tensors:
+        pad = t.new_full((t.shape[0], width - t.shape[1]), value)
+        padded.append(torch.cat([pad, t] if left else [t, pad], dim=1))
+    return torch.cat(padded, dim=0)
+
+
+def _merge(parts: Sequence[tuple[Batch, list[int]]], G: int, pad_id: int) -> Batch:
+    """The chosen groups of several generation batches, as one batch."""
+    rows = [[g * G + i for g in groups for i in range(G)] for _, groups in parts]
+    pick = [(b, r) for (b, _), r in zip(parts, rows, strict=True) if r]
+    return Batch(
+        prompt_ids=_pad_cat([b.prompt_ids[r] for b, r in pick], pad_id, left=True),
+        prompt_mask=_pad_cat([b.prompt_mask[r] for b, r in pick], False, left=True),
+        completion_ids=_pad_cat([b.completion_ids[r] for b, r in pick], pad_id, left=False),
+        completion_mask=_pad_cat([b.completion_mask[r] for b, r in pick], False, left=False),
+        advantages=torch.cat([b.advantages[r] for b, r in pick]),
+        prompts=[b.prompts[i] for b, r in pick for i in r],
+        completions=[b.completions[i] for b, r in pick for i in r],
+        rewards=torch.cat([b.rewards[r] for b, r in pick]),
+    )
+
+
+def generate_and_score(cfg: GRPOConfig, ctx: _Context, step: int) -> tuple[Batch, dict[str, Any]]:
+    """Sample, score and compute advantages; with dynamic sampling, keep drawing batches until P
+    groups with differing rewards are collected (or the bound is hit, then fill with the rest)."""
+    G, P = cfg.num_generations, cfg.prompts_per_step
+    informative: list[tuple[Batch, list[int]]] = []
+    leftovers: list[tuple[Batch, list[int]]] = []
+    metrics: dict[str, Any] = {}
+    attempts = cfg.max_resample_batches if cfg.dynamic_sampling else 1
+    for attempt in range(attempts):
+        rows = ctx.prompts.next_batch()
+        prompts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer) for r in rows]
+        params = replace(ctx.sampling, seed=cfg.seed * 1_000_003 + step * 101 + attempt)
+        rollout = ctx.sampler.sample(prompts, params)
+        mask = rollout.completion_mask
+        if cfg.mask_truncated_completions:
+            mask = mask & ~rollout.truncated[:, None]
+        scores = score_completions(
+            ctx.reward_funcs,
+            [p for p in prompts for _ in range(G)],
+            rollout.completions,
+            columns=columns_of(rows, cfg.prompt_column, repeat=G),
+            completion_ids=[
+                ids[m].tolist()
+                for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
+            ],
+            weights=cfg.reward_weights,
+            on_error=cfg.on_reward_error,
+        )
+        adv = group_advantages(scores.rewards, G, scale=cfg.scale_rewards)
+        batch = Batch(
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.completion_ids,
+            mask,
+            adv.advantages,
+            [p for p in prompts for _ in range(G)],
+            rollout.completions,
+            scores.rewards,
+        )
+        if attempt == 0:  # TRL's metric names, on the first (unfiltered) generation batch
+            lengths = rollout.completion_mask.sum(-1).float()
+            metrics |= {
+                "reward": torch.nanmean(scores.rewards),
+                "reward_std": scores.rewards[~scores.rewards.isnan()].std(),
+                "frac_reward_zero_std": adv.is_std_zero.float().mean(),
+                "completions/mean_length": lengths.mean(),
+                "completions/min_length": lengths.min(),
+                "completions/max_length": lengths.max(),
+                "completions/clipped_ratio": rollout.truncated.float().mean(),
+                "num_truncated_prompts": rollout.num_truncated_prompts,
+                "reward_errors": scores.num_failed,
+            } | scores.metrics()
+        zero = adv.is_std_zero.reshape(-1, G)[:, 0].tolist()
+        informative.append((batch, [g for g in range(P) if not zero[g] or not cfg.dynamic_sampling]))
+        leftovers.append((batch, [g for g in range(P) if zero[g] and cfg.dynamic_sampling]))
+        if sum(len(g) for _, g in informative) >= P:
+            break
+    metrics["num_generation_batches"] = attempt + 1
+    chosen, need = [], P
+    for batch, groups in informative + leftovers:
+        chosen.append((batch, groups[:need]))
+        need -= len(chosen[-1][1])
+    return _merge(chosen, G, ctx.tokenizer.pad_token_id), metrics
+
+
+def token_stats(model: Any, batch: Batch, rows: slice, temperature: float) -> TokenLogps:
+    """Per-token log-probs and entropies of the completions in `rows`, from one forward pass."""
+    ids = torch.cat([batch.prompt_ids[rows], batch.completion_ids[rows]], dim=1)  # [b, Lp+T]
+    attention = torch.cat([batch.prompt_mask[rows], batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
+    T = batch.completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
+    return token_logps_and_entropy(logits, batch.completion_ids[rows], temperature)
+
+
+@torch.no_grad()
+def frozen_logps(model: Any, batch: Batch, micro: int, temperature: float) -> torch.Tensor:
+    """log-probs under a model that does not train in this step (old or reference policy). [B, T]"""
+    B = batch.completion_ids.shape[0]
+    return torch.cat(
+        [token_stats(model, batch, slice(s, s + micro), temperature).logps for s in range(0, B, micro)]
+    )
+
+
+def optimizer_step(
+    cfg: GRPOConfig, ctx: _Context, batch: Batch, old: torch.Tensor | None, ref: torch.Tensor | None
+) -> dict[str, Any]:
+    """One optimizer step over the whole batch, accumulating gradients over micro-batches."""
+    B, micro = batch.completion_ids.shape[0], cfg.micro_batch_size
+    n_micro = B // micro
+    per_batch_mean = LOSS_TYPES[cfg.loss_type].aggregation != "global_token_mean"
+    num_items = batch.completion_mask.sum()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, torch.Tensor] = {}
+    for start in range(0, B, micro):
+        rows = slice(start, start + micro)
+        stats = token_stats(ctx.model, batch, rows, ctx.logps_temperature)
+        out = grpo_loss(
+            stats.logps,
+            batch.advantages[rows],
+            batch.completion_mask[rows],
+            old_logps=None if old is None else old[rows],
+            ref_logps=None if ref is None else ref[rows],
+            entropies=stats.entropy.detach(),
+            loss_type=cfg.loss_type,
+            beta=cfg.beta,
+            epsilon=cfg.epsilon,
+            epsilon_high=cfg.epsilon_high,
+            delta=cfg.delta,
+            importance_sampling_level=cfg.importance_sampling_level,
+            top_entropy_quantile=cfg.top_entropy_quantile,
+            max_completion_length=ctx.max_completion_length,
+            num_items_in_batch=num_items,
+            use_bias_correction_kl=cfg.use_bias_correction_kl,
+        )
+        loss = out.loss / n_micro if per_batch_mean else out.loss
+        loss.backward()
+        # the objective is the sum of what was back-propagated; metrics are micro-batch means
+        totals["loss"] = totals.get("loss", 0.0) + loss.detach()
+        for key, value in out.metrics.items():
+            totals[key] = totals.get(key, 0.0) + value / n_micro
+    grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), cfg.max_grad_norm)
+    ctx.optimizer.step()
+    ctx.scheduler.step()
+    return totals | {"grad_norm": grad_norm, "learning_rate": ctx.optimizer.param_groups[0]["lr"]}
+
+
+@dataclass
+class _Context:
+    """What the step functions share; built once by `train_grpo`."""
+
+    model: Any
+    tokenizer: Any
+    reference: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    prompts: PromptSampler
+    sampler: HFGenerateSampler
+    sampling: SamplingParams
+    reward_funcs: list[Callable[..., Any]]
+    max_completion_length: int
+    logps_temperature: float
+
+
+@dataclass(frozen=True)
+class _Data:
+    """What the run trains and evaluates on, resolved from the arguments or the config."""
+
+    train_rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    reward_funcs: list[Callable[..., Any]]
+    is_correct: Callable[[str, dict[str, Any]], bool] | None
+    alphabet: str | None
+    max_prompt_length: int | None
+    max_completion_length: int
+
+
+def resolve_data(
+    cfg: GRPOConfig, train_rows: Any, eval_rows: Any, reward_funcs: Any, is_correct: Any
+) -> _Data:
+    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts) if cfg.task else None
+    if train_rows is None:
+        if task is None and cfg.dataset is None:
+            raise ValueError("nothing to train on: set task or dataset in the config, or pass train rows.")
+        train_rows = task.train if task else load_prompts(cfg.dataset, prompt_column=cfg.prompt_column)
+    if eval_rows is None:
+        eval_rows = task.eval if task else []
+        if task is None and cfg.eval_dataset:
+            eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
+    funcs = list(reward_funcs or ([task.reward] if task else []))
+    if not funcs:
+        raise ValueError("no reward functions: pass reward_funcs, or use a built-in task.")
+    if cfg.reward_weights is not None and len(cfg.reward_weights) != len(funcs):
+        raise ValueError(
+            f"reward_weights has {len(cfg.reward_weights)} weights for {len(funcs)} reward functions."
+        )
+    return _Data(
+        train_rows=list(train_rows),
+        eval_rows=list(eval_rows)[: cfg.num_eval_prompts],
+        reward_funcs=funcs,
+        is_correct=is_correct or (task.is_correct if task else None),
+        alphabet=task.alphabet if task else None,
+        max_prompt_length=cfg.max_prompt_length or (task.max_prompt_length if task else None),
+        max_completion_length=cfg.max_completion_length or (task.max_completion_length if task else 256),
+    )
+
+
+def make_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data) -> _Context:
+    optimizer = common.make_optimizer(model.parameters(), cfg)
+    sampling = SamplingParams(
+        num_generations=cfg.num_generations,
+        max_completion_length=data.max_completion_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
+        repetition_penalty=cfg.repetition_penalty,
+        max_prompt_length=data.max_prompt_length,
+        prompt_truncation=cfg.prompt_truncation,
+    )
+    return _Context(
+        model=model,
+        tokenizer=tokenizer,
+        reference=make_reference(model, cfg.beta),
+        optimizer=optimizer,
+        scheduler=common.make_scheduler(optimizer, cfg, cfg.max_steps * cfg.num_iterations),
+        prompts=PromptSampler(data.train_rows, cfg.prompts_per_step, seed=cfg.seed),
+        sampler=HFGenerateSampler(model, tokenizer),
+        sampling=sampling,
+        reward_funcs=data.reward_funcs,
+        max_completion_length=data.max_completion_length,
+        logps_temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+    )
+
+
+def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[str, float]]:
+    def run() -> dict[str, float]:
+        if not data.eval_rows:
+            return {}
+        return evaluate(
+            ctx.model,
+            ctx.tokenizer,
+            data.eval_rows,
+            reward_funcs=data.reward_funcs,
+            is_correct=data.is_correct,
+            prompt_column=cfg.prompt_column,
+            max_prompt_length=data.max_prompt_length,
+            max_completion_length=data.max_completion_length,
+            pass_at_k=cfg.pass_at_k,
+            temperature=cfg.temperature,
+            seed=cfg.seed,
+        )
+
+    return run
+
+
+def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float]) -> None:
+    state = {
+        "step": step,
+        "optimizer": ctx.optimizer.state_dict(),
+        "scheduler": ctx.scheduler.state_dict(),
+        "prompts": ctx.prompts.state_dict(),
+        "rng": common.rng_state(),
+        "eval_before": eval_before,
+    }
+    if ctx.reference is not None and cfg.sync_ref_model:
+        state["reference"] = ctx.reference.state_dict()
+    common.save_checkpoint(
+        Path(cfg.output_dir), step, ctx.model, ctx.tokenizer, state, to_yaml(cfg), cfg.save_total_limit
+    )
+
+
+def restore(ctx: _Context, checkpoint: Path) -> tuple[int, dict[str, float]]:
+    """Weights, optimizer, schedule, data position and RNG from `checkpoint`: (step, eval_before)."""
+    state = common.load_training_state(checkpoint, ctx.model)
+    ctx.optimizer.load_state_dict(state["optimizer"])
+    ctx.scheduler.load_state_dict(state["scheduler"])
+    ctx.prompts.load_state_dict(state["prompts"])
+    common.set_rng_state(state["rng"])
+    if ctx.reference is not None and "reference" in state:
+        ctx.reference.load_state_dict(state["reference"])
+    return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
+
+
+def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
+    cfg: GRPOConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    reward_funcs: Sequence[Callable[..., Any]] | None = None,
+    train_rows: Sequence[dict[str, Any]] | None = None,
+    eval_rows: Sequence[dict[str, Any]] | None = None,
+    is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
+    on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Run GRPO as configured. Anything not given comes from the config (task, dataset, model)."""
+    emit = on_event or (lambda kind, step, data: None)
+    # ------------------------------------------------------------------ set-up
+    data = resolve_data(cfg, train_rows, eval_rows, reward_funcs, is_correct)
+    common.seed_everything(cfg.seed)
+    if model is None:
+        max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
+        model, tokenizer = common.policy_and_tokenizer(cfg, data.alphabet, max_len)
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
+    writer = common.MetricsWriter(output_dir)
+    ctx = make_context(cfg, model, tokenizer, data)
+    evaluate_now = evaluator(cfg, ctx, data)
+    if cfg.sft_steps and not checkpoints:  # a supervised warm start, before the optimizer sees a step
+        emit("sft_start", 0, {})
+        run_sft(
+            model,
+            tokenizer,
+            data.train_rows,
+            steps=cfg.sft_steps,
+            batch_size=cfg.sft_batch_size,
+            learning_rate=cfg.sft_learning_rate,
+            seed=cfg.seed,
+            on_step=lambda s, loss: emit("sft_step", s, {"loss": loss}),
+        )
+        if ctx.reference is not None:  # the reference policy is the warmed-up one
+            ctx.reference.load_state_dict(model.state_dict())
+    if checkpoints:
+        start, eval_before = restore(ctx, checkpoints[-1])
+        common.truncate_metrics_after(output_dir, start)
+        emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
+    else:
+        start, eval_before = 0, evaluate_now()
+        writer.write(0, eval_before, prefix="eval/")
+    emit("start", start, eval_before)
+
+    # ------------------------------------------------------------------ the loop
+    for step in range(start + 1, cfg.max_steps + 1):
+        began = time.perf_counter()
+        model.train()
+        # 1. sample G completions per prompt, score them, group-relative advantages
+        batch, metrics = generate_and_score(cfg, ctx, step)
+        # 2. the policy that sampled, if updates move the policy within this step; the reference
+        old = (
+            frozen_logps(model, batch, cfg.micro_batch_size, ctx.logps_temperature)
+            if cfg.num_iterations > 1
+            else None
+        )
+        ref = None
+        if cfg.beta != 0.0:
+            with reference_model(model, ctx.reference) as reference:
+                ref = frozen_logps(reference, batch, cfg.micro_batch_size, ctx.logps_temperature)
+        # 3. μ optimizer steps on this batch
+        for _ in range(cfg.num_iterations):
+            metrics |= optimizer_step(cfg, ctx, batch, old, ref)
+        if cfg.sync_ref_model and ctx.reference is not None and should_sync(step, cfg.ref_model_sync_steps):
+            sync_reference(ctx.reference, model, cfg.ref_model_mixup_alpha)
+        # 4. report, evaluate, save
+        seconds = time.perf_counter() - began
+        metrics |= {"step_time": seconds, "tokens_per_second": batch.completion_mask.sum().item() / seconds}
+        if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+            emit("step", step, writer.write(step, metrics))
+        if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
+            emit(
+                "completions",
+                step,
+                {
+                    "prompts": batch.prompts,
+                    "completions": batch.completions,
+                    "rewards": batch.rewards.tolist(),
+                },
+            )
+        if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
+            emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
+        if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
+            save(cfg, ctx, step, eval_before)
+    writer.close()
+    return TrainResult(
+        output_dir=output_dir, steps=cfg.max_steps, eval_before=eval_before, eval_after=_last_eval(output_dir)
+    )
+
+
+def _last_eval(output_dir: Path) -> dict[str, float]:
+    import json
+
+    last: dict[str, float] = {}
+    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        evals = {k[len("eval/") :]: v for k, v in row.items() if k.startswith("eval/")}
+        if evals:
+            last = evals
+    return last

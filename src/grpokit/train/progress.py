@@ -1,0 +1,80 @@
+"""Terminal feedback for `grpokit train`: a progress bar with ETA and key metrics, evaluation lines
+and, every few steps, a table of sample completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RichReporter:
+    def __init__(self, console: Any, cfg: Any, *, enabled: bool = True) -> None:
+        self.console, self.cfg, self.enabled = console, cfg, enabled
+        self.progress: Any = None
+        self.sft_task = self.grpo_task = None
+
+    def __enter__(self) -> RichReporter:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=self.console,
+            disable=not self.enabled,
+        )
+        self.progress.__enter__()
+        if self.cfg.sft_steps:
+            self.sft_task = self.progress.add_task("sft ", total=self.cfg.sft_steps, status="")
+        self.grpo_task = self.progress.add_task("grpo", total=self.cfg.max_steps, status="", start=False)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def on_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
+        if kind == "sft_step" and self.sft_task is not None:
+            self.progress.update(self.sft_task, completed=step, status=f"loss {data['loss']:.3f}")
+        elif kind in ("start", "resumed"):
+            self.progress.start_task(self.grpo_task)
+            self.progress.update(self.grpo_task, completed=step)
+            if kind == "resumed":
+                self.console.print(f"resumed from {data['checkpoint']} at step {step}")
+            elif "accuracy" in data:
+                self.console.print(f"held-out greedy accuracy before GRPO: {100 * data['accuracy']:.1f}%")
+        elif kind == "step":
+            reward, kl, seconds = (
+                data.get("reward", float("nan")),
+                data.get("kl", 0.0),
+                data.get("step_time", 0.0),
+            )
+            status = f"reward {reward:.3f}  kl {kl:.4f}  {seconds:.2f}s/step"
+            self.progress.update(self.grpo_task, completed=step, status=status)
+        elif kind == "eval":
+            shown = {
+                k[len("eval/") :]: v
+                for k, v in data.items()
+                if k.startswith("eval/") and isinstance(v, float)
+            }
+            self.console.print(f"step {step} eval: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+        elif kind == "completions":
+            from rich.table import Table
+
+            table = Table(title=f"sample completions at step {step}")
+            for column in ("prompt", "completion", "reward"):
+                table.add_column(column)
+            for prompt, completion, reward in list(
+                zip(data["prompts"], data["completions"], data["rewards"], strict=True)
+            )[:: self.cfg.num_generations][:6]:
+                table.add_row(prompt, repr(completion), f"{reward:.2f}")
+            self.console.print(table)

@@ -1,0 +1,73 @@
+"""A minimal supervised warm start: cross-entropy on the answer tokens (and EOS) of a task.
+
+GRPO learns only from completions that sometimes succeed; a random policy never does, so the
+demo first teaches the format and some of the skill with a few hundred supervised steps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Left-padded prompt + answer + EOS, with a bool mask of the tokens to learn. [n, L] each"""
+    sequences, first_target = [], []
+    for row in rows:
+        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        answer = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sequences.append(prompt + answer)
+        first_target.append(len(prompt))
+    width = max(len(s) for s in sequences)
+    pad = [width - len(s) for s in sequences]
+    ids = torch.tensor(
+        [[tokenizer.pad_token_id] * p + s for p, s in zip(pad, sequences, strict=True)]
+    )  # [n, L]
+    positions = torch.arange(width)[None, :]  # [1, L]
+    attention = positions >= torch.tensor(pad)[:, None]  # [n, L]
+    target = positions >= (torch.tensor(pad) + torch.tensor(first_target))[:, None]  # [n, L] answer + EOS
+    return {"input_ids": ids, "attention_mask": attention, "target_mask": target}
+
+
+def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the target tokens: logits[:, t] predicts ids[:, t + 1]."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits[:, :-1]
+    targets = batch["input_ids"][:, 1:]  # [n, L-1]
+    mask = batch["target_mask"][:, 1:]  # [n, L-1]
+    per_token = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
+    )
+    per_token = per_token.reshape(targets.shape)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+def run_sft(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> float:
+    """Train for `steps` AdamW steps on random batches of `rows`; returns the last loss."""
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    model.train()
+    loss_value = float("nan")
+    for step in range(1, steps + 1):
+        batch = sft_batch(tokenizer, rng.sample(list(rows), min(batch_size, len(rows))))
+        loss = sft_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_value = loss.item()
+        if on_step is not None:
+            on_step(step, loss_value)
+    return loss_value
