@@ -1,11 +1,33 @@
 """grpokit: Group Relative Policy Optimization for language models.
 
-The math lives in `grpokit.ops` (pure torch); import it directly for the loss functions.
-Importing `grpokit` itself stays light: nothing here pulls in transformers.
+The math lives in `grpokit.ops` (pure torch). `GRPOTrainer` and `GRPOConfig` are imported on first
+use, so `import grpokit` stays light and never pulls in transformers.
 """
+
+from typing import Any
 
 from .ops import LossOutput, bradley_terry_loss, group_advantages, grpo_loss
 
 __version__ = "0.1.0"
 
-__all__ = ["LossOutput", "__version__", "bradley_terry_loss", "group_advantages", "grpo_loss"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "LossOutput",
+    "__version__",
+    "bradley_terry_loss",
+    "group_advantages",
+    "grpo_loss",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GRPOTrainer":
+        from .trainer import GRPOTrainer
+
+        return GRPOTrainer
+    if name == "GRPOConfig":
+        from .config import GRPOConfig
+
+        return GRPOConfig
+    raise AttributeError(f"module 'grpokit' has no attribute {name!r}")

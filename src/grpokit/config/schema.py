@@ -115,8 +115,6 @@ class GRPOConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
-        if self.task is None and self.dataset is None:
-            raise ValueError("set task (a built-in task) or dataset (a prompt file)")
         rows = self.prompts_per_step * self.num_generations
         if rows % self.micro_batch_size != 0:
             raise ValueError(

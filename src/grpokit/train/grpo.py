@@ -397,46 +397,55 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     emit("start", start, eval_before)
 
     # ------------------------------------------------------------------ the loop
-    for step in range(start + 1, cfg.max_steps + 1):
-        began = time.perf_counter()
-        model.train()
-        # 1. sample G completions per prompt, score them, group-relative advantages
-        batch, metrics = generate_and_score(cfg, ctx, step)
-        # 2. the policy that sampled, if updates move the policy within this step; the reference
-        old = (
-            frozen_logps(model, batch, cfg.micro_batch_size, ctx.logps_temperature)
-            if cfg.num_iterations > 1
-            else None
-        )
-        ref = None
-        if cfg.beta != 0.0:
-            with reference_model(model, ctx.reference) as reference:
-                ref = frozen_logps(reference, batch, cfg.micro_batch_size, ctx.logps_temperature)
-        # 3. μ optimizer steps on this batch
-        for _ in range(cfg.num_iterations):
-            metrics |= optimizer_step(cfg, ctx, batch, old, ref)
-        if cfg.sync_ref_model and ctx.reference is not None and should_sync(step, cfg.ref_model_sync_steps):
-            sync_reference(ctx.reference, model, cfg.ref_model_mixup_alpha)
-        # 4. report, evaluate, save
-        seconds = time.perf_counter() - began
-        metrics |= {"step_time": seconds, "tokens_per_second": batch.completion_mask.sum().item() / seconds}
-        if step % cfg.logging_steps == 0 or step == cfg.max_steps:
-            emit("step", step, writer.write(step, metrics))
-        if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
-            emit(
-                "completions",
-                step,
-                {
-                    "prompts": batch.prompts,
-                    "completions": batch.completions,
-                    "rewards": batch.rewards.tolist(),
-                },
+    try:
+        for step in range(start + 1, cfg.max_steps + 1):
+            began = time.perf_counter()
+            model.train()
+            # 1. sample G completions per prompt, score them, group-relative advantages
+            batch, metrics = generate_and_score(cfg, ctx, step)
+            # 2. the policy that sampled, if updates move the policy within this step; the reference
+            old = (
+                frozen_logps(model, batch, cfg.micro_batch_size, ctx.logps_temperature)
+                if cfg.num_iterations > 1
+                else None
             )
-        if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
-            emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
-        if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
-            save(cfg, ctx, step, eval_before)
-    writer.close()
+            ref = None
+            if cfg.beta != 0.0:
+                with reference_model(model, ctx.reference) as reference:
+                    ref = frozen_logps(reference, batch, cfg.micro_batch_size, ctx.logps_temperature)
+            # 3. μ optimizer steps on this batch
+            for _ in range(cfg.num_iterations):
+                metrics |= optimizer_step(cfg, ctx, batch, old, ref)
+            if (
+                cfg.sync_ref_model
+                and ctx.reference is not None
+                and should_sync(step, cfg.ref_model_sync_steps)
+            ):
+                sync_reference(ctx.reference, model, cfg.ref_model_mixup_alpha)
+            # 4. report, evaluate, save
+            seconds = time.perf_counter() - began
+            metrics |= {
+                "step_time": seconds,
+                "tokens_per_second": batch.completion_mask.sum().item() / seconds,
+            }
+            if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+                emit("step", step, writer.write(step, metrics))
+            if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
+                emit(
+                    "completions",
+                    step,
+                    {
+                        "prompts": batch.prompts,
+                        "completions": batch.completions,
+                        "rewards": batch.rewards.tolist(),
+                    },
+                )
+            if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
+                emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
+            if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
+                save(cfg, ctx, step, eval_before)
+    finally:
+        writer.close()
     return TrainResult(
         output_dir=output_dir, steps=cfg.max_steps, eval_before=eval_before, eval_after=_last_eval(output_dir)
     )
