@@ -34,10 +34,21 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not key=value (for example learning_rate=3e-4).")
         try:
-            values[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+            value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
-            values[key.strip()] = raw
+            value = raw
+        values[key.strip()] = _number(value)
     return values
+
+
+def _number(value: Any) -> Any:
+    """YAML 1.1 reads `3e-4` (no dot) as a string; a user means the number."""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value.lower() for c in ".e") else int(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:

@@ -43,7 +43,10 @@ class GRPOConfig(BaseModel):
     tiny_num_heads: int = Field(4, ge=1)
     tiny_intermediate_size: int = Field(256, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute activations in backward (TRL: True; off here: small models gain nothing)",
+    )
 
     # ---------------------------------------------------------------- data
     task: Literal["addition", "countdown", "reverse"] | None = Field(
@@ -72,7 +75,7 @@ class GRPOConfig(BaseModel):
     prompt_truncation: Literal["left", "error"] = "left"
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int = Field(0, ge=0, description="0 = off (TRL: 0)")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
 

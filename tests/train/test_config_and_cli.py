@@ -1,0 +1,198 @@
+"""The config (validation, YAML + overrides, print-config) and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from grpokit.cli import main
+from grpokit.config import ConfigError, GRPOConfig, load_config, parse_overrides, to_yaml
+
+
+def test_defaults_follow_trl_where_names_match():
+    trl = pytest.importorskip("trl")
+    ours = GRPOConfig()
+    theirs = trl.GRPOConfig(output_dir="/tmp/unused-grpokit-cfg", report_to=[], use_cpu=True, bf16=False)
+    # fields whose default deliberately differs, each documented in schema.py
+    differs = {
+        "output_dir",
+        "max_steps",
+        "logging_steps",
+        "save_steps",
+        "eval_steps",
+        "save_total_limit",
+        "max_completion_length",
+        "max_prompt_length",
+        "num_generations_eval",
+        "lr_scheduler_type",
+        "warmup_steps",
+        "gradient_checkpointing",
+    }
+    shared = (set(GRPOConfig.model_fields) & set(vars(theirs))) - differs
+    assert {
+        "learning_rate",
+        "beta",
+        "loss_type",
+        "epsilon",
+        "num_generations",
+        "temperature",
+        "top_p",
+        "scale_rewards",
+        "num_iterations",
+        "mask_truncated_completions",
+        "use_bias_correction_kl",
+        "ref_model_mixup_alpha",
+        "ref_model_sync_steps",
+        "adam_beta1",
+        "adam_beta2",
+        "max_grad_norm",
+        "seed",
+        "weight_decay",
+    } <= shared
+    for name in shared:
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_yaml_plus_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 3.0e-4\nloss_type: grpo\nreward_weights: [1.0, 0.5]\n")
+    cfg = load_config(GRPOConfig, path, ["loss_type=bnpo", "beta=0.04", "top_k=5", "epsilon_high=null"])
+    assert (cfg.learning_rate, cfg.loss_type, cfg.beta, cfg.reward_weights, cfg.top_k) == (
+        3e-4,
+        "bnpo",
+        0.04,
+        [1.0, 0.5],
+        5,
+    )
+    assert cfg.epsilon_high is None
+    assert load_config(GRPOConfig, None, []) == GRPOConfig()
+    again = tmp_path / "again.yaml"
+    again.write_text(to_yaml(cfg))
+    assert load_config(GRPOConfig, again) == cfg  # print-config output is a loadable config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["learning_rte=1e-4"], "unknown key 'learning_rte'; did you mean 'learning_rate'?"),
+        (["num_generations=1"], "num_generations: Input should be greater than or equal to 2 (got 1)"),
+        (["top_p=1.5"], "top_p: Input should be less than or equal to 1 (got 1.5)"),
+        (["loss_type=ppo"], "loss_type: Input should be 'grpo', 'bnpo'"),
+        (["micro_batch_size=7"], "must be divisible by micro_batch_size=7"),
+        (["beta=-1"], "beta: Input should be greater than or equal to 0"),
+        (["delta=0.9"], "delta: Input should be greater than 1"),
+        (["max_steps=ten"], "max_steps: Input should be a valid integer"),
+        (["novalue"], "override 'novalue' is not key=value"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_allowed_range(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(GRPOConfig, None, overrides)
+    assert message in str(error.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(GRPOConfig, tmp_path / "none.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(GRPOConfig, tmp_path / "list.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(GRPOConfig, tmp_path / "bad.yaml")
+
+
+def test_override_values_are_yaml_scalars():
+    assert parse_overrides(["a=3e-4", "b=true", "c=null", "d=[1, 2]", "e=text", "f="]) == {
+        "a": 3e-4,
+        "b": True,
+        "c": None,
+        "d": [1, 2],
+        "e": "text",
+        "f": None,
+    }
+
+
+def test_print_config_shows_the_preset_with_overrides(capsys):
+    assert main(["print-config", "max_steps=7"]) == 0
+    text = capsys.readouterr().out
+    assert "max_steps: 7" in text and "sft_steps: 400" in text and "learning_rate: 0.0003" in text
+
+
+def test_bad_config_fails_before_any_model_is_loaded(capsys, monkeypatch):
+    """The error is one line naming the key; no model is built (building would fail here)."""
+    import grpokit.train.common as common
+
+    monkeypatch.setattr(
+        common, "policy_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
+    )
+    assert main(["train", "num_generations=1"]) == 2
+    err = capsys.readouterr().err
+    assert "num_generations" in err and "--debug" in err and "Traceback" not in err
+    assert main(["train", "task=null"]) == 2
+    assert "nothing to train on" in capsys.readouterr().err
+
+
+def test_cli_train_and_report_on_a_tiny_run(tmp_path):
+    run = tmp_path / "run"
+    args = [
+        sys.executable,
+        "-m",
+        "grpokit",
+        "train",
+        f"output_dir={run}",
+        "sft_steps=20",
+        "max_steps=2",
+        "tiny_hidden_size=16",
+        "tiny_num_layers=1",
+        "tiny_num_heads=2",
+        "tiny_intermediate_size=32",
+        "prompts_per_step=4",
+        "num_generations=4",
+        "micro_batch_size=16",
+        "num_eval_prompts=8",
+        "progress=false",
+        "log_completions_steps=1",
+    ]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "held-out greedy accuracy" in result.stdout and "sample completions at step 1" in result.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "grpokit", "report", str(run)], capture_output=True, text=True, timeout=120
+    )
+    assert report.returncode == 0 and (run / "report" / "index.html").is_file()
+    evaluation = subprocess.run(
+        [sys.executable, "-m", "grpokit", "eval", f"model={run / 'checkpoint-2'}", "num_eval_prompts=8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert '"accuracy"' in evaluation.stdout
+
+
+def test_cli_sft(tmp_path):
+    out = tmp_path / "sft"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpokit",
+            "sft",
+            f"output_dir={out}",
+            "max_steps=3",
+            "batch_size=8",
+            "tiny_hidden_size=16",
+            "tiny_num_layers=1",
+            "tiny_num_heads=2",
+            "tiny_intermediate_size=32",
+            "num_eval_prompts=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (out / "final" / "model.safetensors").is_file() and "held-out greedy accuracy" in result.stdout
