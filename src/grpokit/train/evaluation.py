@@ -25,6 +25,7 @@ def evaluate(
     pass_at_k: int = 0,
     temperature: float = 1.0,
     seed: int = 0,
+    on_reward_error: str = "raise",
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
     `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt."""
@@ -42,11 +43,13 @@ def evaluate(
         prompts,
         rollout.completions,
         columns=columns_of(rows, prompt_column),
+        on_error=on_reward_error,  # type: ignore[arg-type]
         completion_ids=[
             ids[m].tolist() for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
         ],
     )
     metrics = {
+        "num_prompts": float(len(rows)),
         "reward": torch.nanmean(scores.rewards).item(),
         "completions/mean_length": rollout.completion_mask.sum(-1).float().mean().item(),
     }

@@ -205,9 +205,10 @@ def optimizer_step(
         for key, value in out.metrics.items():
             totals[key] = totals.get(key, 0.0) + value / n_micro
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), cfg.max_grad_norm)
+    learning_rate = ctx.optimizer.param_groups[0]["lr"]  # the rate this update uses
     ctx.optimizer.step()
     ctx.scheduler.step()
-    return totals | {"grad_norm": grad_norm, "learning_rate": ctx.optimizer.param_groups[0]["lr"]}
+    return totals | {"grad_norm": grad_norm, "learning_rate": learning_rate}
 
 
 @dataclass
@@ -314,6 +315,7 @@ def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[
             pass_at_k=cfg.pass_at_k,
             temperature=cfg.temperature,
             seed=cfg.seed,
+            on_reward_error=cfg.on_reward_error,
         )
 
     return run
@@ -370,7 +372,6 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config.yaml").write_text(to_yaml(cfg))
     checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
-    writer = common.MetricsWriter(output_dir)
     ctx = make_context(cfg, model, tokenizer, data)
     evaluate_now = evaluator(cfg, ctx, data)
     if cfg.sft_steps and not checkpoints:  # a supervised warm start, before the optimizer sees a step
@@ -393,6 +394,8 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
         emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
     else:
         start, eval_before = 0, evaluate_now()
+    writer = common.MetricsWriter(output_dir)
+    if start == 0:
         writer.write(0, eval_before, prefix="eval/")
     emit("start", start, eval_before)
 

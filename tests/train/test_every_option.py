@@ -1,0 +1,294 @@
+"""Each config option changes behaviour: one short run per option against the same base run, with
+the observable that option must change. A last test checks the table covers every field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpokit.config import GRPOConfig
+from grpokit.rewards import RewardFunctionError
+from grpokit.train.grpo import train_grpo
+from tests.train.helpers import ones_reward, tiny_config, weights
+
+# Off-policy (μ = 2) with a KL term, so that clipping and KL options all act within two steps.
+BASE = dict(num_iterations=2, beta=0.04, log_completions_steps=1)
+
+
+def starts_with_one(prompts, completions, **_):
+    """Often equal within a group: makes zero-variance groups for dynamic sampling."""
+    return [float(c.startswith("1")) for c in completions]
+
+
+def fails_on_nine(prompts, completions, **_):
+    if any("9" in c for c in completions):
+        raise ValueError("cannot score a 9")
+    return [0.0] * len(completions)
+
+
+def run(tmp_path, name: str, reward=ones_reward, **options: Any) -> dict[str, Any]:
+    if "output_dir" in options:
+        options = options | {"output_dir": str(tmp_path / options["output_dir"])}
+    cfg = tiny_config(tmp_path / name, **(BASE | options))
+    events: list[tuple[str, int, dict]] = []
+    train_grpo(
+        cfg, reward_funcs=[reward], on_event=lambda kind, step, data: events.append((kind, step, data))
+    )
+    out = tmp_path / name / "run" if "output_dir" not in options else tmp_path / options["output_dir"]
+    out = Path(cfg.output_dir)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "weights": weights(out),
+        "rows": rows,
+        "steps": [r for r in rows if "loss" in r],
+        "events": events,
+        "dir": out,
+    }
+
+
+def completions(result) -> list[str]:
+    return next(data["completions"] for kind, _, data in result["events"] if kind == "completions")
+
+
+def differ(a, b) -> bool:
+    return a["weights"].keys() != b["weights"].keys() or any(
+        a["weights"][k].shape != b["weights"][k].shape or not torch.equal(a["weights"][k], b["weights"][k])
+        for k in a["weights"]
+    )
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("base"), "base")
+
+
+# option -> (overrides, check(base_result, variant_result) -> bool). Checks read what the option is for.
+CASES: dict[str, tuple[dict[str, Any], Any]] = {
+    "output_dir": (
+        {"output_dir": "elsewhere/run"},
+        lambda b, v: v["dir"].name == "run" and v["dir"].parent.name == "elsewhere",
+    ),
+    "seed": ({"seed": 4}, differ),
+    "max_steps": ({"max_steps": 3}, lambda b, v: len(v["steps"]) == 3 and len(b["steps"]) == 2),
+    "logging_steps": ({"logging_steps": 2}, lambda b, v: [r["step"] for r in v["steps"]] == [2]),
+    "save_steps": (
+        {"save_steps": 1},
+        lambda b, v: (v["dir"] / "checkpoint-1").is_dir() and not (b["dir"] / "checkpoint-1").exists(),
+    ),
+    "save_total_limit": (
+        {"save_steps": 1, "save_total_limit": 1},
+        lambda b, v: not (v["dir"] / "checkpoint-1").exists(),
+    ),
+    "eval_steps": (
+        {"eval_steps": 1},
+        lambda b, v: any(r["step"] == 1 and "eval/reward" in r for r in v["rows"]),
+    ),
+    "log_completions_steps": (
+        {"log_completions_steps": 2},
+        lambda b, v: [s for k, s, _ in v["events"] if k == "completions"] == [2],
+    ),
+    "tiny_hidden_size": ({"tiny_hidden_size": 24, "tiny_num_heads": 2}, differ),
+    "tiny_num_layers": ({"tiny_num_layers": 2}, lambda b, v: len(v["weights"]) > len(b["weights"])),
+    "tiny_num_heads": ({"tiny_num_heads": 4}, differ),
+    "tiny_intermediate_size": ({"tiny_intermediate_size": 48}, differ),
+    "dtype": ({"dtype": "bfloat16"}, lambda b, v: next(iter(v["weights"].values())).dtype == torch.bfloat16),
+    "task": (
+        {"task": "reverse"},
+        lambda b, v: all(
+            p.endswith(">") for p in next(d["prompts"] for k, _, d in v["events"] if k == "completions")
+        ),
+    ),
+    "num_eval_prompts": (
+        {"num_eval_prompts": 2},
+        lambda b, v: v["rows"][0]["eval/num_prompts"] == 2 and b["rows"][0]["eval/num_prompts"] == 4,
+    ),
+    "sft_steps": ({"sft_steps": 2, "sft_batch_size": 8}, differ),
+    "num_generations": (
+        {"num_generations": 2},
+        lambda b, v: len(completions(v)) == 8 and len(completions(b)) == 16,
+    ),
+    "prompts_per_step": ({"prompts_per_step": 2}, lambda b, v: len(completions(v)) == 8),
+    "max_prompt_length": (
+        {"max_prompt_length": 3},
+        lambda b, v: v["steps"][0]["num_truncated_prompts"] > 0 == b["steps"][0]["num_truncated_prompts"],
+    ),
+    "max_completion_length": (
+        {"max_completion_length": 2},
+        lambda b, v: v["steps"][0]["completions/max_length"] <= 2 < b["steps"][0]["completions/max_length"],
+    ),
+    "temperature": ({"temperature": 0.5}, lambda b, v: completions(v) != completions(b)),
+    "top_p": ({"top_p": 0.3}, lambda b, v: completions(v) != completions(b)),
+    "top_k": ({"top_k": 2}, lambda b, v: completions(v) != completions(b)),
+    "min_p": ({"min_p": 0.95}, lambda b, v: completions(v) != completions(b)),
+    "repetition_penalty": ({"repetition_penalty": 3.0}, lambda b, v: completions(v) != completions(b)),
+    "loss_type": ({"loss_type": "grpo"}, differ),
+    "beta": ({"beta": 0.5}, differ),
+    "epsilon": ({"epsilon": 0.001}, differ),
+    "epsilon_high": ({"epsilon_high": 0.001}, differ),
+    "delta": ({"delta": 1.0001}, differ),
+    "importance_sampling_level": ({"importance_sampling_level": "sequence"}, differ),
+    "top_entropy_quantile": ({"top_entropy_quantile": 0.3}, differ),
+    "scale_rewards": ({"scale_rewards": "none"}, differ),
+    "num_iterations": ({"num_iterations": 1}, differ),
+    "mask_truncated_completions": ({"mask_truncated_completions": True}, differ),
+    "reward_weights": (
+        {"reward_weights": [2.0]},
+        lambda b, v: v["steps"][0]["reward"] == pytest.approx(2 * b["steps"][0]["reward"]),
+    ),
+    "use_bias_correction_kl": ({"use_bias_correction_kl": False}, differ),
+    "sync_ref_model": ({"sync_ref_model": True, "ref_model_sync_steps": 1}, differ),
+    "learning_rate": ({"learning_rate": 1e-3}, differ),
+    "lr_scheduler_type": (
+        {"lr_scheduler_type": "constant"},
+        lambda b, v: v["steps"][1]["learning_rate"] > b["steps"][1]["learning_rate"],
+    ),
+    "warmup_steps": (
+        {"warmup_steps": 4},
+        lambda b, v: v["steps"][0]["learning_rate"] < b["steps"][0]["learning_rate"],
+    ),
+    "weight_decay": ({"weight_decay": 0.5}, differ),
+    "adam_beta1": ({"adam_beta1": 0.5}, differ),
+    "adam_beta2": ({"adam_beta2": 0.5}, differ),
+    "adam_epsilon": ({"adam_epsilon": 1.0}, differ),
+    "max_grad_norm": ({"max_grad_norm": 1e-4}, differ),
+    "pass_at_k": (
+        {"pass_at_k": 2},
+        lambda b, v: "eval/pass@2" in v["rows"][0] and "eval/pass@2" not in b["rows"][0],
+    ),
+}
+
+# options whose effect needs another base run:
+# option -> (overrides of the base, overrides of the variant, reward, check)
+RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
+    "sft_batch_size": ({"sft_steps": 2, "sft_batch_size": 8}, {"sft_batch_size": 4}, ones_reward, differ),
+    "sft_learning_rate": (
+        {"sft_steps": 2, "sft_batch_size": 8},
+        {"sft_learning_rate": 1e-5},
+        ones_reward,
+        differ,
+    ),
+    "ref_model_mixup_alpha": (
+        {"sync_ref_model": True, "ref_model_sync_steps": 1},
+        {"ref_model_mixup_alpha": 0.1},
+        ones_reward,
+        differ,
+    ),
+    "ref_model_sync_steps": (
+        {"sync_ref_model": True, "ref_model_sync_steps": 1},
+        {"ref_model_sync_steps": 5},
+        ones_reward,
+        differ,
+    ),
+    "dynamic_sampling": (
+        {},
+        {"dynamic_sampling": True},
+        starts_with_one,
+        lambda b, v: v["steps"][0]["num_generation_batches"] > 1 == b["steps"][0]["num_generation_batches"],
+    ),
+    "max_resample_batches": (
+        {"dynamic_sampling": True},
+        {"max_resample_batches": 1},
+        starts_with_one,
+        lambda b, v: v["steps"][0]["num_generation_batches"] == 1 < b["steps"][0]["num_generation_batches"],
+    ),
+    "micro_batch_size": (
+        {},
+        {"micro_batch_size": 4},
+        ones_reward,
+        # micro-batching must not change the math: equal up to float32 summation order
+        lambda b, v: all(torch.allclose(b["weights"][k], v["weights"][k], atol=1e-5) for k in b["weights"]),
+    ),
+}
+
+# options tested elsewhere, with where
+ELSEWHERE = {
+    "resume": "test_grpo_loop.py::test_stopped_and_resumed_run_ends_with_bitwise_equal_weights",
+    "progress": "test_progress_can_be_switched_off (below)",
+    "model": "test_grpo_loop.py::test_facade_takes_a_path_or_a_loaded_model; test_dataset_files_and_prompt_column",  # noqa: E501
+    "gradient_checkpointing": "test_gradient_checkpointing_is_switched_on (below)",
+    "dataset": "test_dataset_files_and_prompt_column (below)",
+    "eval_dataset": "test_dataset_files_and_prompt_column (below)",
+    "prompt_column": "test_dataset_files_and_prompt_column (below)",
+    "prompt_truncation": "test_prompt_truncation_error (below)",
+    "on_reward_error": "test_reward_errors_raise_or_count (below)",
+}
+
+
+@pytest.mark.parametrize("option", sorted(CASES))
+def test_option_changes_behaviour(tmp_path, base, option):
+    overrides, check = CASES[option]
+    assert check(base, run(tmp_path, option, **overrides)), option
+
+
+@pytest.mark.parametrize("option", sorted(RELATIVE))
+def test_option_changes_behaviour_relative(tmp_path, option):
+    base_overrides, variant_overrides, reward, check = RELATIVE[option]
+    reference = run(tmp_path, "base", reward=reward, **base_overrides)
+    variant = run(tmp_path, "variant", reward=reward, **(base_overrides | variant_overrides))
+    assert check(reference, variant), option
+
+
+def test_every_option_has_a_test():
+    covered = set(CASES) | set(RELATIVE) | set(ELSEWHERE)
+    assert set(GRPOConfig.model_fields) == covered, set(GRPOConfig.model_fields) ^ covered
+
+
+def test_progress_can_be_switched_off():
+    from rich.console import Console
+
+    from grpokit.train.progress import RichReporter
+
+    for enabled in (True, False):
+        with RichReporter(Console(), GRPOConfig(progress=enabled), enabled=enabled) as reporter:
+            assert reporter.progress.disable is (not enabled)
+
+
+def test_gradient_checkpointing_is_switched_on(tmp_path):
+    from grpokit.train.common import policy_and_tokenizer
+
+    for flag in (False, True):
+        model, _ = policy_and_tokenizer(tiny_config(tmp_path, gradient_checkpointing=flag), "0123", 16)
+        assert model.is_gradient_checkpointing is flag
+
+
+def test_dataset_files_and_prompt_column(tmp_path):
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(10)]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:3]))
+    cfg = tiny_config(
+        tmp_path,
+        task=None,
+        dataset=str(tmp_path / "train.jsonl"),
+        eval_dataset=str(tmp_path / "eval.jsonl"),
+        prompt_column="question",
+        model=str(tmp_path / "policy"),
+        max_steps=1,
+    )
+    from grpokit.models import build_policy, char_tokenizer, save_policy
+
+    tok = char_tokenizer("0123456789+=")
+    save_policy(
+        build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), max_seq_len=32, seed=0),
+        tok,
+        tmp_path / "policy",
+    )
+    result = train_grpo(cfg, reward_funcs=[ones_reward])
+    assert result.eval_before["num_prompts"] == 3
+    with pytest.raises(Exception, match="no column 'prompt'"):
+        train_grpo(cfg.model_copy(update={"prompt_column": "prompt"}), reward_funcs=[ones_reward])
+
+
+def test_prompt_truncation_error(tmp_path):
+    with pytest.raises(ValueError, match="more than max_prompt_length=3"):
+        run(tmp_path, "error", max_prompt_length=3, prompt_truncation="error")
+
+
+def test_reward_errors_raise_or_count(tmp_path):
+    with pytest.raises(RewardFunctionError, match="fails_on_nine"):
+        run(tmp_path, "raise", reward=fails_on_nine, num_eval_prompts=1)
+    result = run(tmp_path, "count", reward=fails_on_nine, on_reward_error="unscorable", num_eval_prompts=1)
+    assert sum(r["reward_errors"] for r in result["steps"]) > 0
