@@ -145,14 +145,17 @@ class PromptSampler:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
         self.rows, self.batch_size, self.seed, self.shuffle = list(rows), batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
+        self._cached: tuple[int, list[int]] | None = None  # (epoch, order): shuffled once per epoch
 
     def _order(self) -> list[int]:
         import random
 
-        order = list(range(len(self.rows)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        return order
+        if self._cached is None or self._cached[0] != self.epoch:
+            order = list(range(len(self.rows)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+            self._cached = (self.epoch, order)
+        return self._cached[1]
 
     def next_batch(self) -> list[dict[str, Any]]:
         batch: list[dict[str, Any]] = []

@@ -60,6 +60,7 @@ def make_optimizer(params: Any, cfg: Any) -> torch.optim.Optimizer:
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_epsilon,
         weight_decay=cfg.weight_decay,
+        fused=True,  # one kernel over all parameters (CPU and CUDA), deterministic
     )
 
 

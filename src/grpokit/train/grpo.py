@@ -28,7 +28,7 @@ import torch
 from ..config import GRPOConfig, to_yaml
 from ..data import PromptSampler, columns_of, get_task, load_prompts, render_prompt
 from ..models import make_reference, reference_model, should_sync, sync_reference
-from ..ops import LOSS_TYPES, TokenLogps, group_advantages, grpo_loss, token_logps_and_entropy
+from ..ops import LOSS_TYPES, group_advantages, grpo_loss, token_logps, token_logps_and_entropy
 from ..rewards import score_completions
 from ..rollout import HFGenerateSampler, SamplingParams
 from . import common
@@ -149,21 +149,27 @@ def generate_and_score(cfg: GRPOConfig, ctx: _Context, step: int) -> tuple[Batch
     return _merge(chosen, G, ctx.tokenizer.pad_token_id), metrics
 
 
-def token_stats(model: Any, batch: Batch, rows: slice, temperature: float) -> TokenLogps:
-    """Per-token log-probs and entropies of the completions in `rows`, from one forward pass."""
+def completion_logits(model: Any, batch: Batch, rows: slice) -> torch.Tensor:
+    """Logits that score the completion tokens of `rows`, from one forward pass. [b, T, V]"""
     ids = torch.cat([batch.prompt_ids[rows], batch.completion_ids[rows]], dim=1)  # [b, Lp+T]
     attention = torch.cat([batch.prompt_mask[rows], batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
     T = batch.completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
-    return token_logps_and_entropy(logits, batch.completion_ids[rows], temperature)
+    return model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
 
 
 @torch.no_grad()
 def frozen_logps(model: Any, batch: Batch, micro: int, temperature: float) -> torch.Tensor:
     """log-probs under a model that does not train in this step (old or reference policy). [B, T]"""
     B = batch.completion_ids.shape[0]
-    return torch.cat(
-        [token_stats(model, batch, slice(s, s + micro), temperature).logps for s in range(0, B, micro)]
+    return torch.cat(  # no entropies: nothing reads them for a frozen policy
+        [
+            token_logps(
+                completion_logits(model, batch, slice(s, s + micro)),
+                batch.completion_ids[s : s + micro],
+                temperature,
+            )
+            for s in range(0, B, micro)
+        ]
     )
 
 
@@ -179,7 +185,9 @@ def optimizer_step(
     totals: dict[str, torch.Tensor] = {}
     for start in range(0, B, micro):
         rows = slice(start, start + micro)
-        stats = token_stats(ctx.model, batch, rows, ctx.logps_temperature)
+        stats = token_logps_and_entropy(
+            completion_logits(ctx.model, batch, rows), batch.completion_ids[rows], ctx.logps_temperature
+        )
         out = grpo_loss(
             stats.logps,
             batch.advantages[rows],
