@@ -159,3 +159,72 @@ def test_long_prompts_are_cut_from_the_left_or_refused(tiny_policy, caplog):
 def test_bad_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
+
+
+# ----------------------------------------------------------------------------- the KV-cache sampler
+
+
+def _kv(tiny_policy):
+    from grpokit.rollout import KVCacheSampler
+
+    model, tok = tiny_policy
+    return KVCacheSampler(model, tok)
+
+
+def test_kv_sampler_greedy_equals_generate(tiny_policy):
+    model, tok = tiny_policy
+    params = SamplingParams(num_generations=3, max_completion_length=6, temperature=0.0)
+    prompts = ["12+3=", "7+8=", "1="]
+    ours, reference = (
+        _kv(tiny_policy).sample(prompts, params),
+        HFGenerateSampler(model, tok).sample(prompts, params),
+    )
+    assert torch.equal(ours.completion_ids, reference.completion_ids)
+    assert torch.equal(ours.completion_mask, reference.completion_mask) and torch.equal(
+        ours.truncated, reference.truncated
+    )
+    assert torch.equal(ours.prompt_ids, reference.prompt_ids) and ours.completions == reference.completions
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7}])
+def test_kv_sampler_logps_equal_a_forward_pass(tiny_policy, kwargs):
+    model, tok = tiny_policy
+    params = SamplingParams(num_generations=4, max_completion_length=6, seed=3, **kwargs)
+    r = _kv(tiny_policy).sample(["12+3=", "7+8="], params)
+    ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
+    mask = torch.cat([r.prompt_mask, r.completion_mask], dim=1).long()
+    with torch.no_grad():
+        logps = completion_logps(
+            model(ids, attention_mask=mask).logits, ids, r.prompt_ids.shape[1], params.temperature
+        )
+    assert torch.where(r.completion_mask, logps - r.sampling_logps, 0.0).abs().max() < 1e-5
+
+
+def test_kv_sampler_is_seeded_and_stops_early(tiny_policy):
+    model, _ = tiny_policy
+    kv = _kv(tiny_policy)
+    prompts = [f"{a}+{a + 3}=" for a in range(16)]
+    params = SamplingParams(num_generations=8, max_completion_length=6, seed=7)
+    assert torch.equal(kv.sample(prompts, params).completion_ids, kv.sample(prompts, params).completion_ids)
+    with biased_logits(model, EOS, 1e4):
+        first = kv.sample(["1+1="], SamplingParams(num_generations=2, max_completion_length=5, seed=0))
+    assert first.completion_ids.shape == (2, 1) and first.completion_mask.all() and not first.truncated.any()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.8}, {"min_p": 0.3, "repetition_penalty": 1.5}]
+)
+def test_kv_sampler_draws_from_the_same_distribution_as_generate(tiny_policy, kwargs):
+    """Statistical test: 20 000 two-token completions of one prompt from each sampler. The total
+    variation distance between the two empirical distributions of the first two tokens must be
+    below 0.03 (for identical distributions its expected value here is about 0.01)."""
+    model, tok = tiny_policy
+    n = 20_000
+    params = SamplingParams(num_generations=n, max_completion_length=2, seed=11, **kwargs)
+    ours = _kv(tiny_policy).sample(["3+4="], params).completion_ids
+    reference = HFGenerateSampler(model, tok).sample(["3+4="], params).completion_ids
+    V = len(tok)
+    for position in range(2):
+        p = torch.bincount(ours[:, position], minlength=V).double() / n
+        q = torch.bincount(reference[:, position], minlength=V).double() / n
+        assert 0.5 * (p - q).abs().sum() < 0.03, (position, p, q)

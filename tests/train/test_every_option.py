@@ -120,6 +120,7 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
         {"max_completion_length": 2},
         lambda b, v: v["steps"][0]["completions/max_length"] <= 2 < b["steps"][0]["completions/max_length"],
     ),
+    "sampler": ({"sampler": "hf"}, lambda b, v: completions(v) != completions(b)),
     "temperature": ({"temperature": 0.5}, lambda b, v: completions(v) != completions(b)),
     "top_p": ({"top_p": 0.3}, lambda b, v: completions(v) != completions(b)),
     "top_k": ({"top_k": 2}, lambda b, v: completions(v) != completions(b)),

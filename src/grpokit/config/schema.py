@@ -67,6 +67,9 @@ class GRPOConfig(BaseModel):
     sft_learning_rate: float = Field(3e-3, gt=0)
 
     # ---------------------------------------------------------------- generation
+    sampler: Literal["kv", "hf"] = Field(
+        "kv", description="kv: grpokit's KV-cached decode loop (faster); hf: transformers' generate"
+    )
     num_generations: int = Field(8, ge=2, description="G, completions per prompt (TRL: 8)")
     prompts_per_step: int = Field(32, ge=1, description="P, prompts per generation batch (B = P·G rows)")
     micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward; gradients accumulate")

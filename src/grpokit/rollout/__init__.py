@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .hf_generate import HFGenerateSampler, completion_mask_from_ids
+from .kv_sampler import KVCacheSampler
 from .types import Rollout, SamplingParams
 
 
@@ -14,4 +15,14 @@ class Sampler(Protocol):
     def sample(self, prompts: list[str], params: SamplingParams) -> Rollout: ...
 
 
-__all__ = ["HFGenerateSampler", "Rollout", "Sampler", "SamplingParams", "completion_mask_from_ids"]
+SAMPLERS = {"hf": HFGenerateSampler, "kv": KVCacheSampler}
+
+__all__ = [
+    "SAMPLERS",
+    "HFGenerateSampler",
+    "KVCacheSampler",
+    "Rollout",
+    "Sampler",
+    "SamplingParams",
+    "completion_mask_from_ids",
+]

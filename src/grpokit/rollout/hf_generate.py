@@ -116,20 +116,24 @@ def completion_mask_from_ids(
     return mask, truncated
 
 
+def eos_and_pad(model: Any, tokenizer: Any) -> tuple[list[int], int]:
+    """Every id that ends a completion (model's generation config and tokenizer), and the pad id."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = list(eos) if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    if None in eos_ids or not eos_ids:
+        raise ValueError("the model and tokenizer define no EOS token; completions could never end.")
+    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
 class HFGenerateSampler:
     """`Sampler` backed by transformers' `model.generate`."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        eos = model.generation_config.eos_token_id
-        eos_ids = eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id]
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-            eos_ids.append(tokenizer.eos_token_id)
-        if None in eos_ids or not eos_ids:
-            raise ValueError("the model and tokenizer define no EOS token; completions could never end.")
-        self.eos_token_ids: list[int] = eos_ids
-        self.pad_token_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+        self.eos_token_ids, self.pad_token_id = eos_and_pad(model, tokenizer)
 
     def _generation_kwargs(
         self, params: SamplingParams, recorder: _SamplingLogpsRecorder, stops: _StopStringEnds | None

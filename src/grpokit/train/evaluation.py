@@ -9,11 +9,11 @@ import torch
 
 from ..data import columns_of, render_prompt
 from ..rewards import score_completions
-from ..rollout import HFGenerateSampler, SamplingParams
+from ..rollout import HFGenerateSampler, Sampler, SamplingParams
 
 
 def evaluate(
-    model: Any,
+    model_or_sampler: Any,
     tokenizer: Any,
     rows: Sequence[dict[str, Any]],
     *,
@@ -29,7 +29,11 @@ def evaluate(
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
     `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt."""
-    sampler = HFGenerateSampler(model, tokenizer)
+    sampler: Sampler = (
+        model_or_sampler
+        if hasattr(model_or_sampler, "sample")
+        else HFGenerateSampler(model_or_sampler, tokenizer)
+    )
     prompts = [render_prompt(r[prompt_column], tokenizer) for r in rows]
     greedy = SamplingParams(
         num_generations=1,

@@ -30,7 +30,7 @@ from ..data import PromptSampler, columns_of, get_task, load_prompts, render_pro
 from ..models import make_reference, reference_model, should_sync, sync_reference
 from ..ops import LOSS_TYPES, group_advantages, grpo_loss, token_logps, token_logps_and_entropy
 from ..rewards import score_completions
-from ..rollout import HFGenerateSampler, SamplingParams
+from ..rollout import SAMPLERS, Sampler, SamplingParams
 from . import common
 from .evaluation import evaluate
 from .sft import run_sft
@@ -229,7 +229,7 @@ class _Context:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     prompts: PromptSampler
-    sampler: HFGenerateSampler
+    sampler: Sampler
     sampling: SamplingParams
     reward_funcs: list[Callable[..., Any]]
     max_completion_length: int
@@ -299,7 +299,7 @@ def make_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data) -> _C
         optimizer=optimizer,
         scheduler=common.make_scheduler(optimizer, cfg, cfg.max_steps * cfg.num_iterations),
         prompts=PromptSampler(data.train_rows, cfg.prompts_per_step, seed=cfg.seed),
-        sampler=HFGenerateSampler(model, tokenizer),
+        sampler=SAMPLERS[cfg.sampler](model, tokenizer),
         sampling=sampling,
         reward_funcs=data.reward_funcs,
         max_completion_length=data.max_completion_length,
@@ -312,7 +312,7 @@ def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[
         if not data.eval_rows:
             return {}
         return evaluate(
-            ctx.model,
+            ctx.sampler,
             ctx.tokenizer,
             data.eval_rows,
             reward_funcs=data.reward_funcs,

@@ -1,0 +1,153 @@
+"""A KV-cached decode loop: the fast `Sampler` backend.
+
+Against transformers' `generate` it saves the per-token machinery (processor lists, stopping
+criteria, generation-config copies) and shares work across the G completions of a prompt:
+
+* each prompt is prefilled once and its KV cache repeated G times (prefix sharing);
+* tokens are drawn by inverse CDF on the cumulative sum of the probabilities, one uniform number
+  per row, instead of `torch.multinomial`;
+* top-k / top-p / min-p / repetition penalty are applied in HF's order, and the log-probability of
+  each drawn token under exactly that distribution is recorded;
+* the loop stops as soon as every row has finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .hf_generate import _StopStringEnds, _tokenize_prompts, completion_mask_from_ids, eos_and_pad
+from .types import Rollout, SamplingParams
+
+
+def process_logits(
+    logits: torch.Tensor, generated: torch.Tensor | None, params: SamplingParams
+) -> torch.Tensor:
+    """The distribution tokens are drawn from, as log-probabilities. [B, V] -> [B, V] float32
+
+    Order as in transformers: repetition penalty (on raw logits, over prompt + generated ids),
+    temperature, top-k, top-p, min-p. Greedy (temperature 0) keeps the untempered distribution.
+    """
+    scores = logits.float()
+    if params.repetition_penalty != 1.0 and generated is not None:
+        seen = torch.gather(scores, 1, generated)  # [B, L]
+        seen = torch.where(seen < 0, seen * params.repetition_penalty, seen / params.repetition_penalty)
+        scores = scores.scatter(1, generated, seen)
+    if params.temperature not in (0.0, 1.0):
+        scores = scores / params.temperature
+    if params.temperature > 0.0:
+        if params.top_k:
+            kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
+            scores = scores.masked_fill(scores < kth, -torch.inf)
+        if params.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # [B, V]
+            probs = torch.softmax(sorted_scores, dim=-1)
+            mass_before = probs.cumsum(-1) - probs  # [B, V] probability of the strictly better tokens
+            drop = mass_before > params.top_p
+            drop[:, 0] = False  # always keep the most likely token
+            scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, -torch.inf))
+        if params.min_p:
+            probs = torch.softmax(scores, dim=-1)
+            scores = scores.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), -torch.inf)
+    return torch.log_softmax(scores, dim=-1)
+
+
+def draw(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row: argmax, or inverse CDF with u ∈ (0, 1] (zero-probability tokens have
+    zero-width intervals and can never be drawn). [B, V] -> [B]"""
+    if greedy:
+        return logprobs.argmax(-1)
+    cdf = logprobs.exp().cumsum(-1)  # [B, V]
+    u = (1.0 - torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)) * cdf[:, -1:]  # [B, 1]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+
+
+class KVCacheSampler:
+    """`Sampler` with its own KV-cached decode loop (see the module docstring)."""
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids, self.pad_token_id = eos_and_pad(model, tokenizer)
+
+    def _forward(
+        self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> Any:
+        return self.model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
+        if not prompts:
+            raise ValueError("no prompts to sample from: the prompt batch is empty.")
+        batch, num_truncated = _tokenize_prompts(self.tokenizer, prompts, params)
+        device = next(self.model.parameters()).device
+        G = params.num_generations
+        prompt_ids = batch["input_ids"].to(device)  # [P, Lp]
+        prompt_mask = batch["attention_mask"].to(device)  # [P, Lp]
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [P, Lp] left padding aware
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self._forward(prompt_ids, prompt_mask, positions, None)  # prefill once per prompt
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(G)  # the one place prompts are repeated: [P] -> [B = P·G]
+            logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [B, V]
+            attention = prompt_mask.repeat_interleave(G, dim=0)  # [B, Lp]
+            position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
+            ids_so_far = prompt_ids.repeat_interleave(G, dim=0)  # [B, Lp (+t)]
+            B = ids_so_far.shape[0]
+            stops = (
+                _StopStringEnds(self.tokenizer, params.stop_strings, prompt_ids.shape[1], B)
+                if params.stop_strings
+                else None
+            )
+            eos = torch.tensor(self.eos_token_ids, device=device)
+            finished = torch.zeros(B, dtype=torch.bool, device=device)
+            tokens, logps = [], []
+            for step in range(params.max_completion_length):
+                logprobs = process_logits(
+                    logits, ids_so_far if params.repetition_penalty != 1.0 else None, params
+                )
+                token = draw(logprobs, params.temperature == 0.0, generator)  # [B]
+                token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
+                logps.append(torch.where(finished, 0.0, logprobs.gather(-1, token[:, None]).squeeze(-1)))
+                tokens.append(token)
+                ids_so_far = torch.cat([ids_so_far, token[:, None]], dim=1)
+                finished = finished | torch.isin(token, eos)
+                if stops is not None:
+                    finished = finished | stops(ids_so_far, None)
+                if bool(finished.all()) or step + 1 == params.max_completion_length:
+                    break
+                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # [B, Lp+t+1]
+                position = position + 1
+                logits = self._forward(token[:, None], attention, position, cache).logits[:, -1]  # [B, V]
+        finally:
+            self.model.train(was_training)
+        completion_ids = torch.stack(tokens, dim=1).cpu()  # [B, T]
+        mask, truncated = completion_mask_from_ids(
+            completion_ids, self.eos_token_ids, None if stops is None else stops.ends
+        )
+        sampling_logps = torch.stack(logps, dim=1).cpu()  # [B, T]
+        return Rollout(
+            prompt_ids=prompt_ids.repeat_interleave(G, dim=0).cpu(),
+            prompt_mask=prompt_mask.repeat_interleave(G, dim=0).cpu().bool(),
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            truncated=truncated,
+            sampling_logps=torch.where(mask, sampling_logps, torch.zeros_like(sampling_logps)),
+            completions=self.tokenizer.batch_decode(
+                torch.where(mask, completion_ids, self.pad_token_id), skip_special_tokens=True
+            ),
+            num_generations=G,
+            num_truncated_prompts=num_truncated,
+        )
