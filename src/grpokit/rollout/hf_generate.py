@@ -127,6 +127,35 @@ def eos_and_pad(model: Any, tokenizer: Any) -> tuple[list[int], int]:
     return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
 
+def build_rollout(
+    tokenizer: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    stop_ends: torch.Tensor | None,
+    num_generations: int,
+    num_truncated_prompts: int,
+) -> Rollout:
+    """A Rollout from what a sampler drew (all on CPU): masks, flags and texts derived in one place."""
+    mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids, stop_ends)
+    return Rollout(
+        prompt_ids=prompt_ids,  # [B, Lp]
+        prompt_mask=prompt_mask.bool(),  # [B, Lp]
+        completion_ids=completion_ids,  # [B, T]
+        completion_mask=mask,
+        truncated=truncated,
+        sampling_logps=torch.where(mask, sampling_logps, torch.zeros_like(sampling_logps)),
+        completions=tokenizer.batch_decode(
+            torch.where(mask, completion_ids, pad_token_id), skip_special_tokens=True
+        ),
+        num_generations=num_generations,
+        num_truncated_prompts=num_truncated_prompts,
+    )
+
+
 class HFGenerateSampler:
     """`Sampler` backed by transformers' `model.generate`."""
 
@@ -211,19 +240,15 @@ class HFGenerateSampler:
         sequences = out.sequences.cpu()  # [B, Lp + T]
         completion_ids = sequences[:, input_ids.shape[1] :]  # [B, T]
         sampling_logps = recorder.finish(sequences).cpu()  # [B, T]
-        mask, truncated = completion_mask_from_ids(
-            completion_ids, self.eos_token_ids, None if stops is None else stops.ends
-        )
-        return Rollout(
-            prompt_ids=input_ids.cpu(),  # [B, Lp]
-            prompt_mask=attention_mask.cpu().bool(),  # [B, Lp]
-            completion_ids=completion_ids,
-            completion_mask=mask,
-            truncated=truncated,
-            sampling_logps=torch.where(mask, sampling_logps, torch.zeros_like(sampling_logps)),
-            completions=self.tokenizer.batch_decode(
-                torch.where(mask, completion_ids, self.pad_token_id), skip_special_tokens=True
-            ),
-            num_generations=G,
-            num_truncated_prompts=num_truncated,
+        return build_rollout(
+            self.tokenizer,
+            input_ids.cpu(),
+            attention_mask.cpu(),
+            completion_ids,
+            sampling_logps,
+            self.eos_token_ids,
+            self.pad_token_id,
+            None if stops is None else stops.ends,
+            G,
+            num_truncated,
         )

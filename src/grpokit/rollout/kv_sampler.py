@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .hf_generate import _StopStringEnds, _tokenize_prompts, completion_mask_from_ids, eos_and_pad
+from .hf_generate import _StopStringEnds, _tokenize_prompts, build_rollout, eos_and_pad
 from .types import Rollout, SamplingParams
 
 
@@ -133,21 +133,15 @@ class KVCacheSampler:
                 logits = self._forward(token[:, None], attention, position, cache).logits[:, -1]  # [B, V]
         finally:
             self.model.train(was_training)
-        completion_ids = torch.stack(tokens, dim=1).cpu()  # [B, T]
-        mask, truncated = completion_mask_from_ids(
-            completion_ids, self.eos_token_ids, None if stops is None else stops.ends
-        )
-        sampling_logps = torch.stack(logps, dim=1).cpu()  # [B, T]
-        return Rollout(
-            prompt_ids=prompt_ids.repeat_interleave(G, dim=0).cpu(),
-            prompt_mask=prompt_mask.repeat_interleave(G, dim=0).cpu().bool(),
-            completion_ids=completion_ids,
-            completion_mask=mask,
-            truncated=truncated,
-            sampling_logps=torch.where(mask, sampling_logps, torch.zeros_like(sampling_logps)),
-            completions=self.tokenizer.batch_decode(
-                torch.where(mask, completion_ids, self.pad_token_id), skip_special_tokens=True
-            ),
-            num_generations=G,
-            num_truncated_prompts=num_truncated,
+        return build_rollout(
+            self.tokenizer,
+            prompt_ids.repeat_interleave(G, dim=0).cpu(),
+            prompt_mask.repeat_interleave(G, dim=0).cpu(),
+            torch.stack(tokens, dim=1).cpu(),
+            torch.stack(logps, dim=1).cpu(),
+            self.eos_token_ids,
+            self.pad_token_id,
+            None if stops is None else stops.ends,
+            G,
+            num_truncated,
         )
