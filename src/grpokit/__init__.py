@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 __all__ = [
     "GRPOConfig",
     "GRPOTrainer",
+    "RewardConfig",
+    "RewardTrainer",
     "LossOutput",
     "__version__",
     "bradley_terry_loss",
@@ -30,4 +32,12 @@ def __getattr__(name: str) -> Any:
         from .config import GRPOConfig
 
         return GRPOConfig
+    if name == "RewardTrainer":
+        from .reward_trainer import RewardTrainer
+
+        return RewardTrainer
+    if name == "RewardConfig":
+        from .config import RewardConfig
+
+        return RewardConfig
     raise AttributeError(f"module 'grpokit' has no attribute {name!r}")

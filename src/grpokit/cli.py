@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 PRESET = "addition.yaml"
+REWARD_PRESET = "reward_addition.yaml"
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -30,16 +31,22 @@ def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
     return None, items
 
 
-def _train_config(items: list[str]) -> Any:
-    from .config import GRPOConfig, load_config, parse_overrides
+def _config(schema: Any, preset_name: str, items: list[str]) -> Any:
+    """CONFIG.yaml plus overrides; with no CONFIG, the built-in preset plus overrides."""
+    from .config import load_config
 
     path, overrides = _split_args(items)
-    if path is None:  # the built-in preset, with any overrides on top
-        preset = resources.files("grpokit.presets").joinpath(PRESET)
+    if path is None:
+        preset = resources.files("grpokit.presets").joinpath(preset_name)
         with resources.as_file(preset) as preset_path:
-            return load_config(GRPOConfig, preset_path, overrides)
-    parse_overrides(overrides)
-    return load_config(GRPOConfig, path, overrides)
+            return load_config(schema, preset_path, overrides)
+    return load_config(schema, path, overrides)
+
+
+def _train_config(items: list[str]) -> Any:
+    from .config import GRPOConfig
+
+    return _config(GRPOConfig, PRESET, items)
 
 
 def _console() -> Any:
@@ -147,6 +154,51 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reward(args: argparse.Namespace) -> int:
+    from .config import RewardConfig
+    from .train.progress import RichReporter
+    from .train.reward import train_reward
+
+    cfg = _config(RewardConfig, REWARD_PRESET, args.items)
+    console = _console()
+    with RichReporter(console, cfg, enabled=cfg.progress) as reporter:
+        result = train_reward(cfg, on_event=reporter.on_event)
+    before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
+    if before is not None and after is not None:
+        console.print(
+            f"held-out pairwise accuracy: [bold]{before:.3f}[/] → [bold]{after:.3f}[/] "
+            f"after {result.steps} steps. Run: {result.output_dir}"
+        )
+    return 0
+
+
+def _cmd_eval_reward(args: argparse.Namespace) -> int:
+    import json
+
+    from .config import RewardConfig
+    from .train.reward import _pairs, evaluate_reward_model, reward_model_and_tokenizer
+
+    cfg = _config(RewardConfig, REWARD_PRESET, args.items)
+    _, eval_pairs, alphabet = _pairs(cfg, [], None)
+    if not eval_pairs:
+        raise ValueError("no evaluation pairs: set task, or eval_dataset to a preference file.")
+    model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
+    print(
+        json.dumps(
+            evaluate_reward_model(
+                model,
+                tokenizer,
+                eval_pairs,
+                max_length=cfg.max_length,
+                batch_size=cfg.micro_batch_size,
+                long_pairs="truncate",
+            ),
+            indent=2,
+        )
+    )
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
@@ -213,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)"),
         ("sft", _cmd_sft, "supervised warm start on a task's answers"),
         ("eval", _cmd_eval, "evaluate `model` on held-out prompts"),
+        (
+            "reward",
+            _cmd_reward,
+            "train a Bradley–Terry reward model (no config: the addition preference preset)",
+        ),
+        ("eval-reward", _cmd_eval_reward, "pairwise accuracy and calibration of a reward model `model`"),
         ("print-config", _cmd_print_config, "show every resolved value of a train config"),
     ]:
         cmd = sub.add_parser(name, help=text)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 PLOTS = {
     "reward": ["reward", "eval/reward"],
-    "accuracy": ["eval/accuracy", "eval/pass@1", "eval/pass@4", "eval/pass@8"],
+    "accuracy": ["eval/accuracy", "accuracy", "eval/pass@1", "eval/pass@4", "eval/pass@8"],
+    "margin": ["margin", "eval/margin"],
+    "rewards": ["chosen_rewards", "rejected_rewards", "eval/chosen_rewards", "eval/rejected_rewards"],
     "kl": ["kl"],
     "entropy": ["entropy"],
     "length": ["completions/mean_length", "eval/completions/mean_length"],

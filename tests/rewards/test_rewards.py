@@ -151,27 +151,20 @@ def test_argument_mismatches():
 
 
 def test_reward_model_function_scores_in_eval_mode_without_grad(tiny_policy):
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
+    """Scores equal the model's logit on prompt + completion + EOS scored alone (no padding), in
+    eval mode and with no gradient, whatever the batch it is scored in."""
+    from grpokit.models import build_reward_model
     from grpokit.rewards import RewardModelFunction
 
     _, tok = tiny_policy
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=0,
+    model = build_reward_model(
+        hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), max_seq_len=32, seed=0
     )
-    torch.manual_seed(0)
-    model = LlamaForSequenceClassification(config).train()
+    model.train()
     fn = RewardModelFunction(model, tok, batch_size=2)
-    scores = fn(["1+1=", "2+2=", "3+3="], ["2", "4", "7"])
+    scores = fn(["1+1=", "22+22=", "3+3="], ["2", "44", "7"])
     assert len(scores) == 3 and all(isinstance(s, float) for s in scores)
-    assert not model.training
-    enc = tok(["3+3=7"], return_tensors="pt")
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    alone = torch.tensor([tok("3+3=7", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]])
     with torch.no_grad():
-        assert scores[2] == pytest.approx(model(**enc).logits[0, 0].item(), abs=1e-5)
+        assert scores[2] == pytest.approx(model(input_ids=alone).logits[0, 0].item(), abs=1e-5)

@@ -216,6 +216,7 @@ ELSEWHERE = {
     "prompt_column": "test_dataset_files_and_prompt_column (below)",
     "prompt_truncation": "test_prompt_truncation_error (below)",
     "on_reward_error": "test_reward_errors_raise_or_count (below)",
+    "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config",
 }
 
 

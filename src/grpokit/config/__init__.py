@@ -1,6 +1,14 @@
 """Typed, validated run configuration (pydantic + YAML). No torch import."""
 
 from .load import ConfigError, load_config, parse_overrides, to_yaml
-from .schema import GRPOConfig, SFTConfig
+from .schema import GRPOConfig, RewardConfig, SFTConfig
 
-__all__ = ["ConfigError", "GRPOConfig", "SFTConfig", "load_config", "parse_overrides", "to_yaml"]
+__all__ = [
+    "ConfigError",
+    "GRPOConfig",
+    "RewardConfig",
+    "SFTConfig",
+    "load_config",
+    "parse_overrides",
+    "to_yaml",
+]

@@ -10,7 +10,7 @@ No torch import here: `grpokit print-config` and config errors are instant.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -95,6 +95,11 @@ class GRPOConfig(BaseModel):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     num_iterations: int = Field(1, ge=1, description="μ: optimizer steps per generation batch")
     mask_truncated_completions: bool = False
+    reward_funcs: list[dict[str, Any]] | None = Field(
+        None,
+        description="None = the task's reward; else entries {model: DIR} (a trained reward model, "
+        "optional batch_size, device) or {builtin: exact_answer | math_answer | format_tags | task}",
+    )
     reward_weights: list[float] | None = None
     use_bias_correction_kl: bool = True
     sync_ref_model: bool = False
@@ -129,6 +134,13 @@ class GRPOConfig(BaseModel):
             )
         if self.reward_weights is not None and not self.reward_weights:
             raise ValueError("reward_weights, when given, needs one weight per reward function")
+        for spec in self.reward_funcs or []:
+            kinds = {"model", "builtin"} & set(spec)
+            if len(kinds) != 1 or set(spec) - {"model", "builtin", "batch_size", "device"}:
+                raise ValueError(
+                    f"reward_funcs entry {spec} must have exactly one of 'model' (a directory) or 'builtin' "
+                    "(exact_answer, math_answer, format_tags, task), and optionally batch_size, device"
+                )
         return self
 
 
@@ -150,3 +162,69 @@ class SFTConfig(BaseModel):
     batch_size: int = Field(256, ge=1)
     learning_rate: float = Field(3e-3, gt=0.0)
     progress: bool = True
+
+
+class RewardConfig(BaseModel):
+    """Bradley–Terry reward-model training. Names and defaults follow TRL 1.16's RewardConfig where
+    TRL has the option (learning_rate 1e-4, max_length 1024, center_rewards_coefficient None)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    # ---------------------------------------------------------------- run
+    output_dir: str = "runs/reward"
+    seed: int = 42
+    max_steps: int = Field(300, ge=1)
+    logging_steps: int = Field(1, ge=1)
+    save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0 = only at the end)")
+    save_total_limit: int = Field(2, ge=1)
+    eval_steps: int = Field(50, ge=0, description="evaluate every N steps (0 = start and end only)")
+    resume: bool = False
+    progress: bool = True
+
+    # ---------------------------------------------------------------- model
+    model: str = Field(
+        "tiny", description="a local sequence-classification or causal-LM directory, or 'tiny'"
+    )
+    tiny_hidden_size: int = Field(128, ge=8)
+    tiny_num_layers: int = Field(4, ge=1)
+    tiny_num_heads: int = Field(4, ge=1)
+    tiny_intermediate_size: int = Field(256, ge=8)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    # ---------------------------------------------------------------- data
+    task: Literal["addition", "countdown", "reverse"] | None = Field(
+        "addition", description="built-in preference pairs from a task (chosen right, rejected wrong)"
+    )
+    near_miss: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of rejected answers that are near misses"
+    )
+    dataset: str | None = Field(
+        None, description="preference file with chosen/rejected (prompt, margin optional)"
+    )
+    eval_dataset: str | None = None
+    num_eval_pairs: int = Field(200, ge=1)
+    max_length: int = Field(1024, ge=2, description="tokens per sequence (TRL: 1024)")
+    long_pairs: Literal["drop", "truncate"] = Field(
+        "drop", description="pairs over max_length: dropped (TRL) or cut"
+    )
+
+    # ---------------------------------------------------------------- optimisation
+    batch_size: int = Field(64, ge=1, description="pairs per optimizer step")
+    micro_batch_size: int = Field(64, ge=1, description="pairs per forward/backward; gradients accumulate")
+    center_rewards_coefficient: float | None = Field(None, ge=0.0, description="TRL: None; EasyDeL: 0.1")
+    learning_rate: float = Field(1e-4, gt=0.0, description="TRL RewardConfig: 1e-4")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    adam_epsilon: float = Field(1e-8, gt=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RewardConfig:
+        if self.batch_size % self.micro_batch_size != 0:
+            raise ValueError(
+                f"batch_size={self.batch_size} must be divisible by micro_batch_size={self.micro_batch_size}"
+            )
+        return self

@@ -1,9 +1,21 @@
 """Prompt datasets and the built-in tasks."""
 
+from .preferences import (
+    PreferenceBatch,
+    collate_preferences,
+    load_preferences,
+    pair_token_ids,
+    preference_pairs,
+)
 from .prompts import DataError, PromptSampler, columns_of, load_prompts, render_prompt
 from .tasks import TASKS, Task, evaluate_expression, get_task
 
 __all__ = [
+    "PreferenceBatch",
+    "collate_preferences",
+    "load_preferences",
+    "pair_token_ids",
+    "preference_pairs",
     "TASKS",
     "DataError",
     "PromptSampler",

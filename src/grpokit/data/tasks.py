@@ -124,10 +124,13 @@ def countdown(seed: int = 0, num_eval: int = 200, size: int = 5000) -> Task:
         numbers = [rng.randint(1, 20) for _ in range(3)]
         a, b, c = rng.sample(numbers, 3)
         op1, op2 = rng.choice("+-*"), rng.choice("+-*")
-        target = eval(f"({a}{op1}{b}){op2}{c}")  # noqa: S307 - digits and + - * only, built here
+        solution = f"({a}{op1}{b}){op2}{c}"
+        target = eval(solution)  # noqa: S307 - digits and + - * only, built here
         if 1 <= target <= 200:
             prompt = f"{','.join(map(str, numbers))};{target}:"
-            rows.setdefault(prompt, {"prompt": prompt, "numbers": numbers, "target": target})
+            rows.setdefault(
+                prompt, {"prompt": prompt, "numbers": numbers, "target": target, "solution": solution}
+            )
     train, held_out = _split(list(rows.values()), num_eval, seed)
     return Task("countdown", "0123456789+-*/(),;:", train, held_out, _countdown_correct, 13, 16)
 

@@ -2,9 +2,18 @@
 functions of `hf.py`, so `import grpokit.models` stays cheap."""
 
 from ..ops.compat import default_group_size, recommended_defaults
-from .hf import LoadedPolicy, build_policy, char_tokenizer, load_policy, save_policy
+from .hf import (
+    LoadedPolicy,
+    build_policy,
+    build_reward_model,
+    char_tokenizer,
+    load_policy,
+    load_reward_model,
+    save_policy,
+)
 from .lora import apply_lora, is_lora, reference_model
 from .reference import make_reference, should_sync, sync_reference
+from .reward_model import encode_for_reward, pad_left, reward_scores
 
 __all__ = [
     "LoadedPolicy",
@@ -12,6 +21,11 @@ __all__ = [
     "is_lora",
     "reference_model",
     "build_policy",
+    "build_reward_model",
+    "encode_for_reward",
+    "load_reward_model",
+    "pad_left",
+    "reward_scores",
     "char_tokenizer",
     "default_group_size",
     "load_policy",

@@ -98,6 +98,67 @@ def build_policy(
     return model
 
 
+def build_reward_model(
+    hidden_size: int = 512,
+    num_layers: int = 6,
+    num_heads: int = 8,
+    vocab_size: int = 32000,
+    max_seq_len: int = 2048,
+    seed: int = 0,
+    *,
+    intermediate_size: int | None = None,
+    pad_token_id: int = 0,
+) -> Any:
+    """`build_policy`'s Llama with a scalar head on the last non-pad token (one label), seeded."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_seq_len,
+        num_labels=1,
+        pad_token_id=pad_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForSequenceClassification(config)
+
+
+def load_reward_model(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> LoadedPolicy:
+    """A sequence-classification model with one label, and its tokenizer, from a local directory.
+    A causal-LM directory (a policy) works too: its backbone is loaded and a new scalar head added."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} is not a saved transformers model (no config.json).")
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    tokenizer = AutoTokenizer.from_pretrained(
+        directory, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    _ensure_pad_token(tokenizer)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        directory,
+        num_labels=1,
+        dtype=torch_dtype,
+        local_files_only=True,
+        trust_remote_code=trust_remote_code,
+        pad_token_id=tokenizer.pad_token_id,
+    ).to(device)
+    return LoadedPolicy(model=model, tokenizer=tokenizer)
+
+
 def _ensure_pad_token(tokenizer: Any) -> None:
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

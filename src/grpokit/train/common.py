@@ -97,6 +97,7 @@ class MetricsWriter:
 
     output_dir: Path
     tensorboard: Any = None
+    last_eval: dict[str, Any] = field(default_factory=dict)  # the last row written with prefix "eval/"
     _file: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +117,8 @@ class MetricsWriter:
             row[prefix + key] = None if isinstance(number, float) and not math.isfinite(number) else number
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        if prefix == "eval/":
+            self.last_eval = row
         if self.tensorboard is not None:
             for key, value in row.items():
                 if key not in ("step", "time") and isinstance(value, (int, float)):

@@ -249,6 +249,36 @@ class _Data:
     max_completion_length: int
 
 
+def configured_rewards(cfg: GRPOConfig, task: Any) -> list[Callable[..., Any]]:
+    """The reward functions the config names (`reward_funcs`), or the task's reward."""
+    from ..rewards import RewardModelFunction, exact_answer, format_tags, math_answer
+
+    if cfg.reward_funcs is None:
+        return [task.reward] if task else []
+    builtins: dict[str, Any] = {
+        "exact_answer": exact_answer,
+        "math_answer": math_answer,
+        "format_tags": format_tags,
+    }
+    if task is not None:
+        builtins["task"] = task.reward
+    funcs = []
+    for spec in cfg.reward_funcs:
+        if "model" in spec:
+            funcs.append(
+                RewardModelFunction.from_path(
+                    spec["model"],
+                    batch_size=int(spec.get("batch_size", 64)),
+                    device=str(spec.get("device", "cpu")),
+                )
+            )
+        elif spec["builtin"] in builtins:
+            funcs.append(builtins[spec["builtin"]])
+        else:
+            raise ValueError(f"unknown builtin reward {spec['builtin']!r}; valid: {', '.join(builtins)}.")
+    return funcs
+
+
 def resolve_data(
     cfg: GRPOConfig, train_rows: Any, eval_rows: Any, reward_funcs: Any, is_correct: Any
 ) -> _Data:
@@ -261,7 +291,7 @@ def resolve_data(
         eval_rows = task.eval if task else []
         if task is None and cfg.eval_dataset:
             eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
-    funcs = list(reward_funcs or ([task.reward] if task else []))
+    funcs = list(reward_funcs or configured_rewards(cfg, task))
     if not funcs:
         raise ValueError("no reward functions: pass reward_funcs, or use a built-in task.")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(funcs):
@@ -458,17 +488,8 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     finally:
         writer.close()
     return TrainResult(
-        output_dir=output_dir, steps=cfg.max_steps, eval_before=eval_before, eval_after=_last_eval(output_dir)
+        output_dir=output_dir,
+        steps=cfg.max_steps,
+        eval_before=eval_before,
+        eval_after={k[len("eval/") :]: v for k, v in writer.last_eval.items() if k.startswith("eval/")},
     )
-
-
-def _last_eval(output_dir: Path) -> dict[str, float]:
-    import json
-
-    last: dict[str, float] = {}
-    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        evals = {k[len("eval/") :]: v for k, v in row.items() if k.startswith("eval/")}
-        if evals:
-            last = evals
-    return last

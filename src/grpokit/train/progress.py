@@ -9,6 +9,7 @@ from typing import Any
 class RichReporter:
     def __init__(self, console: Any, cfg: Any, *, enabled: bool = True) -> None:
         self.console, self.cfg, self.enabled = console, cfg, enabled
+        self.label = "grpo" if hasattr(cfg, "num_generations") else "train"
         self.progress: Any = None
         self.sft_task = self.grpo_task = None
 
@@ -34,9 +35,9 @@ class RichReporter:
             disable=not self.enabled,
         )
         self.progress.__enter__()
-        if self.cfg.sft_steps:
+        if getattr(self.cfg, "sft_steps", 0):
             self.sft_task = self.progress.add_task("sft ", total=self.cfg.sft_steps, status="")
-        self.grpo_task = self.progress.add_task("grpo", total=self.cfg.max_steps, status="", start=False)
+        self.grpo_task = self.progress.add_task(self.label, total=self.cfg.max_steps, status="", start=False)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -51,14 +52,12 @@ class RichReporter:
             if kind == "resumed":
                 self.console.print(f"resumed from {data['checkpoint']} at step {step}")
             elif "accuracy" in data:
-                self.console.print(f"held-out greedy accuracy before GRPO: {100 * data['accuracy']:.1f}%")
+                self.console.print(f"held-out accuracy before training: {100 * data['accuracy']:.1f}%")
         elif kind == "step":
-            reward, kl, seconds = (
-                data.get("reward", float("nan")),
-                data.get("kl", 0.0),
-                data.get("step_time", 0.0),
+            shown = [k for k in ("reward", "kl", "loss", "accuracy") if isinstance(data.get(k), (int, float))]
+            status = (
+                "  ".join(f"{k} {data[k]:.3g}" for k in shown) + f"  {data.get('step_time', 0.0):.2f}s/step"
             )
-            status = f"reward {reward:.3f}  kl {kl:.4f}  {seconds:.2f}s/step"
             self.progress.update(self.grpo_task, completed=step, status=status)
         elif kind == "eval":
             shown = {
