@@ -6,6 +6,7 @@ from .preferences import (
     load_preferences,
     pair_token_ids,
     preference_pairs,
+    pretokenize,
 )
 from .prompts import DataError, PromptSampler, columns_of, load_prompts, render_prompt
 from .tasks import TASKS, Task, evaluate_expression, get_task
@@ -16,6 +17,7 @@ __all__ = [
     "load_preferences",
     "pair_token_ids",
     "preference_pairs",
+    "pretokenize",
     "TASKS",
     "DataError",
     "PromptSampler",

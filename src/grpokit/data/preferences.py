@@ -44,8 +44,20 @@ def _text(value: Any, tokenizer: Any) -> str:
     raise DataError(f"a completion must be a string or a list of messages, got {type(value).__name__}.")
 
 
+def pretokenize(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with their token ids attached (`chosen_input_ids`, `rejected_input_ids`), so that a
+    training loop tokenizes each pair once rather than at every step."""
+    out = []
+    for row in rows:
+        chosen, rejected = pair_token_ids(tokenizer, row)
+        out.append(row | {"chosen_input_ids": chosen, "rejected_input_ids": rejected})
+    return out
+
+
 def pair_token_ids(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """prompt + chosen + EOS and prompt + rejected + EOS, as token ids."""
+    """prompt + chosen + EOS and prompt + rejected + EOS, as token ids (precomputed ones if present)."""
+    if "chosen_input_ids" in row:
+        return row["chosen_input_ids"], row["rejected_input_ids"]
     prompt = row.get("prompt") or ""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 

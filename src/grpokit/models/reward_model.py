@@ -22,11 +22,11 @@ def encode_for_reward(tokenizer: Any, prompt: str, completion: str) -> list[int]
 def pad_left(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists. -> ids [n, L], attention mask [n, L] bool"""
     width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), width, dtype=torch.bool)
-    for row, seq in enumerate(sequences):
-        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        mask[row, width - len(seq) :] = True
+    ids = torch.tensor(
+        [[pad_id] * (width - len(s)) + list(s) for s in sequences], dtype=torch.long
+    )  # one copy
+    lengths = torch.tensor([len(s) for s in sequences])
+    mask = torch.arange(width)[None, :] >= (width - lengths)[:, None]  # [n, L]
     return ids, mask
 
 

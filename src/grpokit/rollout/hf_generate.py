@@ -58,13 +58,10 @@ def _tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams
         encoded = [ids[-limit:] if limit is not None else ids for ids in encoded]
     if any(len(ids) == 0 for ids in encoded):
         raise ValueError("a prompt tokenized to zero tokens; every prompt needs at least one token.")
-    width = max(len(ids) for ids in encoded)
-    input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)  # [P, Lp]
-    attention_mask = torch.zeros(len(encoded), width, dtype=torch.long)  # [P, Lp]
-    for row, ids in enumerate(encoded):  # left padding
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}, len(too_long)
+    from ..models.reward_model import pad_left
+
+    input_ids, attention_mask = pad_left(encoded, tokenizer.pad_token_id)  # [P, Lp] left padding
+    return {"input_ids": input_ids, "attention_mask": attention_mask.long()}, len(too_long)
 
 
 class _StopStringEnds:

@@ -20,7 +20,14 @@ from typing import Any
 import torch
 
 from ..config import RewardConfig, to_yaml
-from ..data import PromptSampler, collate_preferences, get_task, load_preferences, preference_pairs
+from ..data import (
+    PromptSampler,
+    collate_preferences,
+    get_task,
+    load_preferences,
+    preference_pairs,
+    pretokenize,
+)
 from ..models import build_reward_model, char_tokenizer, load_reward_model, reward_scores
 from ..ops import bradley_terry_loss
 from . import common
@@ -179,7 +186,7 @@ def train_reward(
     (output_dir / "config.yaml").write_text(to_yaml(cfg))
     optimizer = common.make_optimizer(model.parameters(), cfg)
     scheduler = common.make_scheduler(optimizer, cfg, cfg.max_steps)
-    sampler = PromptSampler(train_pairs, cfg.batch_size, seed=cfg.seed)
+    sampler = PromptSampler(pretokenize(tokenizer, train_pairs), cfg.batch_size, seed=cfg.seed)
 
     def evaluate_now() -> dict[str, float]:
         if not eval_pairs:
