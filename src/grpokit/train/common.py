@@ -189,6 +189,33 @@ def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
     return torch.load(checkpoint / "state.pt", weights_only=True)
 
 
+def training_state(
+    step: int, optimizer: Any, scheduler: Any, sampler: Any, eval_before: dict[str, float]
+) -> dict[str, Any]:
+    """What a checkpoint needs beyond the weights to continue exactly where the run stopped."""
+    return {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "prompts": sampler.state_dict(),
+        "rng": rng_state(),
+        "eval_before": eval_before,
+    }
+
+
+def restore_training(
+    checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, sampler: Any
+) -> dict[str, Any]:
+    """Weights, optimizer, schedule, data position and RNG from `checkpoint`; returns its state
+    (`step`, `eval_before` and anything else the loop saved)."""
+    state = load_training_state(checkpoint, model)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["prompts"])
+    set_rng_state(state["rng"])
+    return state
+
+
 def rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),

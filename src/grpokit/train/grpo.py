@@ -360,14 +360,7 @@ def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[
 
 
 def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float]) -> None:
-    state = {
-        "step": step,
-        "optimizer": ctx.optimizer.state_dict(),
-        "scheduler": ctx.scheduler.state_dict(),
-        "prompts": ctx.prompts.state_dict(),
-        "rng": common.rng_state(),
-        "eval_before": eval_before,
-    }
+    state = common.training_state(step, ctx.optimizer, ctx.scheduler, ctx.prompts, eval_before)
     if ctx.reference is not None and cfg.sync_ref_model:
         state["reference"] = ctx.reference.state_dict()
     common.save_checkpoint(
@@ -377,11 +370,7 @@ def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float
 
 def restore(ctx: _Context, checkpoint: Path) -> tuple[int, dict[str, float]]:
     """Weights, optimizer, schedule, data position and RNG from `checkpoint`: (step, eval_before)."""
-    state = common.load_training_state(checkpoint, ctx.model)
-    ctx.optimizer.load_state_dict(state["optimizer"])
-    ctx.scheduler.load_state_dict(state["scheduler"])
-    ctx.prompts.load_state_dict(state["prompts"])
-    common.set_rng_state(state["rng"])
+    state = common.restore_training(checkpoint, ctx.model, ctx.optimizer, ctx.scheduler, ctx.prompts)
     if ctx.reference is not None and "reference" in state:
         ctx.reference.load_state_dict(state["reference"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}

@@ -199,11 +199,7 @@ def train_reward(
 
     checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
     if checkpoints:
-        state = common.load_training_state(checkpoints[-1], model)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["prompts"])
-        common.set_rng_state(state["rng"])
+        state = common.restore_training(checkpoints[-1], model, optimizer, scheduler, sampler)
         start, eval_before = int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
         common.truncate_metrics_after(output_dir, start)
         emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
@@ -226,14 +222,7 @@ def train_reward(
             if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
                 emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
             if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
-                state = {
-                    "step": step,
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "prompts": sampler.state_dict(),
-                    "rng": common.rng_state(),
-                    "eval_before": eval_before,
-                }
+                state = common.training_state(step, optimizer, scheduler, sampler, eval_before)
                 common.save_checkpoint(
                     output_dir, step, model, tokenizer, state, to_yaml(cfg), cfg.save_total_limit
                 )
