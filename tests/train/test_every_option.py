@@ -217,6 +217,8 @@ ELSEWHERE = {
     "prompt_truncation": "test_prompt_truncation_error (below)",
     "on_reward_error": "test_reward_errors_raise_or_count (below)",
     "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config",
+    "strategy": "tests/distributed/test_world_size.py (ddp and fsdp, 2 processes)",
+    "fsdp_cpu_offload": "tests/distributed/test_world_size.py::test_fsdp_cpu_offload_trains",
 }
 
 

@@ -43,6 +43,10 @@ class GRPOConfig(BaseModel):
     tiny_num_heads: int = Field(4, ge=1)
     tiny_intermediate_size: int = Field(256, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
+    )
+    fsdp_cpu_offload: bool = Field(False, description="fsdp: keep parameters and optimizer state on the CPU")
     gradient_checkpointing: bool = Field(
         False,
         description="recompute activations in backward (TRL: True; off here: small models gain nothing)",
@@ -190,6 +194,9 @@ class RewardConfig(BaseModel):
     tiny_num_heads: int = Field(4, ge=1)
     tiny_intermediate_size: int = Field(256, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
+    )
 
     # ---------------------------------------------------------------- data
     task: Literal["addition", "countdown", "reverse"] | None = Field(

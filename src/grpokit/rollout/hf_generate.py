@@ -160,6 +160,7 @@ class HFGenerateSampler:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids, self.pad_token_id = eos_and_pad(model, tokenizer)
+        self.sync_finished: Any = None  # set under sharded training: generate then runs synced_gpus
 
     def _generation_kwargs(
         self, params: SamplingParams, recorder: _SamplingLogpsRecorder, stops: _StopStringEnds | None
@@ -200,6 +201,7 @@ class HFGenerateSampler:
             eos_token_id=self.eos_token_ids,
             logits_processor=LogitsProcessorList(chain),
             return_dict_in_generate=True,
+            synced_gpus=self.sync_finished is not None,
         )
         if stops is not None:
             kwargs["stopping_criteria"] = StoppingCriteriaList([stops])

@@ -13,6 +13,7 @@ criteria, generation-config copies) and shares work across the G completions of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,6 +71,9 @@ class KVCacheSampler:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids, self.pad_token_id = eos_and_pad(model, tokenizer)
+        # decides whether to stop once this process's rows are done; sharded training replaces it
+        # with a collective so every rank runs the same number of forward passes
+        self.sync_finished: Callable[[bool], bool] = lambda done: done
 
     def _forward(
         self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -126,7 +130,7 @@ class KVCacheSampler:
                 finished = finished | torch.isin(token, eos)
                 if stops is not None:
                     finished = finished | stops(ids_so_far, None)
-                if bool(finished.all()) or step + 1 == params.max_completion_length:
+                if self.sync_finished(bool(finished.all())) or step + 1 == params.max_completion_length:
                     break
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # [B, Lp+t+1]
                 position = position + 1

@@ -131,6 +131,23 @@ class MetricsWriter:
             self.tensorboard.close()
 
 
+class NullWriter:
+    """MetricsWriter's interface for ranks other than 0: nothing is written."""
+
+    last_eval: dict[str, Any] = {}
+
+    def write(self, step: int, metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        row = {"step": step} | {
+            prefix + k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()
+        }
+        if prefix == "eval/":
+            self.last_eval = row
+        return row
+
+    def close(self) -> None:
+        pass
+
+
 def truncate_metrics_after(output_dir: Path, step: int) -> None:
     """On resume: drop metric rows written after the checkpoint (they will be written again)."""
     path = output_dir / "metrics.jsonl"
@@ -142,6 +159,11 @@ def truncate_metrics_after(output_dir: Path, step: int) -> None:
 # ----------------------------------------------------------------------------- checkpoints
 
 
+def checkpoint_staging(output_dir: Path, step: int) -> Path:
+    """The temporary directory a checkpoint is written into before it is renamed into place."""
+    return output_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
+
+
 def save_checkpoint(
     output_dir: Path,
     step: int,
@@ -150,16 +172,20 @@ def save_checkpoint(
     training_state: dict[str, Any],
     config_yaml: str,
     keep: int,
+    *,
+    weights: dict[str, torch.Tensor] | None = None,
+    keep_staged: bool = False,
 ) -> Path:
     """Write checkpoint-<step>/ atomically: into a temporary directory, then renamed.
 
     Contents: weights (safetensors) and tokenizer, `state.pt` (optimizer, scheduler, RNG states,
     data position; tensors and plain values only, loadable with weights_only=True), config.yaml."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
-    tmp = output_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    tmp = checkpoint_staging(output_dir, step)
+    if not keep_staged:  # FSDP ranks have already written their shards into the staging directory
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     torch.save(training_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)

@@ -17,6 +17,7 @@ Deliberate choices, where TRL differs or is silent:
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ from ..models import make_reference, reference_model, should_sync, sync_referenc
 from ..ops import LOSS_TYPES, group_advantages, grpo_loss, token_logps, token_logps_and_entropy
 from ..rewards import score_completions
 from ..rollout import SAMPLERS, Sampler, SamplingParams
-from . import common
+from . import common, distributed
 from .evaluation import evaluate
 from .sft import run_sft
 
@@ -87,15 +88,16 @@ def _merge(parts: Sequence[tuple[Batch, list[int]]], G: int, pad_id: int) -> Bat
 def generate_and_score(cfg: GRPOConfig, ctx: _Context, step: int) -> tuple[Batch, dict[str, Any]]:
     """Sample, score and compute advantages; with dynamic sampling, keep drawing batches until P
     groups with differing rewards are collected (or the bound is hit, then fill with the rest)."""
-    G, P = cfg.num_generations, cfg.prompts_per_step
+    d = ctx.dist
+    G, P = cfg.num_generations, cfg.prompts_per_step // d.world_size  # this rank's complete groups
     informative: list[tuple[Batch, list[int]]] = []
     leftovers: list[tuple[Batch, list[int]]] = []
     metrics: dict[str, Any] = {}
     attempts = cfg.max_resample_batches if cfg.dynamic_sampling else 1
     for attempt in range(attempts):
-        rows = ctx.prompts.next_batch()
+        rows = ctx.prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
         prompts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer) for r in rows]
-        params = replace(ctx.sampling, seed=cfg.seed * 1_000_003 + step * 101 + attempt)
+        params = replace(ctx.sampling, seed=cfg.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank)
         rollout = ctx.sampler.sample(prompts, params)
         mask = rollout.completion_mask
         if cfg.mask_truncated_completions:
@@ -139,7 +141,8 @@ def generate_and_score(cfg: GRPOConfig, ctx: _Context, step: int) -> tuple[Batch
         zero = adv.is_std_zero.reshape(-1, G)[:, 0].tolist()
         informative.append((batch, [g for g in range(P) if not zero[g] or not cfg.dynamic_sampling]))
         leftovers.append((batch, [g for g in range(P) if zero[g] and cfg.dynamic_sampling]))
-        if sum(len(g) for _, g in informative) >= P:
+        enough = sum(len(g) for _, g in informative) >= P
+        if not distributed.any_rank(d, not enough):  # all ranks draw the same number of batches
             break
     metrics["num_generation_batches"] = attempt + 1
     chosen, need = [], P
@@ -180,7 +183,8 @@ def optimizer_step(
     B, micro = batch.completion_ids.shape[0], cfg.micro_batch_size
     n_micro = B // micro
     per_batch_mean = LOSS_TYPES[cfg.loss_type].aggregation != "global_token_mean"
-    num_items = batch.completion_mask.sum()
+    num_items = distributed.all_reduce_sum(ctx.dist, batch.completion_mask.sum())  # tokens on all ranks
+    scale = distributed.loss_scale(ctx.dist, global_normaliser=not per_batch_mean)
     ctx.optimizer.zero_grad(set_to_none=True)
     totals: dict[str, torch.Tensor] = {}
     for start in range(0, B, micro):
@@ -207,7 +211,7 @@ def optimizer_step(
             use_bias_correction_kl=cfg.use_bias_correction_kl,
         )
         loss = out.loss / n_micro if per_batch_mean else out.loss
-        loss.backward()
+        (loss * scale).backward()  # ranks' gradients are averaged: scale undoes it for global counts
         # the objective is the sum of what was back-propagated; metrics are micro-batch means
         totals["loss"] = totals.get("loss", 0.0) + loss.detach()
         for key, value in out.metrics.items():
@@ -234,6 +238,7 @@ class _Context:
     reward_funcs: list[Callable[..., Any]]
     max_completion_length: int
     logps_temperature: float
+    dist: distributed.Dist = distributed.Dist()
 
 
 @dataclass(frozen=True)
@@ -309,8 +314,21 @@ def resolve_data(
     )
 
 
-def make_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data) -> _Context:
+def make_context(
+    cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data, d: distributed.Dist | None = None
+) -> _Context:
+    d = d or distributed.Dist()
+    reference = make_reference(model, cfg.beta)  # a plain copy, before any wrapping
+    model = distributed.wrap(d, model, cfg.strategy, cpu_offload=cfg.fsdp_cpu_offload)
+    if reference is not None and cfg.strategy == "fsdp":
+        reference = distributed.wrap(d, reference, "fsdp", cpu_offload=cfg.fsdp_cpu_offload, trainable=False)
     optimizer = common.make_optimizer(model.parameters(), cfg)
+    sharded = d.enabled and cfg.strategy == "fsdp"
+    # DDP generates with the plain module (no communication); FSDP must run every rank's forward
+    # passes in lockstep, so the sampler's early exit becomes a collective decision
+    sampler = SAMPLERS[cfg.sampler](model if sharded else distributed.unwrap(model), tokenizer)
+    if sharded:
+        sampler.sync_finished = lambda done: not distributed.any_rank(d, not done)
     sampling = SamplingParams(
         num_generations=cfg.num_generations,
         max_completion_length=data.max_completion_length,
@@ -325,15 +343,16 @@ def make_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data) -> _C
     return _Context(
         model=model,
         tokenizer=tokenizer,
-        reference=make_reference(model, cfg.beta),
+        reference=reference,
         optimizer=optimizer,
         scheduler=common.make_scheduler(optimizer, cfg, cfg.max_steps * cfg.num_iterations),
         prompts=PromptSampler(data.train_rows, cfg.prompts_per_step, seed=cfg.seed),
-        sampler=SAMPLERS[cfg.sampler](model, tokenizer),
+        sampler=sampler,
         sampling=sampling,
         reward_funcs=data.reward_funcs,
         max_completion_length=data.max_completion_length,
         logps_temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+        dist=d,
     )
 
 
@@ -360,19 +379,51 @@ def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[
 
 
 def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float]) -> None:
+    """A complete checkpoint. Under FSDP every rank writes its model and optimizer shards with
+    torch.distributed.checkpoint, and rank 0 adds consolidated safetensors weights for inference."""
+    d, output_dir = ctx.dist, Path(cfg.output_dir)
+    sharded = d.enabled and cfg.strategy == "fsdp"
     state = common.training_state(step, ctx.optimizer, ctx.scheduler, ctx.prompts, eval_before)
+    if sharded:
+        state.pop("optimizer")  # it lives in the DCP shards
+        if d.is_main:
+            shutil.rmtree(common.checkpoint_staging(output_dir, step), ignore_errors=True)
+        distributed.barrier(d)
+        distributed.save_sharded(
+            d, str(common.checkpoint_staging(output_dir, step) / "dcp"), ctx.model, ctx.optimizer
+        )
+    weights = distributed.full_state_dict(d, ctx.model)  # collective under FSDP
     if ctx.reference is not None and cfg.sync_ref_model:
-        state["reference"] = ctx.reference.state_dict()
-    common.save_checkpoint(
-        Path(cfg.output_dir), step, ctx.model, ctx.tokenizer, state, to_yaml(cfg), cfg.save_total_limit
-    )
+        state["reference"] = distributed.full_state_dict(d, ctx.reference)
+    if d.is_main:
+        common.save_checkpoint(
+            output_dir,
+            step,
+            distributed.unwrap(ctx.model),
+            ctx.tokenizer,
+            state,
+            to_yaml(cfg),
+            cfg.save_total_limit,
+            weights=weights,
+            keep_staged=sharded,
+        )
+    distributed.barrier(d)
 
 
-def restore(ctx: _Context, checkpoint: Path) -> tuple[int, dict[str, float]]:
+def restore(cfg: GRPOConfig, ctx: _Context, checkpoint: Path) -> tuple[int, dict[str, float]]:
     """Weights, optimizer, schedule, data position and RNG from `checkpoint`: (step, eval_before)."""
-    state = common.restore_training(checkpoint, ctx.model, ctx.optimizer, ctx.scheduler, ctx.prompts)
+    d = ctx.dist
+    if d.enabled and cfg.strategy == "fsdp":
+        distributed.load_sharded(d, str(checkpoint / "dcp"), ctx.model, ctx.optimizer)
+        state = torch.load(checkpoint / "state.pt", weights_only=True)
+        ctx.scheduler.load_state_dict(state["scheduler"])
+        ctx.prompts.load_state_dict(state["prompts"])
+        common.set_rng_state(state["rng"])
+    else:
+        model = distributed.unwrap(ctx.model)
+        state = common.restore_training(checkpoint, model, ctx.optimizer, ctx.scheduler, ctx.prompts)
     if ctx.reference is not None and "reference" in state:
-        ctx.reference.load_state_dict(state["reference"])
+        distributed.unwrap(ctx.reference).load_state_dict(state["reference"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
 
@@ -388,7 +439,13 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
 ) -> TrainResult:
     """Run GRPO as configured. Anything not given comes from the config (task, dataset, model)."""
-    emit = on_event or (lambda kind, step, data: None)
+    d = distributed.init()
+    emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
+    if cfg.prompts_per_step % d.world_size != 0:
+        raise ValueError(
+            f"prompts_per_step={cfg.prompts_per_step} must be divisible by the world size {d.world_size}: "
+            "each rank samples complete groups of its own prompts."
+        )
     # ------------------------------------------------------------------ set-up
     data = resolve_data(cfg, train_rows, eval_rows, reward_funcs, is_correct)
     common.seed_everything(cfg.seed)
@@ -396,12 +453,12 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
         model, tokenizer = common.policy_and_tokenizer(cfg, data.alphabet, max_len)
     output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    if d.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    distributed.barrier(d)
     checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
-    ctx = make_context(cfg, model, tokenizer, data)
-    evaluate_now = evaluator(cfg, ctx, data)
-    if cfg.sft_steps and not checkpoints:  # a supervised warm start, before the optimizer sees a step
+    if cfg.sft_steps and not checkpoints:  # a supervised warm start (identical on every rank)
         emit("sft_start", 0, {})
         run_sft(
             model,
@@ -413,15 +470,16 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
             seed=cfg.seed,
             on_step=lambda s, loss: emit("sft_step", s, {"loss": loss}),
         )
-        if ctx.reference is not None:  # the reference policy is the warmed-up one
-            ctx.reference.load_state_dict(model.state_dict())
+    ctx = make_context(cfg, model, tokenizer, data, d)  # reference copy, DDP/FSDP wrapping, optimizer
+    evaluate_now = evaluator(cfg, ctx, data)
     if checkpoints:
-        start, eval_before = restore(ctx, checkpoints[-1])
-        common.truncate_metrics_after(output_dir, start)
+        start, eval_before = restore(cfg, ctx, checkpoints[-1])
+        if d.is_main:
+            common.truncate_metrics_after(output_dir, start)
         emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
     else:
         start, eval_before = 0, evaluate_now()
-    writer = common.MetricsWriter(output_dir)
+    writer = common.MetricsWriter(output_dir) if d.is_main else common.NullWriter()
     if start == 0:
         writer.write(0, eval_before, prefix="eval/")
     emit("start", start, eval_before)
@@ -430,18 +488,18 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     try:
         for step in range(start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
-            model.train()
+            ctx.model.train()
             # 1. sample G completions per prompt, score them, group-relative advantages
             batch, metrics = generate_and_score(cfg, ctx, step)
             # 2. the policy that sampled, if updates move the policy within this step; the reference
             old = (
-                frozen_logps(model, batch, cfg.micro_batch_size, ctx.logps_temperature)
+                frozen_logps(ctx.model, batch, cfg.micro_batch_size, ctx.logps_temperature)
                 if cfg.num_iterations > 1
                 else None
             )
             ref = None
             if cfg.beta != 0.0:
-                with reference_model(model, ctx.reference) as reference:
+                with reference_model(ctx.model, ctx.reference) as reference:
                     ref = frozen_logps(reference, batch, cfg.micro_batch_size, ctx.logps_temperature)
             # 3. μ optimizer steps on this batch
             for _ in range(cfg.num_iterations):
@@ -451,13 +509,14 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
                 and ctx.reference is not None
                 and should_sync(step, cfg.ref_model_sync_steps)
             ):
-                sync_reference(ctx.reference, model, cfg.ref_model_mixup_alpha)
+                sync_reference(ctx.reference, ctx.model, cfg.ref_model_mixup_alpha)
             # 4. report, evaluate, save
             seconds = time.perf_counter() - began
             metrics |= {
                 "step_time": seconds,
                 "tokens_per_second": batch.completion_mask.sum().item() / seconds,
             }
+            metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 emit("step", step, writer.write(step, metrics))
             if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:

@@ -1,0 +1,138 @@
+"""Run under torchrun (1 or 2 processes): one optimizer update on a fixed global batch, for each
+case; rank 0 saves the resulting full weights to OUT/<case>-ws<world>.pt. The test compares world
+sizes. A fixed batch (not sampled) isolates the distributed update from sampling."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from grpokit.config import GRPOConfig, RewardConfig
+from grpokit.models import build_policy, build_reward_model, char_tokenizer
+from grpokit.train import distributed
+from grpokit.train.grpo import Batch, _Data, make_context, optimizer_step
+from grpokit.train.reward import reward_step
+
+TOK = char_tokenizer("0123456789+=")
+B, T, LP = 8, 5, 3  # global rows (2 prompts × 4 completions), completion and prompt widths
+
+
+def fixed_batch() -> tuple[Batch, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([5, 3, 1, 4, 5, 2, 5, 4])
+    batch = Batch(
+        prompt_ids=torch.randint(4, 16, (B, LP), generator=g),
+        prompt_mask=torch.ones(B, LP, dtype=torch.bool),
+        completion_ids=torch.randint(4, 16, (B, T), generator=g),
+        completion_mask=torch.arange(T)[None] < lengths[:, None],
+        advantages=torch.randn(B, generator=g),
+        prompts=[""] * B,
+        completions=[""] * B,
+        rewards=torch.zeros(B),
+    )
+    ref = -torch.rand(B, T, generator=g) * 3  # reference log-probs
+    return batch, ref
+
+
+def shard(batch: Batch, rows: slice) -> Batch:
+    return Batch(
+        batch.prompt_ids[rows],
+        batch.prompt_mask[rows],
+        batch.completion_ids[rows],
+        batch.completion_mask[rows],
+        batch.advantages[rows],
+        batch.prompts[rows],
+        batch.completions[rows],
+        batch.rewards[rows],
+    )
+
+
+def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offload: bool = False) -> None:
+    cfg = GRPOConfig(
+        loss_type=loss_type,
+        strategy=strategy,
+        fsdp_cpu_offload=offload,
+        beta=0.04,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        prompts_per_step=2,
+        num_generations=4,
+        micro_batch_size=2,
+        max_completion_length=T,
+    )
+    model = build_policy(
+        hidden_size=16,
+        num_layers=2,
+        num_heads=2,
+        vocab_size=len(TOK),
+        dropout=0.0,
+        max_seq_len=32,
+        seed=0,
+        intermediate_size=32,
+    )
+    data = _Data([], [], [lambda *a, **k: []], None, None, None, T)
+    ctx = make_context(cfg, model, TOK, data, d)
+    batch, ref = fixed_batch()
+    per_rank = B // d.world_size
+    rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
+    optimizer_step(cfg, ctx, shard(batch, rows), None, ref[rows])
+    weights = distributed.full_state_dict(d, ctx.model)
+    if d.is_main:
+        name = f"{strategy}_offload" if offload else strategy
+        torch.save(weights, f"{out}/grpo-{loss_type}-{name}-ws{d.world_size}.pt")
+
+
+def reward_case(d: distributed.Dist, strategy: str, out: str) -> None:
+    pairs = [
+        {"prompt": f"{i}+{i}=", "chosen": str(2 * i), "rejected": str(2 * i + 1 + i % 3)} for i in range(8)
+    ]
+    cfg = RewardConfig(
+        batch_size=8 // d.world_size, micro_batch_size=2, learning_rate=1e-2, max_length=32, strategy=strategy
+    )
+    model = build_reward_model(
+        hidden_size=16,
+        num_layers=2,
+        num_heads=2,
+        vocab_size=len(TOK),
+        max_seq_len=32,
+        seed=0,
+        intermediate_size=32,
+    )
+    model = distributed.wrap(d, model, strategy)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    per_rank = len(pairs) // d.world_size
+    reward_step(cfg, model, TOK, pairs[d.rank * per_rank : (d.rank + 1) * per_rank], opt, sched)
+    weights = distributed.full_state_dict(d, model)
+    if d.is_main:
+        torch.save(weights, f"{out}/reward-{strategy}-ws{d.world_size}.pt")
+
+
+def main() -> None:
+    out = sys.argv[1]
+    d = distributed.init()
+    for strategy in ("ddp", "fsdp"):
+        for loss_type in ("dapo", "grpo", "dr_grpo"):
+            grpo_case(d, loss_type, strategy, out)
+        reward_case(d, strategy, out)
+    grpo_case(d, "dapo", "fsdp", out, offload=True)
+    if d.is_main:  # the starting point, to check that the update moved the weights
+        torch.save(
+            build_policy(
+                hidden_size=16,
+                num_layers=2,
+                num_heads=2,
+                vocab_size=len(TOK),
+                dropout=0.0,
+                max_seq_len=32,
+                seed=0,
+                intermediate_size=32,
+            ).state_dict(),
+            f"{out}/initial.pt",
+        )
+    distributed.shutdown(d)
+
+
+if __name__ == "__main__":
+    main()
