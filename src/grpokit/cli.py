@@ -49,6 +49,18 @@ def _train_config(items: list[str]) -> Any:
     return _config(GRPOConfig, PRESET, items)
 
 
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def _shutdown() -> None:
+    from .train import distributed
+
+    distributed.shutdown(distributed.init())
+
+
 def _console() -> Any:
     from rich.console import Console
 
@@ -68,8 +80,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _train_config(args.items)
     console = _console()
-    with RichReporter(console, cfg, enabled=cfg.progress) as reporter:
+    main_rank = _rank() == 0  # under torchrun only rank 0 talks
+    with RichReporter(console, cfg, enabled=cfg.progress and main_rank) as reporter:
         result = train_grpo(cfg, on_event=reporter.on_event)
+    _shutdown()
+    if not main_rank:
+        return 0
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is not None and after is not None:
         console.print(
@@ -161,8 +177,12 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 
     cfg = _config(RewardConfig, REWARD_PRESET, args.items)
     console = _console()
-    with RichReporter(console, cfg, enabled=cfg.progress) as reporter:
+    main_rank = _rank() == 0
+    with RichReporter(console, cfg, enabled=cfg.progress and main_rank) as reporter:
         result = train_reward(cfg, on_event=reporter.on_event)
+    _shutdown()
+    if not main_rank:
+        return 0
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is not None and after is not None:
         console.print(

@@ -253,3 +253,63 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate((3, tuple(state["python"]), state["python_pos"]))
+
+
+def save_distributed(
+    d: Any,
+    strategy: str,
+    output_dir: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    sampler: Any,
+    eval_before: dict[str, float],
+    config_yaml: str,
+    keep: int,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """A complete checkpoint from any world size. Under FSDP every rank writes its model and
+    optimizer shards with torch.distributed.checkpoint (dcp/), and rank 0 adds consolidated
+    safetensors weights for inference; otherwise rank 0 writes everything."""
+    from . import distributed
+
+    sharded = d.enabled and strategy == "fsdp"
+    state = training_state(step, optimizer, scheduler, sampler, eval_before) | (extra or {})
+    if sharded:
+        state.pop("optimizer")  # it lives in the DCP shards
+        if d.is_main:
+            shutil.rmtree(checkpoint_staging(output_dir, step), ignore_errors=True)
+        distributed.barrier(d)
+        distributed.save_sharded(d, str(checkpoint_staging(output_dir, step) / "dcp"), model, optimizer)
+    weights = distributed.full_state_dict(d, model)  # collective under FSDP
+    if d.is_main:
+        save_checkpoint(
+            output_dir,
+            step,
+            distributed.unwrap(model),
+            tokenizer,
+            state,
+            config_yaml,
+            keep,
+            weights=weights,
+            keep_staged=sharded,
+        )
+    distributed.barrier(d)
+
+
+def restore_distributed(
+    d: Any, strategy: str, checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, sampler: Any
+) -> dict[str, Any]:
+    """The inverse of `save_distributed`, for the same world size; returns the checkpoint's state."""
+    from . import distributed
+
+    if d.enabled and strategy == "fsdp":
+        distributed.load_sharded(d, str(checkpoint / "dcp"), model, optimizer)
+        state = torch.load(checkpoint / "state.pt", weights_only=True)
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["prompts"])
+        set_rng_state(state["rng"])
+        return state
+    return restore_training(checkpoint, distributed.unwrap(model), optimizer, scheduler, sampler)

@@ -17,7 +17,6 @@ Deliberate choices, where TRL differs or is silent:
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -379,49 +378,31 @@ def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[
 
 
 def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float]) -> None:
-    """A complete checkpoint. Under FSDP every rank writes its model and optimizer shards with
-    torch.distributed.checkpoint, and rank 0 adds consolidated safetensors weights for inference."""
-    d, output_dir = ctx.dist, Path(cfg.output_dir)
-    sharded = d.enabled and cfg.strategy == "fsdp"
-    state = common.training_state(step, ctx.optimizer, ctx.scheduler, ctx.prompts, eval_before)
-    if sharded:
-        state.pop("optimizer")  # it lives in the DCP shards
-        if d.is_main:
-            shutil.rmtree(common.checkpoint_staging(output_dir, step), ignore_errors=True)
-        distributed.barrier(d)
-        distributed.save_sharded(
-            d, str(common.checkpoint_staging(output_dir, step) / "dcp"), ctx.model, ctx.optimizer
-        )
-    weights = distributed.full_state_dict(d, ctx.model)  # collective under FSDP
+    extra = {}
     if ctx.reference is not None and cfg.sync_ref_model:
-        state["reference"] = distributed.full_state_dict(d, ctx.reference)
-    if d.is_main:
-        common.save_checkpoint(
-            output_dir,
-            step,
-            distributed.unwrap(ctx.model),
-            ctx.tokenizer,
-            state,
-            to_yaml(cfg),
-            cfg.save_total_limit,
-            weights=weights,
-            keep_staged=sharded,
-        )
-    distributed.barrier(d)
+        extra["reference"] = distributed.full_state_dict(ctx.dist, ctx.reference)
+    common.save_distributed(
+        ctx.dist,
+        cfg.strategy,
+        Path(cfg.output_dir),
+        step,
+        ctx.model,
+        ctx.tokenizer,
+        ctx.optimizer,
+        ctx.scheduler,
+        ctx.prompts,
+        eval_before,
+        to_yaml(cfg),
+        cfg.save_total_limit,
+        extra,
+    )
 
 
 def restore(cfg: GRPOConfig, ctx: _Context, checkpoint: Path) -> tuple[int, dict[str, float]]:
     """Weights, optimizer, schedule, data position and RNG from `checkpoint`: (step, eval_before)."""
-    d = ctx.dist
-    if d.enabled and cfg.strategy == "fsdp":
-        distributed.load_sharded(d, str(checkpoint / "dcp"), ctx.model, ctx.optimizer)
-        state = torch.load(checkpoint / "state.pt", weights_only=True)
-        ctx.scheduler.load_state_dict(state["scheduler"])
-        ctx.prompts.load_state_dict(state["prompts"])
-        common.set_rng_state(state["rng"])
-    else:
-        model = distributed.unwrap(ctx.model)
-        state = common.restore_training(checkpoint, model, ctx.optimizer, ctx.scheduler, ctx.prompts)
+    state = common.restore_distributed(
+        ctx.dist, cfg.strategy, checkpoint, ctx.model, ctx.optimizer, ctx.scheduler, ctx.prompts
+    )
     if ctx.reference is not None and "reference" in state:
         distributed.unwrap(ctx.reference).load_state_dict(state["reference"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}

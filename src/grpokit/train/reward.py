@@ -30,7 +30,7 @@ from ..data import (
 )
 from ..models import build_reward_model, char_tokenizer, load_reward_model, reward_scores
 from ..ops import bradley_terry_loss
-from . import common
+from . import common, distributed
 
 CALIBRATION_EDGES = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)  # buckets of |r_chosen − r_rejected|
 
@@ -166,7 +166,7 @@ def _pairs(
     return list(train_rows), list(eval_rows)[: cfg.num_eval_pairs], task.alphabet if task else None
 
 
-def train_reward(
+def train_reward(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
     cfg: RewardConfig,
     *,
     model: Any = None,
@@ -175,18 +175,25 @@ def train_reward(
     eval_rows: Sequence[dict[str, Any]] | None = None,
     on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
 ) -> RewardResult:
-    emit = on_event or (lambda kind, step, data: None)
+    d = distributed.init()
+    emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
+    if cfg.batch_size % d.world_size != 0:
+        raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the world size {d.world_size}.")
     # ------------------------------------------------------------------ set-up
     train_pairs, eval_pairs, alphabet = _pairs(cfg, train_rows, eval_rows)
     common.seed_everything(cfg.seed)
     if model is None:
         model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
     output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    if d.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    distributed.barrier(d)
+    model = distributed.wrap(d, model, cfg.strategy)
     optimizer = common.make_optimizer(model.parameters(), cfg)
     scheduler = common.make_scheduler(optimizer, cfg, cfg.max_steps)
     sampler = PromptSampler(pretokenize(tokenizer, train_pairs), cfg.batch_size, seed=cfg.seed)
+    share = cfg.batch_size // d.world_size  # pairs per rank and step
 
     def evaluate_now() -> dict[str, float]:
         if not eval_pairs:
@@ -194,18 +201,22 @@ def train_reward(
         metrics = evaluate_reward_model(
             model, tokenizer, eval_pairs, max_length=cfg.max_length, batch_size=cfg.micro_batch_size
         )
-        (output_dir / "calibration.json").write_text(json.dumps(metrics, indent=1))
+        if d.is_main:
+            (output_dir / "calibration.json").write_text(json.dumps(metrics, indent=1))
         return metrics
 
     checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
     if checkpoints:
-        state = common.restore_training(checkpoints[-1], model, optimizer, scheduler, sampler)
+        state = common.restore_distributed(
+            d, cfg.strategy, checkpoints[-1], model, optimizer, scheduler, sampler
+        )
         start, eval_before = int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
-        common.truncate_metrics_after(output_dir, start)
+        if d.is_main:
+            common.truncate_metrics_after(output_dir, start)
         emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
     else:
         start, eval_before = 0, evaluate_now()
-    writer = common.MetricsWriter(output_dir)
+    writer = common.MetricsWriter(output_dir) if d.is_main else common.NullWriter()
     if start == 0:
         writer.write(0, eval_before, prefix="eval/")
     emit("start", start, eval_before)
@@ -215,16 +226,28 @@ def train_reward(
         for step in range(start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
             model.train()
-            metrics = reward_step(cfg, model, tokenizer, sampler.next_batch(), optimizer, scheduler)
+            rows = sampler.next_batch()[d.rank * share : (d.rank + 1) * share]  # this rank's pairs
+            metrics = reward_step(cfg, model, tokenizer, rows, optimizer, scheduler)
             metrics["step_time"] = time.perf_counter() - began
+            metrics = distributed.mean_metrics(d, metrics)
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 emit("step", step, writer.write(step, metrics))
             if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
                 emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
             if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
-                state = common.training_state(step, optimizer, scheduler, sampler, eval_before)
-                common.save_checkpoint(
-                    output_dir, step, model, tokenizer, state, to_yaml(cfg), cfg.save_total_limit
+                common.save_distributed(
+                    d,
+                    cfg.strategy,
+                    output_dir,
+                    step,
+                    model,
+                    tokenizer,
+                    optimizer,
+                    scheduler,
+                    sampler,
+                    eval_before,
+                    to_yaml(cfg),
+                    cfg.save_total_limit,
                 )
     finally:
         writer.close()
