@@ -92,3 +92,21 @@ def test_readme_python_example_runs():
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
     assert namespace["rollout"].completion_ids.shape[0] == 32
     assert namespace["scores"].rewards.shape == (32,)
+
+
+def test_only_the_distributed_module_touches_torch_distributed():
+    import ast
+    from pathlib import Path
+
+    root = Path(grpokit.__file__).parent
+    users = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.startswith("torch.distributed") for n in names):
+                users.add(path.relative_to(root).as_posix())
+    assert users == {"train/distributed.py"}, users

@@ -119,12 +119,26 @@ def test_two_process_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_pa
 def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
     from safetensors.torch import load_file
 
-    tiny = ["tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2", "tiny_intermediate_size=32", "batch_size=8",
-            "micro_batch_size=4", "num_eval_pairs=8", "eval_steps=0", "progress=false", "lr_scheduler_type=constant",
-            "save_steps=2", f"strategy={strategy}", "max_length=32"]
+    tiny = [
+        "tiny_hidden_size=16",
+        "tiny_num_layers=1",
+        "tiny_num_heads=2",
+        "tiny_intermediate_size=32",
+        "batch_size=8",
+        "micro_batch_size=4",
+        "num_eval_pairs=8",
+        "eval_steps=0",
+        "progress=false",
+        "lr_scheduler_type=constant",
+        "save_steps=2",
+        f"strategy={strategy}",
+        "max_length=32",
+    ]
     torchrun(2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'a'}", "max_steps=4", *tiny)
     torchrun(2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'b'}", "max_steps=2", *tiny)
-    torchrun(2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'b'}", "max_steps=4", "resume=true", *tiny)
+    torchrun(
+        2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'b'}", "max_steps=4", "resume=true", *tiny
+    )
     a = load_file(tmp_path / "a" / "checkpoint-4" / "model.safetensors")
     b = load_file(tmp_path / "b" / "checkpoint-4" / "model.safetensors")
     for name in a:
