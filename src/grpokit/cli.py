@@ -49,6 +49,17 @@ def _train_config(items: list[str]) -> Any:
     return _config(GRPOConfig, PRESET, items)
 
 
+def _stopped(console: Any, result: Any) -> int:
+    """The clear line after SIGINT / SIGTERM, and the shell's exit code for that signal."""
+    import signal
+
+    console.print(
+        f"stopped by {result.stopped_by} after step {result.steps}: checkpoint-{result.steps} saved in "
+        f"{result.output_dir}; run the same command with resume=true to continue."
+    )
+    return 128 + int(getattr(signal, result.stopped_by, signal.SIGTERM))
+
+
 def _rank() -> int:
     import os
 
@@ -86,6 +97,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _shutdown()
     if not main_rank:
         return 0
+    if result.stopped_by:
+        return _stopped(console, result)
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is not None and after is not None:
         console.print(
@@ -183,6 +196,8 @@ def _cmd_reward(args: argparse.Namespace) -> int:
     _shutdown()
     if not main_rank:
         return 0
+    if result.stopped_by:
+        return _stopped(console, result)
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is not None and after is not None:
         console.print(
@@ -323,10 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .data import DataError
     from .rewards import RewardFunctionError
+    from .train.common import TooManySkips
 
     try:
         return args.handler(args)
-    except (ConfigError, DataError, RewardFunctionError, FileNotFoundError, ValueError) as error:
+    except (
+        ConfigError,
+        DataError,
+        RewardFunctionError,
+        TooManySkips,
+        FileNotFoundError,
+        ValueError,
+    ) as error:
         print(f"grpokit {args.command}: error: {error}", file=sys.stderr)
         print("(run with --debug for the traceback)", file=sys.stderr)
         return 2

@@ -122,6 +122,11 @@ class GRPOConfig(BaseModel):
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
     adam_epsilon: float = Field(1e-8, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
+    max_consecutive_skips: int = Field(
+        3,
+        ge=1,
+        description="stop (with a checkpoint) after this many updates in a row with a non-finite loss",
+    )
 
     # ---------------------------------------------------------------- evaluation
     pass_at_k: int = Field(
@@ -227,6 +232,9 @@ class RewardConfig(BaseModel):
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
     adam_epsilon: float = Field(1e-8, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
+    max_consecutive_skips: int = Field(
+        3, ge=1, description="stop after this many non-finite updates in a row"
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> RewardConfig:

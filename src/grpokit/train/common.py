@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -149,10 +150,17 @@ class NullWriter:
 
 
 def truncate_metrics_after(output_dir: Path, step: int) -> None:
-    """On resume: drop metric rows written after the checkpoint (they will be written again)."""
+    """On resume: drop metric rows written after the checkpoint (they will be written again), and
+    a last line torn by a crash mid-write."""
     path = output_dir / "metrics.jsonl"
     if path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
         path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -189,11 +197,30 @@ def save_checkpoint(
     tokenizer.save_pretrained(tmp)
     torch.save(training_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
+    _fsync_tree(tmp)  # every byte on disk before the rename makes the checkpoint visible
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    _fsync_dir(output_dir)
     for old in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    for directory in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        _fsync_dir(directory)
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -313,3 +340,72 @@ def restore_distributed(
         set_rng_state(state["rng"])
         return state
     return restore_training(checkpoint, distributed.unwrap(model), optimizer, scheduler, sampler)
+
+
+def apply_update(
+    model: Any, optimizer: Any, scheduler: Any, loss: torch.Tensor, max_grad_norm: float, d: Any = None
+) -> dict[str, Any]:
+    """Clip and apply the accumulated gradients, unless the loss or the gradient norm is not finite:
+    then nothing touches the weights, the optimizer state or the schedule, and `skipped_update` is 1.
+    Under several processes the decision is taken together, so every rank skips the same steps."""
+    from . import distributed
+
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    learning_rate = optimizer.param_groups[0]["lr"]  # the rate this update uses
+    bad = not (bool(torch.isfinite(loss).all()) and bool(torch.isfinite(grad_norm)))
+    if d is not None:
+        bad = distributed.any_rank(d, bad)
+    if bad:
+        optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped_update": 1.0}
+    optimizer.step()
+    scheduler.step()
+    return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped_update": 0.0}
+
+
+class TooManySkips(RuntimeError):
+    """Training stopped: too many consecutive updates had a non-finite loss or gradient."""
+
+
+class StopSignals:
+    """SIGINT / SIGTERM become a request that the loop honours once the current update is done
+    (it then saves a checkpoint and stops). A second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def skip_guard(consecutive: int, skipped: bool, limit: int, step: int) -> int:
+    """Count consecutive skipped updates; past `limit`, say why training cannot go on."""
+    consecutive = consecutive + 1 if skipped else 0
+    if consecutive >= limit:
+        raise TooManySkips(
+            f"{consecutive} consecutive updates had a non-finite loss or gradient norm "
+            f"(the last at step {step}); "
+            f"training stopped and checkpoint-{step} holds the last good weights. Lower learning_rate or "
+            "max_grad_norm, check the reward functions for extreme values, or raise max_consecutive_skips."
+        )
+    return consecutive

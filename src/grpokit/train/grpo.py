@@ -56,6 +56,7 @@ class TrainResult:
     steps: int
     eval_before: dict[str, float]
     eval_after: dict[str, float]
+    stopped_by: str | None = None  # the signal that ended the run early, if any
 
 
 def _pad_cat(tensors: Sequence[torch.Tensor], value: int | bool, left: bool) -> torch.Tensor:
@@ -215,11 +216,9 @@ def optimizer_step(
         totals["loss"] = totals.get("loss", 0.0) + loss.detach()
         for key, value in out.metrics.items():
             totals[key] = totals.get(key, 0.0) + value / n_micro
-    grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), cfg.max_grad_norm)
-    learning_rate = ctx.optimizer.param_groups[0]["lr"]  # the rate this update uses
-    ctx.optimizer.step()
-    ctx.scheduler.step()
-    return totals | {"grad_norm": grad_norm, "learning_rate": learning_rate}
+    return totals | common.apply_update(
+        ctx.model, ctx.optimizer, ctx.scheduler, totals["loss"], cfg.max_grad_norm, ctx.dist
+    )
 
 
 @dataclass
@@ -466,7 +465,9 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     emit("start", start, eval_before)
 
     # ------------------------------------------------------------------ the loop
+    stop, skips, step = common.StopSignals(), 0, start
     try:
+        stop.__enter__()
         for step in range(start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
             ctx.model.train()
@@ -483,8 +484,11 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
                 with reference_model(ctx.model, ctx.reference) as reference:
                     ref = frozen_logps(reference, batch, cfg.micro_batch_size, ctx.logps_temperature)
             # 3. μ optimizer steps on this batch
+            skipped = 0.0
             for _ in range(cfg.num_iterations):
                 metrics |= optimizer_step(cfg, ctx, batch, old, ref)
+                skipped += metrics["skipped_update"]
+            metrics["skipped_update"] = skipped  # updates of this step skipped for a non-finite loss
             if (
                 cfg.sync_ref_model
                 and ctx.reference is not None
@@ -512,13 +516,25 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
                 )
             if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
                 emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
-            if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
+            stopping = distributed.any_rank(d, stop.signal is not None)  # SIGINT / SIGTERM, on any rank
+            if (
+                step == cfg.max_steps
+                or (cfg.save_steps and step % cfg.save_steps == 0)
+                or stopping
+                or (skips + 1 >= cfg.max_consecutive_skips and skipped)
+            ):
                 save(cfg, ctx, step, eval_before)
+            skips = common.skip_guard(skips, skipped > 0, cfg.max_consecutive_skips, step)
+            if stopping:
+                emit("stopped", step, {"signal": stop.signal or "signal on another rank"})
+                break
     finally:
+        stop.__exit__(None, None, None)
         writer.close()
     return TrainResult(
         output_dir=output_dir,
-        steps=cfg.max_steps,
+        steps=step,
+        stopped_by=stop.signal,
         eval_before=eval_before,
         eval_after={k[len("eval/") :]: v for k, v in writer.last_eval.items() if k.startswith("eval/")},
     )

@@ -41,6 +41,7 @@ class RewardResult:
     steps: int
     eval_before: dict[str, float]
     eval_after: dict[str, float]
+    stopped_by: str | None = None
 
 
 def reward_model_and_tokenizer(cfg: RewardConfig, alphabet: str | None) -> tuple[Any, Any]:
@@ -112,6 +113,7 @@ def reward_step(
     rows: Sequence[dict[str, Any]],
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
+    d: Any = None,
 ) -> dict[str, Any]:
     """One optimizer step over `rows`, accumulating micro-batches weighted by their pair counts."""
     optimizer.zero_grad(set_to_none=True)
@@ -136,11 +138,11 @@ def reward_step(
         totals["num_truncated"] += batch.num_truncated
         totals["num_dropped"] += batch.num_dropped
         kept += n
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    learning_rate = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
-    return totals | {"grad_norm": grad_norm, "learning_rate": learning_rate, "num_pairs": kept}
+    return (
+        totals
+        | common.apply_update(model, optimizer, scheduler, totals["loss"], cfg.max_grad_norm, d)
+        | {"num_pairs": kept}
+    )
 
 
 def _pairs(
@@ -222,19 +224,29 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
     emit("start", start, eval_before)
 
     # ------------------------------------------------------------------ the loop
+    stop, skips, step = common.StopSignals(), 0, start
     try:
+        stop.__enter__()
         for step in range(start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
             model.train()
             rows = sampler.next_batch()[d.rank * share : (d.rank + 1) * share]  # this rank's pairs
-            metrics = reward_step(cfg, model, tokenizer, rows, optimizer, scheduler)
+            metrics = reward_step(cfg, model, tokenizer, rows, optimizer, scheduler, d)
             metrics["step_time"] = time.perf_counter() - began
             metrics = distributed.mean_metrics(d, metrics)
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 emit("step", step, writer.write(step, metrics))
             if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
                 emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
-            if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
+            stopping = distributed.any_rank(d, stop.signal is not None)
+            skipped = metrics["skipped_update"] > 0
+            last_chance = skipped and skips + 1 >= cfg.max_consecutive_skips
+            if (
+                step == cfg.max_steps
+                or (cfg.save_steps and step % cfg.save_steps == 0)
+                or stopping
+                or last_chance
+            ):
                 common.save_distributed(
                     d,
                     cfg.strategy,
@@ -249,9 +261,18 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
                     to_yaml(cfg),
                     cfg.save_total_limit,
                 )
+            skips = common.skip_guard(skips, skipped, cfg.max_consecutive_skips, step)
+            if stopping:
+                emit("stopped", step, {"signal": stop.signal or "signal on another rank"})
+                break
     finally:
+        stop.__exit__(None, None, None)
         writer.close()
     eval_after = {k[len("eval/") :]: v for k, v in writer.last_eval.items()} if writer.last_eval else {}
     return RewardResult(
-        output_dir=output_dir, steps=cfg.max_steps, eval_before=eval_before, eval_after=eval_after
+        output_dir=output_dir,
+        steps=step,
+        stopped_by=stop.signal,
+        eval_before=eval_before,
+        eval_after=eval_after,
     )
