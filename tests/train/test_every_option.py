@@ -219,6 +219,8 @@ ELSEWHERE = {
     "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config",
     "strategy": "tests/distributed/test_world_size.py (ddp and fsdp, 2 processes)",
     "fsdp_cpu_offload": "tests/distributed/test_world_size.py::test_fsdp_cpu_offload_trains",
+    "trust_remote_code": "tests/test_reliability.py::test_trust_remote_code_is_off_unless_set",
+    "max_consecutive_skips": "tests/test_reliability.py::test_consecutive_non_finite_updates_stop",
 }
 
 

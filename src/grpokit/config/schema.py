@@ -47,6 +47,7 @@ class GRPOConfig(BaseModel):
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
     )
     fsdp_cpu_offload: bool = Field(False, description="fsdp: keep parameters and optimizer state on the CPU")
+    trust_remote_code: bool = Field(False, description="run a model directory's own Python code (off: safe)")
     gradient_checkpointing: bool = Field(
         False,
         description="recompute activations in backward (TRL: True; off here: small models gain nothing)",
@@ -202,6 +203,7 @@ class RewardConfig(BaseModel):
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
     )
+    trust_remote_code: bool = Field(False, description="run a model directory's own Python code (off: safe)")
 
     # ---------------------------------------------------------------- data
     task: Literal["addition", "countdown", "reverse"] | None = Field(

@@ -7,6 +7,7 @@ alphabet (`char_tokenizer`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,19 +145,34 @@ def load_reward_model(
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{str(path)!r} is not a saved transformers model (no config.json).")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    tokenizer = AutoTokenizer.from_pretrained(
-        directory, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    with _readable(directory):
+        tokenizer = AutoTokenizer.from_pretrained(
+            directory, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     _ensure_pad_token(tokenizer)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        directory,
-        num_labels=1,
-        dtype=torch_dtype,
-        local_files_only=True,
-        trust_remote_code=trust_remote_code,
-        pad_token_id=tokenizer.pad_token_id,
-    ).to(device)
+    with _readable(directory):
+        model = AutoModelForSequenceClassification.from_pretrained(
+            directory,
+            num_labels=1,
+            dtype=torch_dtype,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            pad_token_id=tokenizer.pad_token_id,
+        ).to(device)
     return LoadedPolicy(model=model, tokenizer=tokenizer)
+
+
+@contextlib.contextmanager
+def _readable(directory: Path) -> Any:
+    """Turn a failure to read a model directory into one message naming it (the cause stays chained)."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(
+            f"could not load the model in {str(directory)!r} ({type(error).__name__}: {reason}); "
+            "is it a complete save_pretrained directory (config.json, weights, tokenizer)?"
+        ) from error
 
 
 def _ensure_pad_token(tokenizer: Any) -> None:
@@ -187,12 +203,14 @@ def load_policy(
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{str(path)!r} has no config.json: it is not a saved transformers model.")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
-    ).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(
-        directory, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    with _readable(directory):
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
+        ).to(device)
+    with _readable(directory):
+        tokenizer = AutoTokenizer.from_pretrained(
+            directory, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     _ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
     if model.generation_config.pad_token_id is None:

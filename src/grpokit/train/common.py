@@ -32,6 +32,7 @@ def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tu
             cfg.model,
             dtype=getattr(cfg, "dtype", "float32"),
             gradient_checkpointing=getattr(cfg, "gradient_checkpointing", False),
+            trust_remote_code=getattr(cfg, "trust_remote_code", False),
         )
         return loaded.model, loaded.tokenizer
     if alphabet is None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..config import GRPOConfig, to_yaml
+from ..config import GRPOConfig, load_config, to_yaml
 from ..data import PromptSampler, columns_of, get_task, load_prompts, render_prompt
 from ..models import make_reference, reference_model, should_sync, sync_reference
 from ..ops import LOSS_TYPES, group_advantages, grpo_loss, token_logps, token_logps_and_entropy
@@ -312,6 +312,30 @@ def resolve_data(
     )
 
 
+def check_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data) -> None:
+    """Prompt + completion must fit the model's context; say which numbers to change if not."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if context is None:
+        return
+    longest = data.max_prompt_length or max(
+        (
+            len(
+                tokenizer(render_prompt(r[cfg.prompt_column], tokenizer), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
+            for r in data.train_rows[:2000]
+        ),
+        default=0,
+    )
+    if longest + data.max_completion_length > context:
+        raise ValueError(
+            f"prompts of up to {longest} tokens plus max_completion_length={data.max_completion_length} "
+            "exceed "
+            f"the model's context of {context} tokens; lower max_prompt_length or max_completion_length."
+        )
+
+
 def make_context(
     cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data, d: distributed.Dist | None = None
 ) -> _Context:
@@ -432,6 +456,7 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
         model, tokenizer = common.policy_and_tokenizer(cfg, data.alphabet, max_len)
+    check_context(cfg, model, tokenizer, data)
     output_dir = Path(cfg.output_dir)
     if d.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -453,6 +478,7 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     ctx = make_context(cfg, model, tokenizer, data, d)  # reference copy, DDP/FSDP wrapping, optimizer
     evaluate_now = evaluator(cfg, ctx, data)
     if checkpoints:
+        load_config(GRPOConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
         start, eval_before = restore(cfg, ctx, checkpoints[-1])
         if d.is_main:
             common.truncate_metrics_after(output_dir, start)

@@ -46,7 +46,7 @@ class RewardResult:
 
 def reward_model_and_tokenizer(cfg: RewardConfig, alphabet: str | None) -> tuple[Any, Any]:
     if cfg.model != "tiny":
-        loaded = load_reward_model(cfg.model, dtype=cfg.dtype)
+        loaded = load_reward_model(cfg.model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
         return loaded.model, loaded.tokenizer
     if alphabet is None:
         raise ValueError(
