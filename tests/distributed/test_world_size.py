@@ -9,7 +9,6 @@ stopped and resumed must end where an uninterrupted 2-process run ends.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,24 +20,16 @@ WORKER = Path(__file__).parent / "worker.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:  # binding to loopback port 0 is local, not network access
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # --standalone: torchrun picks a free local port itself (no race between choosing and binding)
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",
         "--nproc_per_node",
         str(nproc),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
         *args,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)

@@ -167,7 +167,7 @@ def _readable(directory: Path) -> Any:
     """Turn a failure to read a model directory into one message naming it (the cause stays chained)."""
     try:
         yield
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as error:
+    except Exception as error:  # noqa: BLE001 - safetensors, tokenizers and json raise their own types
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(
             f"could not load the model in {str(directory)!r} ({type(error).__name__}: {reason}); "
