@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,3 +411,27 @@ def skip_guard(consecutive: int, skipped: bool, limit: int, step: int) -> int:
             "max_grad_norm, check the reward functions for extreme values, or raise max_consecutive_skips."
         )
     return consecutive
+
+
+def begin(
+    d: Any,
+    output_dir: Path,
+    checkpoint: Path | None,
+    restore: Callable[[Path], tuple[int, dict[str, float]]],
+    evaluate: Callable[[], dict[str, float]],
+    emit: Callable[[str, int, dict[str, Any]], None],
+) -> tuple[int, dict[str, float], Any]:
+    """Resume from `checkpoint` (dropping metric rows written after it) or evaluate the starting
+    policy; open the metrics writer (rank 0 only). Returns (start step, eval before, writer)."""
+    if checkpoint is not None:
+        start, eval_before = restore(checkpoint)
+        if d.is_main:
+            truncate_metrics_after(output_dir, start)
+        emit("resumed", start, {"checkpoint": str(checkpoint)})
+    else:
+        start, eval_before = 0, evaluate()
+    writer = MetricsWriter(output_dir) if d.is_main else NullWriter()
+    if start == 0:
+        writer.write(0, eval_before, prefix="eval/")
+    emit("start", start, eval_before)
+    return start, eval_before, writer

@@ -479,16 +479,14 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     evaluate_now = evaluator(cfg, ctx, data)
     if checkpoints:
         load_config(GRPOConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
-        start, eval_before = restore(cfg, ctx, checkpoints[-1])
-        if d.is_main:
-            common.truncate_metrics_after(output_dir, start)
-        emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
-    else:
-        start, eval_before = 0, evaluate_now()
-    writer = common.MetricsWriter(output_dir) if d.is_main else common.NullWriter()
-    if start == 0:
-        writer.write(0, eval_before, prefix="eval/")
-    emit("start", start, eval_before)
+    start, eval_before, writer = common.begin(
+        d,
+        output_dir,
+        checkpoints[-1] if checkpoints else None,
+        lambda path: restore(cfg, ctx, path),
+        evaluate_now,
+        emit,
+    )
 
     # ------------------------------------------------------------------ the loop
     stop, skips, step = common.StopSignals(), 0, start

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..config import RewardConfig, to_yaml
+from ..config import RewardConfig, load_config, to_yaml
 from ..data import (
     PromptSampler,
     collate_preferences,
@@ -208,20 +208,16 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
         return metrics
 
     checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
+
+    def restore(path: Path) -> tuple[int, dict[str, float]]:
+        state = common.restore_distributed(d, cfg.strategy, path, model, optimizer, scheduler, sampler)
+        return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
+
     if checkpoints:
-        state = common.restore_distributed(
-            d, cfg.strategy, checkpoints[-1], model, optimizer, scheduler, sampler
-        )
-        start, eval_before = int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
-        if d.is_main:
-            common.truncate_metrics_after(output_dir, start)
-        emit("resumed", start, {"checkpoint": str(checkpoints[-1])})
-    else:
-        start, eval_before = 0, evaluate_now()
-    writer = common.MetricsWriter(output_dir) if d.is_main else common.NullWriter()
-    if start == 0:
-        writer.write(0, eval_before, prefix="eval/")
-    emit("start", start, eval_before)
+        load_config(RewardConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
+    start, eval_before, writer = common.begin(
+        d, output_dir, checkpoints[-1] if checkpoints else None, restore, evaluate_now, emit
+    )
 
     # ------------------------------------------------------------------ the loop
     stop, skips, step = common.StopSignals(), 0, start
