@@ -17,7 +17,32 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 
 
-class GRPOConfig(BaseModel):
+class _TinyModel(BaseModel):
+    """The size of the built-in tiny Llama (used when model is 'tiny')."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    tiny_hidden_size: int = Field(128, ge=8)
+    tiny_num_layers: int = Field(4, ge=1)
+    tiny_num_heads: int = Field(4, ge=1)
+    tiny_intermediate_size: int = Field(256, ge=8)
+
+
+class _Optimisation(BaseModel):
+    """AdamW, schedule and clipping, as TRL's defaults (the learning rate is each trainer's own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    adam_epsilon: float = Field(1e-8, gt=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+
+
+class GRPOConfig(_TinyModel, _Optimisation):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     # ---------------------------------------------------------------- run
@@ -38,10 +63,6 @@ class GRPOConfig(BaseModel):
 
     # ---------------------------------------------------------------- model
     model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
-    tiny_hidden_size: int = Field(128, ge=8)
-    tiny_num_layers: int = Field(4, ge=1)
-    tiny_num_heads: int = Field(4, ge=1)
-    tiny_intermediate_size: int = Field(256, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
@@ -116,13 +137,6 @@ class GRPOConfig(BaseModel):
 
     # ---------------------------------------------------------------- optimisation
     learning_rate: float = Field(1e-6, gt=0.0, description="TRL: 1e-6")
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
-    adam_epsilon: float = Field(1e-8, gt=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
     max_consecutive_skips: int = Field(
         3,
         ge=1,
@@ -154,7 +168,7 @@ class GRPOConfig(BaseModel):
         return self
 
 
-class SFTConfig(BaseModel):
+class SFTConfig(_TinyModel):
     """A minimal supervised warm start: cross-entropy on the task's answers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -162,10 +176,6 @@ class SFTConfig(BaseModel):
     output_dir: str = "runs/sft"
     seed: int = 42
     model: str = "tiny"
-    tiny_hidden_size: int = Field(128, ge=8)
-    tiny_num_layers: int = Field(4, ge=1)
-    tiny_num_heads: int = Field(4, ge=1)
-    tiny_intermediate_size: int = Field(256, ge=8)
     task: Literal["addition", "countdown", "reverse"] = "addition"
     num_eval_prompts: int = Field(200, ge=1)
     max_steps: int = Field(600, ge=1)
@@ -174,7 +184,7 @@ class SFTConfig(BaseModel):
     progress: bool = True
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(_TinyModel, _Optimisation):
     """Bradley–Terry reward-model training. Names and defaults follow TRL 1.16's RewardConfig where
     TRL has the option (learning_rate 1e-4, max_length 1024, center_rewards_coefficient None)."""
 
@@ -195,10 +205,6 @@ class RewardConfig(BaseModel):
     model: str = Field(
         "tiny", description="a local sequence-classification or causal-LM directory, or 'tiny'"
     )
-    tiny_hidden_size: int = Field(128, ge=8)
-    tiny_num_layers: int = Field(4, ge=1)
-    tiny_num_heads: int = Field(4, ge=1)
-    tiny_intermediate_size: int = Field(256, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
@@ -227,13 +233,6 @@ class RewardConfig(BaseModel):
     micro_batch_size: int = Field(64, ge=1, description="pairs per forward/backward; gradients accumulate")
     center_rewards_coefficient: float | None = Field(None, ge=0.0, description="TRL: None; EasyDeL: 0.1")
     learning_rate: float = Field(1e-4, gt=0.0, description="TRL RewardConfig: 1e-4")
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
-    adam_epsilon: float = Field(1e-8, gt=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop after this many non-finite updates in a row"
     )

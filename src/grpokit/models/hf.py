@@ -52,6 +52,33 @@ def char_tokenizer(alphabet: str, *, model_max_length: int = 2048) -> Any:
     )
 
 
+def llama_config(
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    vocab_size: int,
+    max_seq_len: int,
+    intermediate_size: int | None,
+    **extra: Any,
+) -> Any:
+    """The Llama shape `build_policy` and `build_reward_model` share (untied embeddings, MHA)."""
+    from transformers import LlamaConfig
+
+    if hidden_size % num_heads != 0:
+        raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}.")
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_seq_len,
+        tie_word_embeddings=False,
+        **extra,
+    )
+
+
 def build_policy(
     hidden_size: int = 512,
     num_layers: int = 6,
@@ -73,23 +100,19 @@ def build_policy(
     positions (Edifice uses a fixed iota embedding and sinusoidal positions), RMSNorm and SwiGLU:
     a standard Llama that transformers can save, load and generate with.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    if hidden_size % num_heads != 0:
-        raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}.")
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=max_seq_len,
+    config = llama_config(
+        hidden_size,
+        num_layers,
+        num_heads,
+        vocab_size,
+        max_seq_len,
+        intermediate_size,
         attention_dropout=dropout,
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
-        tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -111,19 +134,17 @@ def build_reward_model(
     pad_token_id: int = 0,
 ) -> Any:
     """`build_policy`'s Llama with a scalar head on the last non-pad token (one label), seeded."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=max_seq_len,
+    config = llama_config(
+        hidden_size,
+        num_layers,
+        num_heads,
+        vocab_size,
+        max_seq_len,
+        intermediate_size,
         num_labels=1,
         pad_token_id=pad_token_id,
-        tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
