@@ -152,9 +152,10 @@ def test_built_in_preference_pairs(name):
         pairs = preference_pairs(task, task.train[:50], seed=1, near_miss=near)
         for row, pair in zip(task.train[:50], pairs, strict=True):
             assert task.is_correct(pair["chosen"], row) and not task.is_correct(pair["rejected"], row)
-    if name == "addition":  # near misses are off by at most 10
+    if name == "addition":  # near misses are a learner's slips: a digit off by 1 or 2, or a carry
         near_pairs = preference_pairs(task, task.train[:50], seed=1, near_miss=1.0)
-        assert all(abs(int(p["chosen"]) - int(p["rejected"])) <= 10 for p in near_pairs)
+        slips = {abs(int(p["chosen"]) - int(p["rejected"])) for p in near_pairs}
+        assert slips <= {1, 2, 9, 10, 11} and len(slips) >= 4, slips
 
 
 def test_train_reward_writes_metrics_checkpoints_calibration_and_resumes_bitwise(tmp_path):

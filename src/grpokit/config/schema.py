@@ -73,6 +73,11 @@ class GRPOConfig(_TinyModel, _Optimisation):
         False,
         description="recompute activations in backward (TRL: True; off here: small models gain nothing)",
     )
+    fused_logps: bool = Field(
+        True,
+        description="log-probs from hidden states and the LM head in chunks, never [B,T,V] logits "
+        "(single process, plain linear head; otherwise the logits path)",
+    )
 
     # ---------------------------------------------------------------- data
     task: Literal["addition", "countdown", "reverse"] | None = Field(

@@ -122,6 +122,10 @@ def collate_preferences(
 # ----------------------------------------------------------------------------- built-in preference tasks
 
 
+# the mistakes a learner of addition makes: one digit off by one or two, or a carry slip
+_ADDITION_SLIPS = (-11, -10, -9, -2, -1, 1, 2, 9, 10, 11)
+
+
 def _wrong_answer(task: Task, row: dict[str, Any], rng: random.Random, near_miss: float) -> str:
     """A wrong completion for a task row: a near miss (off by a little) with probability near_miss."""
     right = row.get("answer") or row.get("solution")
@@ -129,7 +133,7 @@ def _wrong_answer(task: Task, row: dict[str, Any], rng: random.Random, near_miss
         if task.name == "addition":
             value = int(right)
             wrong = (
-                str(max(0, value + rng.choice([-10, -2, -1, 1, 2, 10])))
+                str(max(0, value + rng.choice(_ADDITION_SLIPS)))
                 if rng.random() < near_miss
                 else str(rng.randint(0, 198))
             )

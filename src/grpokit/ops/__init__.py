@@ -18,6 +18,7 @@ V vocabulary, R reward functions.
 
 from .advantages import REWARD_SCALES, GroupAdvantages, RewardScale, combine_rewards, group_advantages
 from .kl import KL_ESTIMATORS, KLEstimator, kl_penalty
+from .linear_logps import linear_logps
 from .logprobs import (
     TokenLogps,
     completion_logits,
@@ -55,6 +56,7 @@ __all__ = [
     "ImportanceSamplingLevel",
     "KLEstimator",
     "LossOutput",
+    "linear_logps",
     "LossType",
     "NegativeAdvantageClip",
     "RewardScale",

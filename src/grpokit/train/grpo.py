@@ -27,8 +27,23 @@ import torch
 
 from ..config import GRPOConfig, load_config, to_yaml
 from ..data import PromptSampler, columns_of, get_task, load_prompts, render_prompt
-from ..models import make_reference, reference_model, should_sync, sync_reference
-from ..ops import LOSS_TYPES, group_advantages, grpo_loss, token_logps, token_logps_and_entropy
+from ..models import (
+    last_hidden_states,
+    lm_head_of,
+    make_reference,
+    reference_model,
+    should_sync,
+    sync_reference,
+)
+from ..ops import (
+    LOSS_TYPES,
+    TokenLogps,
+    group_advantages,
+    grpo_loss,
+    linear_logps,
+    token_logps,
+    token_logps_and_entropy,
+)
 from ..rewards import score_completions
 from ..rollout import SAMPLERS, Sampler, SamplingParams
 from . import common, distributed
@@ -152,25 +167,42 @@ def generate_and_score(cfg: GRPOConfig, ctx: _Context, step: int) -> tuple[Batch
     return _merge(chosen, G, ctx.tokenizer.pad_token_id), metrics
 
 
-def completion_logits(model: Any, batch: Batch, rows: slice) -> torch.Tensor:
-    """Logits that score the completion tokens of `rows`, from one forward pass. [b, T, V]"""
+def completion_stats(
+    model: Any, batch: Batch, rows: slice, temperature: float, *, fused: bool, with_entropy: bool
+) -> TokenLogps:
+    """Log-probs (and entropies) of the completion tokens of `rows`, from one forward pass. [b, T]
+
+    fused: take them from the decoder's hidden states and the LM head chunk by chunk
+    (`ops.linear_logps`), never forming the [b, T, V] logits; used whenever the model exposes a
+    plain linear head (`models.lm_head_of`), else the logits path below.
+    """
     ids = torch.cat([batch.prompt_ids[rows], batch.completion_ids[rows]], dim=1)  # [b, Lp+T]
     attention = torch.cat([batch.prompt_mask[rows], batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
-    T = batch.completion_ids.shape[1]
-    return model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
+    targets = batch.completion_ids[rows]  # [b, T]
+    T = targets.shape[1]
+    head = lm_head_of(model) if fused else None
+    if head is not None:
+        hidden = last_hidden_states(head, ids, attention, T + 1)[:, :-1]  # [b, T, H] scores targets
+        out = linear_logps(
+            hidden, head.weight, targets, temperature=temperature, bias=head.bias, return_entropy=with_entropy
+        )
+        return out if isinstance(out, TokenLogps) else TokenLogps(logps=out, entropy=out.new_empty(0))
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
+    if with_entropy:
+        return token_logps_and_entropy(logits, targets, temperature)
+    logps = token_logps(logits, targets, temperature)
+    return TokenLogps(logps=logps, entropy=logps.new_empty(0))
 
 
 @torch.no_grad()
-def frozen_logps(model: Any, batch: Batch, micro: int, temperature: float) -> torch.Tensor:
+def frozen_logps(model: Any, batch: Batch, micro: int, temperature: float, fused: bool) -> torch.Tensor:
     """log-probs under a model that does not train in this step (old or reference policy). [B, T]"""
     B = batch.completion_ids.shape[0]
     return torch.cat(  # no entropies: nothing reads them for a frozen policy
         [
-            token_logps(
-                completion_logits(model, batch, slice(s, s + micro)),
-                batch.completion_ids[s : s + micro],
-                temperature,
-            )
+            completion_stats(
+                model, batch, slice(s, s + micro), temperature, fused=fused, with_entropy=False
+            ).logps
             for s in range(0, B, micro)
         ]
     )
@@ -189,8 +221,8 @@ def optimizer_step(
     totals: dict[str, torch.Tensor] = {}
     for start in range(0, B, micro):
         rows = slice(start, start + micro)
-        stats = token_logps_and_entropy(
-            completion_logits(ctx.model, batch, rows), batch.completion_ids[rows], ctx.logps_temperature
+        stats = completion_stats(
+            ctx.model, batch, rows, ctx.logps_temperature, fused=ctx.fused_logps, with_entropy=True
         )
         out = grpo_loss(
             stats.logps,
@@ -236,6 +268,7 @@ class _Context:
     reward_funcs: list[Callable[..., Any]]
     max_completion_length: int
     logps_temperature: float
+    fused_logps: bool = False  # log-probs from hidden states and the LM head (`completion_stats`)
     dist: distributed.Dist = distributed.Dist()
 
 
@@ -374,6 +407,8 @@ def make_context(
         reward_funcs=data.reward_funcs,
         max_completion_length=data.max_completion_length,
         logps_temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+        # DDP and FSDP must see the whole model's forward (their hooks live there): logits path
+        fused_logps=cfg.fused_logps and not d.enabled and lm_head_of(model) is not None,
         dist=d,
     )
 
@@ -499,14 +534,16 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
             batch, metrics = generate_and_score(cfg, ctx, step)
             # 2. the policy that sampled, if updates move the policy within this step; the reference
             old = (
-                frozen_logps(ctx.model, batch, cfg.micro_batch_size, ctx.logps_temperature)
+                frozen_logps(ctx.model, batch, cfg.micro_batch_size, ctx.logps_temperature, ctx.fused_logps)
                 if cfg.num_iterations > 1
                 else None
             )
             ref = None
             if cfg.beta != 0.0:
                 with reference_model(ctx.model, ctx.reference) as reference:
-                    ref = frozen_logps(reference, batch, cfg.micro_batch_size, ctx.logps_temperature)
+                    ref = frozen_logps(
+                        reference, batch, cfg.micro_batch_size, ctx.logps_temperature, ctx.fused_logps
+                    )
             # 3. μ optimizer steps on this batch
             skipped = 0.0
             for _ in range(cfg.num_iterations):

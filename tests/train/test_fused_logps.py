@@ -1,0 +1,90 @@
+"""The trainer's fused log-probs (decoder hidden states + LM head through ops.linear_logps) equal the
+logits path in value and in the gradient of every parameter, and are used only where exact."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpokit.models import build_policy, lm_head_of
+from grpokit.train.grpo import Batch, completion_stats, frozen_logps
+
+
+def _batch(V: int, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    B, Lp, T = 6, 5, 4
+    prompt_mask = torch.ones(B, Lp, dtype=torch.bool)
+    prompt_mask[0, :2] = False  # left padding
+    prompt_mask[3, :1] = False
+    completion_mask = torch.ones(B, T, dtype=torch.bool)
+    completion_mask[1, 2:] = False  # finished early
+    return Batch(
+        prompt_ids=torch.randint(3, V, (B, Lp), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        completion_ids=torch.randint(3, V, (B, T), generator=g) * completion_mask,
+        completion_mask=completion_mask,
+        advantages=torch.randn(B, generator=g),
+        prompts=[""] * B,
+        completions=[""] * B,
+        rewards=torch.zeros(B),
+    )
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_fused_and_logits_paths_agree_in_values_and_every_gradient(temperature):
+    model = build_policy(
+        hidden_size=32, num_layers=2, num_heads=4, vocab_size=40, seed=1, dropout=0.0
+    ).double()
+    twin = copy.deepcopy(model)
+    assert lm_head_of(model) is not None
+    batch = _batch(40)
+    rows = slice(0, 6)
+    fused = completion_stats(model, batch, rows, temperature, fused=True, with_entropy=True)
+    plain = completion_stats(twin, batch, rows, temperature, fused=False, with_entropy=True)
+    torch.testing.assert_close(fused.logps, plain.logps, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused.entropy, plain.entropy, rtol=1e-12, atol=1e-12)
+    weights = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ((fused.logps + 0.1 * fused.entropy) * weights).sum().backward()
+    ((plain.logps + 0.1 * plain.entropy) * weights).sum().backward()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12, msg=name)
+    frozen = frozen_logps(model, batch, 4, temperature, fused=True)
+    torch.testing.assert_close(
+        frozen, frozen_logps(twin, batch, 4, temperature, fused=False), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_models_that_rescale_their_logits_use_the_logits_path():
+    model = build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=20, seed=0)
+    model.config.logit_scale = 0.5  # Cohere-style scaling after the head: not hidden · Wᵀ
+    assert lm_head_of(model) is None
+    model.config.logit_scale = 1.0
+    model.config.final_logit_softcapping = 30.0  # Gemma-style soft-capping
+    assert lm_head_of(model) is None
+    model.config.final_logit_softcapping = None
+    assert lm_head_of(model) is not None
+    model.lm_head = torch.nn.Sequential(model.lm_head)  # not a plain linear head
+    assert lm_head_of(model) is None
+
+
+def test_lora_policy_exposes_its_base_head():
+    pytest.importorskip("peft")
+    from grpokit.models import apply_lora, reference_model
+
+    model = apply_lora(
+        build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=20, seed=0, dropout=0.0), r=4
+    )
+    batch = _batch(20)
+    for p in model.parameters():  # make the adapters matter
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.3)
+    fused = completion_stats(model, batch, slice(0, 6), 1.0, fused=True, with_entropy=False).logps
+    plain = completion_stats(model, batch, slice(0, 6), 1.0, fused=False, with_entropy=False).logps
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+    with reference_model(model, None) as reference:  # adapters off: the base model's log-probs
+        ref_fused = frozen_logps(reference, batch, 6, 1.0, fused=True)
+        ref_plain = frozen_logps(reference, batch, 6, 1.0, fused=False)
+    torch.testing.assert_close(ref_fused, ref_plain, rtol=1e-5, atol=1e-6)
+    assert (ref_fused - fused.detach()).abs().max() > 1e-3  # the adapters were really switched off
