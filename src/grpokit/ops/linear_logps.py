@@ -11,8 +11,8 @@ turns them into the gradient of the logits, and folds that into the gradients of
 inputs and the weight's gradient is one chunk of logits and its temporaries.
 
 Cost: one extra [n, H]×[H, V] product per chunk in the backward pass (8·N·V·H flops in all instead
-of 6·N·V·H), bought back on CPUs by never touching a multi-gigabyte tensor; see
-benchmarks/logps_memory.py for the measured trade.
+of 6·N·V·H), bought back on CPUs by never allocating and touching multi-gigabyte tensors; see
+benchmarks/linear_logps.py for the measured trade.
 
 Accumulation is float32 (float64 for float64 inputs), whatever the inputs' dtype; the outputs have
 the accumulation dtype, as in `token_logps`.
@@ -25,8 +25,13 @@ from torch.autograd.function import once_differentiable
 
 from .logprobs import TokenLogps, _accumulation_dtype, _check_temperature
 
-# Logit elements formed at once: 2**22 floats = 16 MiB in float32, i.e. 27 rows at V = 152k.
+# Rows (tokens) per chunk: as many as make 2**22 logits (16 MiB of float32), but never fewer than
+# 512. Each chunk reads the whole [V, H] weight three times (forward, recompute, gradients); below a
+# few hundred rows the products are bound by that read, not by arithmetic. Measured at V = 152k,
+# H = 896, 1024 tokens on 2 CPU cores: 27 rows 1.84x the naive time, 128 rows 1.08x, 256 rows
+# 0.85-0.99x, 512 rows 0.80-0.97x (noisy, shared machine).
 _CHUNK_ELEMENTS = 1 << 22
+_MIN_CHUNK_ROWS = 512
 
 
 def _chunk_logits(
@@ -68,12 +73,20 @@ class _LinearLogSoftmaxStats(torch.autograd.Function):
         for start in range(0, n_rows, chunk_rows):
             stop = min(start + chunk_rows, n_rows)
             z = _chunk_logits(hidden[start:stop], weight, bias, temperature, acc)  # [n, V]
-            chunk_lse = torch.logsumexp(z, dim=-1)  # [n]
+            picked = z.gather(-1, ids[start:stop, None]).squeeze(-1)  # [n]
+            top = z.amax(-1, keepdim=True)  # [n, 1]
+            z -= top  # z − max, in place: one [n, V] buffer in all on the logps-only path
+            if with_entropy:  # H = log S − Σ e^(z−m)·(z−m) / S with S = Σ e^(z−m): no cancellation
+                shifted = torch.exp(z)  # [n, V]
+                total = shifted.sum(-1)  # [n]
+                weighted = (shifted[:, None, :] @ z[:, :, None]).reshape(-1)  # [n] without a product buffer
+                entropy[start:stop] = torch.log(total) - weighted / total
+                del shifted
+            else:
+                total = z.exp_().sum(-1)  # [n]
+            chunk_lse = top.squeeze(-1) + torch.log(total)  # [n]
             lse[start:stop] = chunk_lse
-            logps[start:stop] = z.gather(-1, ids[start:stop, None]).squeeze(-1) - chunk_lse
-            if with_entropy:
-                z -= chunk_lse[:, None]  # z now holds log p: [n, V], no second buffer
-                entropy[start:stop] = -(torch.exp(z) * z).sum(-1)
+            logps[start:stop] = picked - chunk_lse
             del z
         ctx.save_for_backward(hidden, weight, bias, ids, lse, entropy)
         ctx.temperature = temperature
@@ -102,18 +115,18 @@ class _LinearLogSoftmaxStats(torch.autograd.Function):
             h = hidden[start:stop]  # [n, H]
             z = _chunk_logits(h, weight, bias, temperature, acc)  # [n, V]
             z -= lse[start:stop, None]  # log p
-            probs = torch.exp(z)  # [n, V]
             g_lp = grad_logps[start:stop, None].to(acc)  # [n, 1]
             if with_entropy:  # grad_z = −p·(g_lp + g_h·(log p + H)), then + g_lp at the chosen id
+                probs = torch.exp(z)  # [n, V]
                 g_h = grad_entropy[start:stop, None].to(acc)  # [n, 1]
                 z += entropy[start:stop, None]
                 z *= g_h
                 z += g_lp
                 z *= probs
                 grad_z = z.neg_()
-            else:
-                grad_z = probs.mul_(g_lp).neg_()  # [n, V]
-            del probs
+                del probs
+            else:  # grad_z = −p·g_lp, in the logits' own buffer
+                grad_z = z.exp_().mul_(-g_lp)  # [n, V]
             grad_z.scatter_add_(-1, ids[start:stop, None], g_lp)
             if temperature != 1.0:
                 grad_z /= temperature
@@ -155,7 +168,8 @@ def linear_logps(
         ids: [B, T] token ids.
         temperature: the logits are divided by it (TRL's sampling temperature; 1.0 in the seeds).
         bias: [V] the LM head's bias, if it has one.
-        chunk_size: rows (tokens) per chunk; default: as many as make 16 MiB of float32 logits.
+        chunk_size: rows (tokens) per chunk; default: as many as make 16 MiB of float32 logits, and
+            at least 512 (so that reading the weight once per chunk is amortised).
         return_entropy: also return the entropy of each row's distribution.
     Returns:
         logps [B, T] (float32; float64 for float64 inputs), or TokenLogps(logps, entropy) with
@@ -179,7 +193,7 @@ def linear_logps(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     lead = hidden.shape[:-1]
     flat = hidden.reshape(-1, hidden.shape[-1])  # [N, H]; a copy only for non-mergeable views
-    rows = chunk_size or max(1, _CHUNK_ELEMENTS // weight.shape[0])
+    rows = chunk_size or max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // weight.shape[0])
     logps, entropy = _LinearLogSoftmaxStats.apply(
         flat, weight, bias, ids.reshape(-1).long(), float(temperature), return_entropy, rows
     )

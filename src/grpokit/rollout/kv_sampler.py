@@ -84,6 +84,7 @@ class KVCacheSampler:
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position is sampled from: no [P, Lp, V] prefill logits
         )
 
     @torch.no_grad()
