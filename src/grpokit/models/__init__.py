@@ -12,12 +12,16 @@ from .hf import (
     load_reward_model,
     save_policy,
 )
+from .lean_llama import KVCache, LeanLlamaDecoder, lean_decoder
 from .lora import apply_lora, is_lora, reference_model
 from .reference import make_reference, should_sync, sync_reference
 from .reward_model import encode_for_reward, pad_left, reward_scores
 
 __all__ = [
+    "KVCache",
     "LMHead",
+    "LeanLlamaDecoder",
+    "lean_decoder",
     "LoadedPolicy",
     "last_hidden_states",
     "lm_head_of",

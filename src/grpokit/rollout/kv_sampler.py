@@ -13,11 +13,13 @@ criteria, generation-config copies) and shares work across the G completions of 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
+from ..models import LeanLlamaDecoder, lm_head_of
 from .hf_generate import _StopStringEnds, _tokenize_prompts, build_rollout, eos_and_pad
 from .types import Rollout, SamplingParams
 
@@ -87,6 +89,54 @@ class KVCacheSampler:
             logits_to_keep=1,  # only the last position is sampled from: no [P, Lp, V] prefill logits
         )
 
+    def _hf_steps(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor, G: int
+    ) -> Generator[torch.Tensor, torch.Tensor, None]:
+        """Yields next-token logits [B, V]; is sent each drawn token [B]. transformers' forward."""
+        out = self._forward(prompt_ids, prompt_mask, positions, None)  # prefill once per prompt
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(G)  # the one place prompts are repeated: [P] -> [B = P·G]
+        attention = prompt_mask.repeat_interleave(G, dim=0)  # [B, Lp]
+        position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
+        token = yield out.logits[:, -1].repeat_interleave(G, dim=0)  # [B, V]
+        while True:
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # [B, Lp+t+1]
+            position = position + 1
+            token = yield self._forward(token[:, None], attention, position, cache).logits[:, -1]
+
+    def _lean_steps(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        positions: torch.Tensor,
+        G: int,
+        max_new: int,
+    ) -> Generator[torch.Tensor, torch.Tensor, None] | None:
+        """As `_hf_steps`, through the lean Llama forward and a preallocated KV cache (in place, O(1)
+        per token and layer); None when the model is not one the lean forward covers."""
+        head = lm_head_of(self.model)
+        if head is None or not isinstance(head.decoder, LeanLlamaDecoder):
+            return None
+        decoder: LeanLlamaDecoder = head.decoder
+
+        def steps() -> Generator[torch.Tensor, torch.Tensor, None]:
+            P, Lp = prompt_ids.shape
+            cache = decoder.new_cache(P, Lp + max_new, head.weight)
+            hidden = decoder(prompt_ids, key_mask=prompt_mask.bool(), position_ids=positions, cache=cache)
+            cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
+            key_mask = torch.ones(P * G, Lp + max_new, dtype=torch.bool, device=prompt_ids.device)
+            key_mask[:, :Lp] = prompt_mask.bool().repeat_interleave(G, dim=0)  # [B, Lp + max_new]
+            position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
+            last = hidden.last_hidden_state[:, -1].repeat_interleave(G, dim=0)  # [B, H]
+            while True:
+                token = yield F.linear(last, head.weight, head.bias)  # [B, V]
+                position = position + 1
+                S = cache.length + 1
+                out = decoder(token[:, None], key_mask=key_mask[:, :S], position_ids=position, cache=cache)
+                last = out.last_hidden_state[:, -1]  # [B, H]
+
+        return steps()
+
     @torch.no_grad()
     def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
         if not prompts:
@@ -103,12 +153,11 @@ class KVCacheSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self._forward(prompt_ids, prompt_mask, positions, None)  # prefill once per prompt
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(G)  # the one place prompts are repeated: [P] -> [B = P·G]
-            logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [B, V]
-            attention = prompt_mask.repeat_interleave(G, dim=0)  # [B, Lp]
-            position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
+            T = params.max_completion_length
+            step_logits = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)
+            if step_logits is None:  # transformers' forward and DynamicCache
+                step_logits = self._hf_steps(prompt_ids, prompt_mask, positions, G)
+            logits = next(step_logits)  # [B, V] after the prompt
             ids_so_far = prompt_ids.repeat_interleave(G, dim=0)  # [B, Lp (+t)]
             B = ids_so_far.shape[0]
             stops = (
@@ -133,9 +182,7 @@ class KVCacheSampler:
                     finished = finished | stops(ids_so_far, None)
                 if self.sync_finished(bool(finished.all())) or step + 1 == params.max_completion_length:
                     break
-                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # [B, Lp+t+1]
-                position = position + 1
-                logits = self._forward(token[:, None], attention, position, cache).logits[:, -1]  # [B, V]
+                logits = step_logits.send(token)  # [B, V]
         finally:
             self.model.train(was_training)
         return build_rollout(

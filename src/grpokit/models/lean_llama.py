@@ -1,0 +1,153 @@
+"""A lean forward pass for transformers' Llama: the same modules and parameters, the same math, a
+fraction of the Python overhead.
+
+On a small model transformers' own forward spends most of its time outside arithmetic: per call it
+builds a 4-D mask, dispatches through output-capturing wrappers and attention registries, and its
+`DynamicCache` concatenates every layer's keys and values at every decoded token. This module
+calls the model's own submodules (embedding, norms, projections, rotary embedding, MLP; LoRA
+layers injected by peft included) in the order transformers does, with
+
+* one boolean mask per call, built from the attention mask;
+* a preallocated KV cache (`KVCache`) written in place: O(1) work per token per layer, not O(t);
+* `scaled_dot_product_attention` with grouped-query attention handled by the kernel.
+
+It covers `LlamaForCausalLM` configurations without dropout, logit post-processing or rope
+variants other than the default; `lean_decoder` returns None for anything else, and callers use
+transformers' forward. Tests check equality with transformers to float32 round-off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer, preallocated: [layers, B, kv_heads, capacity, head_dim] each,
+    filled up to `length` positions."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    length: int = 0
+
+    def repeat_rows(self, times: int) -> KVCache:
+        """Each row repeated `times` times in place of one: [P] rows -> [P·times] (prefix sharing)."""
+        keys = self.keys.repeat_interleave(times, dim=1)
+        return KVCache(keys, self.values.repeat_interleave(times, dim=1), self.length)
+
+
+@dataclass(frozen=True)
+class LeanOutput:
+    last_hidden_state: torch.Tensor  # [b, L, H]
+
+
+def _supported(inner: Any) -> bool:
+    config = getattr(inner, "config", None)
+    if type(inner).__name__ != "LlamaForCausalLM" or config is None:
+        return False
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return (
+        float(getattr(config, "attention_dropout", 0.0) or 0.0) == 0.0
+        and getattr(config, "hidden_act", "silu") == "silu"
+        and int(getattr(config, "pretraining_tp", 1) or 1) == 1
+        and rope.get("rope_type", "default") == "default"
+        and not _checkpointing(inner)
+    )
+
+
+def _checkpointing(model: Any) -> bool:
+    """Whether activation checkpointing is on (the lean forward does not checkpoint)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new name, then old
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+class LeanLlamaDecoder:
+    """Tokens -> last hidden states of a transformers Llama, with the model's own parameters.
+
+    Call it like the decoder it replaces (`input_ids=`, `attention_mask=`, optional `position_ids`);
+    pass `cache=` to extend a `KVCache` (decoding). Differentiable: gradients reach the model's
+    parameters exactly as through transformers' forward.
+    """
+
+    def __init__(self, llama: Any) -> None:
+        self.llama = llama  # LlamaModel: embed_tokens, layers, norm, rotary_emb
+        config = llama.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+
+    def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
+        shape = (len(self.llama.layers), batch, self.num_kv_heads, capacity, self.head_dim)
+        return KVCache(
+            torch.empty(shape, dtype=like.dtype, device=like.device),
+            torch.empty(shape, dtype=like.dtype, device=like.device),
+        )
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
+        **_: Any,
+    ) -> LeanOutput:
+        """input_ids [b, L]; attention_mask [b, L] (1/True = a real token), or with a cache,
+        key_mask [b, cache.length + L] over every position attended to. -> hidden [b, L, H]"""
+        b, L = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if key_mask is None:
+            key_mask = (
+                attention_mask.bool()
+                if attention_mask is not None
+                else torch.ones(b, start + L, dtype=torch.bool, device=input_ids.device)
+            )
+        key_mask = key_mask.bool()  # [b, S] with S = start + L
+        if position_ids is None:
+            position_ids = torch.arange(start, start + L, device=input_ids.device)[None].expand(b, L)
+        S = start + L
+        # [b, 1, L, S]: causal over the new positions, padding keys excluded; a query with no key
+        # (a left-pad position) attends to itself so that no row becomes NaN
+        keys = torch.arange(S, device=input_ids.device)[None, :]  # [1, S]
+        queries = torch.arange(start, S, device=input_ids.device)[:, None]  # [L, 1]
+        mask = ((keys <= queries)[None] & key_mask[:, None, :]) | (keys == queries)[None]  # [b, L, S]
+        mask = mask[:, None]  # [b, 1, L, S]
+        hidden = self.llama.embed_tokens(input_ids)  # [b, L, H]
+        cos, sin = self.llama.rotary_emb(hidden, position_ids)  # [b, L, head_dim] each
+        cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, head_dim]
+        gqa = self.num_kv_heads != self.num_heads
+        for i, layer in enumerate(self.llama.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(b, L, self.num_heads, self.head_dim).transpose(1, 2)  # [b, h, L, d]
+            k = attn.k_proj(x).view(b, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, kv, L, d]
+            v = attn.v_proj(x).view(b, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, kv, L, d]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if cache is not None:
+                cache.keys[i, :, :, start:S] = k
+                cache.values[i, :, :, start:S] = v
+                k, v = cache.keys[i, :, :, :S], cache.values[i, :, :, :S]  # [b, kv, S, d]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, L, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if cache is not None:
+            cache.length = S
+        return LeanOutput(self.llama.norm(hidden))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def lean_decoder(model: Any) -> LeanLlamaDecoder | None:
+    """The lean decoder of a (possibly LoRA-wrapped) transformers Llama, or None if unsupported."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return LeanLlamaDecoder(inner.model) if _supported(inner) else None

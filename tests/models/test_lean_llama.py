@@ -1,0 +1,111 @@
+"""The lean Llama forward (models.lean_llama) equals transformers' forward: full sequences with left
+padding, incremental decoding through its preallocated KV cache, grouped-query attention, LoRA;
+the KV sampler's lean path draws the same tokens as its transformers path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.models import build_policy, lean_decoder, lm_head_of
+from grpokit.models.lean_llama import LeanLlamaDecoder
+
+
+def _policy(kv_heads: int | None = None, seed: int = 0):
+    model = build_policy(
+        hidden_size=64, num_layers=2, num_heads=4, vocab_size=40, dropout=0.0, seed=seed, intermediate_size=96
+    )
+    if kv_heads is not None:  # grouped-query attention: rebuild with fewer key/value heads
+        from transformers import LlamaForCausalLM
+
+        config = model.config
+        config.num_key_value_heads = kv_heads
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.eval()
+
+
+def _ids_and_mask(b: int = 3, L: int = 9, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 40, (b, L), generator=g)
+    mask = torch.ones(b, L, dtype=torch.long)
+    mask[0, :3] = 0  # left padding of different widths
+    mask[1, :1] = 0
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1])
+def test_full_forward_equals_transformers(kv_heads):
+    model = _policy(kv_heads)
+    decoder = lean_decoder(model)
+    assert isinstance(decoder, LeanLlamaDecoder)
+    ids, mask = _ids_and_mask()
+    with torch.no_grad():
+        expected = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        ours = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()  # padded positions are never read
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_cached_decoding_equals_one_full_forward(kv_heads):
+    model = _policy(kv_heads)
+    decoder = lean_decoder(model)
+    ids, mask = _ids_and_mask(L=10)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = model.model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        cache = decoder.new_cache(3, 12, expected)
+        parts = [
+            decoder(
+                ids[:, a:b], key_mask=mask[:, :b].bool(), position_ids=positions[:, a:b], cache=cache
+            ).last_hidden_state
+            for a, b in [(0, 6), (6, 7), (7, 8), (8, 10)]  # a prefill, then token by token and a pair
+        ]
+    assert cache.length == 10
+    ours = torch.cat(parts, dim=1)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_equal_transformers():
+    model = _policy().double().train()
+    twin = _policy().double().train()
+    ids, mask = _ids_and_mask()
+    weights = torch.randn(3, 9, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    weights = weights * mask[..., None]
+    (lean_decoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state * weights).sum().backward()
+    (twin.model(input_ids=ids, attention_mask=mask).last_hidden_state * weights).sum().backward()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
+        if b.grad is None:  # the LM head is not part of the decoder
+            assert a.grad is None, name
+            continue
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_unsupported_models_keep_their_own_forward():
+    model = _policy()
+    model.config.attention_dropout = 0.1  # dropout inside attention: not covered
+    assert lean_decoder(model) is None
+    model.config.attention_dropout = 0.0
+    model.gradient_checkpointing_enable()  # checkpointing: not covered
+    assert lean_decoder(model) is None
+    head = lm_head_of(model)
+    assert head is not None and not isinstance(head.decoder, LeanLlamaDecoder)  # transformers' decoder
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7, "top_k": 5}, {"temperature": 0.0}])
+def test_kv_sampler_lean_and_transformers_paths_draw_the_same_tokens(kwargs):
+    from grpokit.models import char_tokenizer
+    from grpokit.rollout import KVCacheSampler, SamplingParams
+
+    tok = char_tokenizer("0123456789+=")
+    model = build_policy(hidden_size=64, num_layers=2, num_heads=4, vocab_size=len(tok), dropout=0.0, seed=3)
+    sampler = KVCacheSampler(model, tok)
+    params = SamplingParams(num_generations=4, max_completion_length=8, seed=5, **kwargs)
+    prompts = ["12+3=", "7+8=", "99+99="]  # different lengths: left padding
+    lean = sampler.sample(prompts, params)
+    sampler._lean_steps = lambda *args: None  # force transformers' forward and DynamicCache
+    plain = sampler.sample(prompts, params)
+    assert torch.equal(lean.completion_ids, plain.completion_ids)
+    torch.testing.assert_close(lean.sampling_logps, plain.sampling_logps, rtol=1e-5, atol=1e-5)
