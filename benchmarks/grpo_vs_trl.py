@@ -1,9 +1,20 @@
-"""grpokit's GRPO loop against TRL's GRPOTrainer, side by side in one process, on the same work:
-the same SFT-warmed tiny policy, the addition task, 2 prompts × 8 generations, beta 0.04,
-learning rate 1e-4, 60 steps, dapo loss, linear schedule. Reports held-out greedy accuracy after
-training and the median step time of each (after a warm-up of 3 steps), with the spread.
+"""grpokit's GRPO loop against TRL's GRPOTrainer on the same work, each trainer in its own child
+process of one run (so that each one's peak resident memory can be read from the kernel), one
+after the other on the same machine, from the same starting policy:
 
-    python benchmarks/grpo_vs_trl.py [--steps 60] [--out benchmarks/results/grpo_vs_trl.json]
+* `--setup addition` (default): the SFT-warmed 0.66M-parameter Llama of the main job, the addition
+  task, 2 prompts × 8 generations of at most 4 tokens, beta 0.04, learning rate 1e-4, 60 steps,
+  dapo loss, linear schedule. Also reports held-out greedy accuracy after training.
+* `--setup v32k`: a 20.6M-parameter Llama (hidden 256, 4 layers, V = 32000, built from a config;
+  the tokenizer is a character tokenizer over digits and 31,986 CJK characters), 2 prompts × 8
+  generations of exactly 128 tokens (EOS is never drawn by a random model at this length in
+  practice; both trainers cut at 128), a dense reward (the share of characters from a fixed set),
+  beta 0.04, learning rate 1e-5, 12 steps.
+
+Reports the median step time of each after a warm-up of 3 steps, with the spread, and each
+process's peak RSS (VmHWM: imports, model and training together).
+
+    python benchmarks/grpo_vs_trl.py [--setup addition|v32k] [--steps N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -11,9 +22,31 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+SETUPS = {  # name -> (steps, completion tokens, learning rate)
+    "addition": (60, 4, 1e-4),
+    "v32k": (12, 128, 1e-5),
+}
+CJK = "".join(chr(0x4E00 + i) for i in range(32000 - 4 - 12))  # V = 32000 with digits, '+', '='
+
+
+def peak_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def dense_reward(prompts, completions, **_):
+    """The share of a completion's characters that come from the first 500 CJK characters."""
+    chosen = set(CJK[:500])
+    return [sum(ch in chosen for ch in c) / max(len(c), 1) for c in completions]
 
 
 def warm_policy(directory: Path, seed: int) -> None:
@@ -34,6 +67,25 @@ def warm_policy(directory: Path, seed: int) -> None:
         intermediate_size=256,
     )
     run_sft(model, tok, task.train, steps=400, batch_size=256, learning_rate=3e-3, seed=seed)
+    save_policy(model, tok, directory)
+
+
+def v32k_policy(directory: Path, seed: int) -> None:
+    from grpokit.data import get_task
+    from grpokit.models import build_policy, char_tokenizer, save_policy
+
+    tok = char_tokenizer(get_task("addition").alphabet + CJK)
+    assert len(tok) == 32000, len(tok)
+    model = build_policy(
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        vocab_size=len(tok),
+        dropout=0.0,
+        max_seq_len=256,
+        seed=seed,
+        intermediate_size=1024,
+    )
     save_policy(model, tok, directory)
 
 
@@ -58,7 +110,7 @@ def spread(times: list[float]) -> dict[str, float]:
     return {"median": statistics.median(t), "p10": t[len(t) // 10], "p90": t[(9 * len(t)) // 10], "n": len(t)}
 
 
-def run_trl(start: Path, out: Path, steps: int, seed: int) -> dict:
+def run_trl(start: Path, out: Path, steps: int, seed: int, setup: str = "addition") -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -86,14 +138,15 @@ def run_trl(start: Path, out: Path, steps: int, seed: int) -> dict:
     def addition_reward(prompts, completions, answer, **_):
         return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer, strict=True)]
 
+    _, tokens, lr = SETUPS[setup]
     args = GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=16,
         num_generations=8,
         beta=0.04,
-        learning_rate=1e-4,
+        learning_rate=lr,
         max_steps=steps,
-        max_completion_length=task.max_completion_length,
+        max_completion_length=tokens,
         use_cpu=True,
         bf16=False,
         report_to=[],
@@ -106,7 +159,7 @@ def run_trl(start: Path, out: Path, steps: int, seed: int) -> dict:
     )
     trainer = GRPOTrainer(
         model=policy.model,
-        reward_funcs=addition_reward,
+        reward_funcs=addition_reward if setup == "addition" else dense_reward,
         args=args,
         train_dataset=Dataset.from_list(task.train),
         processing_class=policy.tokenizer,
@@ -114,59 +167,88 @@ def run_trl(start: Path, out: Path, steps: int, seed: int) -> dict:
     )
     torch.manual_seed(seed)
     trainer.train()
-    return {"accuracy": held_out_accuracy(trainer.model, policy.tokenizer, seed), "step_time": spread(times)}
+    result = {"step_time": spread(times)}
+    if setup == "addition":
+        result["accuracy"] = held_out_accuracy(trainer.model, policy.tokenizer, seed)
+    return result
 
 
-def run_grpokit(start: Path, out: Path, steps: int, seed: int) -> dict:
+def run_grpokit(start: Path, out: Path, steps: int, seed: int, setup: str = "addition") -> dict:
     from grpokit.config import GRPOConfig
+    from grpokit.data import get_task
     from grpokit.train.grpo import train_grpo
 
+    _, tokens, lr = SETUPS[setup]
+    task = get_task("addition", seed=seed)
+    extra = {"task": "addition"}
+    if setup != "addition":  # the task's prompts (passed below) with the dense reward
+        extra = {"task": None, "max_completion_length": tokens, "num_eval_prompts": 2}
     cfg = GRPOConfig(
         output_dir=str(out),
         model=str(start),
-        task="addition",
         seed=seed,
         prompts_per_step=2,
         num_generations=8,
         micro_batch_size=16,
         beta=0.04,
-        learning_rate=1e-4,
+        learning_rate=lr,
         max_steps=steps,
         eval_steps=0,
         save_steps=0,
         log_completions_steps=0,
         progress=False,
         lr_scheduler_type="linear",
+        **extra,
     )
-    result = train_grpo(cfg)
+    if setup == "addition":
+        result = train_grpo(cfg)
+    else:  # the same prompts as TRL sees, the dense reward, no accuracy check
+        result = train_grpo(cfg, reward_funcs=[dense_reward], train_rows=task.train, eval_rows=task.eval[:2])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_time"] for r in rows if "step_time" in r]
-    return {
-        "accuracy": result.eval_after["accuracy"],
-        "accuracy_before": result.eval_before["accuracy"],
-        "step_time": spread(times),
-    }
+    out = {"step_time": spread(times)}
+    if setup == "addition":
+        out |= {"accuracy": result.eval_after["accuracy"], "accuracy_before": result.eval_before["accuracy"]}
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--setup", choices=sorted(SETUPS), default="addition")
+    parser.add_argument("--steps", type=int, default=None, help="default: 60 (addition), 12 (v32k)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", default="benchmarks/results/grpo_vs_trl.json")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/grpo_vs_trl_<setup>.json")
+    parser.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--start", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    steps = args.steps or SETUPS[args.setup][0]
+    if args.child:  # one trainer in this process; its result and peak RSS on the last line
+        run = run_grpokit if args.child == "grpokit" else run_trl
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run(Path(args.start), Path(tmp) / "run", steps, args.seed, args.setup)
+        print(json.dumps(result | {"peak_rss_bytes": peak_rss_bytes()}))
+        return 0
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         start = Path(tmp) / "start"
-        warm_policy(start, args.seed)
-        ours = run_grpokit(start, Path(tmp) / "grpokit", args.steps, args.seed)
-        trl = run_trl(start, Path(tmp) / "trl", args.steps, args.seed)
+        (warm_policy if args.setup == "addition" else v32k_policy)(start, args.seed)
+        for child in ("grpokit", "trl"):
+            cmd = [sys.executable, __file__, "--child", child, "--start", str(start), "--setup", args.setup]
+            cmd += ["--steps", str(steps), "--seed", str(args.seed)]
+            done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            results[child] = json.loads(done.stdout.strip().splitlines()[-1])
+    ours, trl = results["grpokit"], results["trl"]
     result = {
-        "steps": args.steps,
+        "setup": args.setup,
+        "steps": steps,
         "grpokit": ours,
         "trl": trl,
         "step_time_ratio": ours["step_time"]["median"] / trl["step_time"]["median"],
+        "peak_rss_ratio": ours["peak_rss_bytes"] / trl["peak_rss_bytes"],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    out = Path(args.out or f"benchmarks/results/grpo_vs_trl_{args.setup}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
 

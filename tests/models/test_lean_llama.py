@@ -109,3 +109,35 @@ def test_kv_sampler_lean_and_transformers_paths_draw_the_same_tokens(kwargs):
     plain = sampler.sample(prompts, params)
     assert torch.equal(lean.completion_ids, plain.completion_ids)
     torch.testing.assert_close(lean.sampling_logps, plain.sampling_logps, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_shared_prefix_equals_full_rows_in_values_and_gradients(T):
+    """Each of P left-padded prompts shared by G completions (some ending early): the prompt is run
+    once per group, and the states that score the completion tokens and every parameter's gradient
+    equal those of running each full row on its own."""
+    P, G = 2, 3
+    model, twin = _policy().double().train(), _policy().double().train()
+    prefix, prefix_mask = _ids_and_mask(b=P, L=5, seed=3)
+    prefix_mask[1, :2] = 0
+    prefix = prefix * prefix_mask
+    g = torch.Generator().manual_seed(4)
+    suffix = torch.randint(3, 40, (P * G, T), generator=g)
+    suffix_mask = torch.ones(P * G, T, dtype=torch.bool)
+    if T > 1:
+        suffix_mask[1, T - 1 :] = False  # a completion that ended early
+    shared = lean_decoder(model).shared_prefix(prefix, prefix_mask, suffix, suffix_mask, G)  # [P·G, T, H]
+    full_ids = torch.cat([prefix.repeat_interleave(G, 0), suffix], dim=1)
+    full_mask = torch.cat([prefix_mask.bool().repeat_interleave(G, 0), suffix_mask], dim=1)
+    full = twin.model(input_ids=full_ids, attention_mask=full_mask.long()).last_hidden_state[:, 4 : 4 + T]
+    real = suffix_mask  # states at padding after a completion's end are never read
+    torch.testing.assert_close(shared[real], full[real], rtol=1e-10, atol=1e-12)
+    weights = torch.randn(P * G, T, 64, dtype=torch.float64, generator=g) * real[..., None]
+    (shared * weights).sum().backward()
+    (full * weights).sum().backward()
+    # Llama's RMSNorm takes its statistics in float32 even in a float64 model (transformers does the
+    # same), so gradients summed over the G rows in another order agree to float32 round-off only
+    for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
+        if b.grad is None:
+            continue
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-6 * float(b.grad.abs().max()), msg=name)

@@ -91,3 +91,44 @@ def test_lora_policy_exposes_its_base_head():
         ref_plain = frozen_logps(reference, batch, 6, 1.0, fused=False)
     torch.testing.assert_close(ref_fused[real], ref_plain[real], rtol=1e-5, atol=1e-6)
     assert (ref_fused - fused.detach()).abs().max() > 1e-3  # the adapters were really switched off
+
+
+def test_groups_sharing_a_prompt_run_it_once_with_the_same_result():
+    """Rows in whole groups of G with one prompt: the trainer runs each prompt once
+    (`shared_prefix`); log-probs, entropies and gradients equal the row-by-row path."""
+    from unittest import mock
+
+    from grpokit.models.lean_llama import LeanLlamaDecoder
+
+    model = build_policy(
+        hidden_size=32, num_layers=2, num_heads=4, vocab_size=40, seed=1, dropout=0.0
+    ).double()
+    twin = copy.deepcopy(model)
+    batch = _batch(40)
+    G = 3
+    batch.prompt_ids[:] = batch.prompt_ids[::G].repeat_interleave(G, 0)  # groups of 3 share a prompt
+    batch.prompt_mask[:] = batch.prompt_mask[::G].repeat_interleave(G, 0)
+    calls = []
+    original = LeanLlamaDecoder.shared_prefix
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[-1])
+        return original(self, *args, **kwargs)
+
+    with mock.patch.object(LeanLlamaDecoder, "shared_prefix", counted):
+        grouped = completion_stats(
+            model, batch, slice(0, 6), 1.0, fused=True, with_entropy=True, group_size=G
+        )
+        alone = completion_stats(twin, batch, slice(0, 6), 1.0, fused=True, with_entropy=True, group_size=1)
+        odd = completion_stats(twin, batch, slice(0, 4), 1.0, fused=True, with_entropy=False, group_size=G)
+    assert calls == [G]  # only the first call had whole groups (G = 1, and 4 rows of groups of 3, do not)
+    real = batch.completion_mask
+    torch.testing.assert_close(grouped.logps[real], alone.logps[real], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grouped.entropy[real], alone.entropy[real], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(odd.logps[real[:4]], alone.logps[:4][real[:4]], rtol=1e-10, atol=1e-12)
+    weights = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * real
+    (grouped.logps * weights).sum().backward()
+    (alone.logps * weights).sum().backward()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
+        # float32 RMSNorm statistics (as in transformers) bound the agreement, see test_lean_llama
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-6 * float(b.grad.abs().max()), msg=name)

@@ -60,11 +60,10 @@ def _supported(inner: Any) -> bool:
 
 
 def _checkpointing(model: Any) -> bool:
-    """Whether activation checkpointing is on (the lean forward does not checkpoint)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new name, then old
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False
+    """Whether activation checkpointing is on (the lean forward does not checkpoint). Read from the
+    decoder's flag, which `gradient_checkpointing_enable` sets, rather than transformers' property
+    that walks every module."""
+    return bool(getattr(getattr(model, "model", None), "gradient_checkpointing", False))
 
 
 class LeanLlamaDecoder:
@@ -81,6 +80,20 @@ class LeanLlamaDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, head_dim]
+
+    def _cos_sin(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own rotary embedding, computed once for a range of positions and then
+        looked up. [b, L] -> [b, 1, L, head_dim] each"""
+        needed = int(position_ids.max()) + 1
+        table = self._rotary
+        if table is None or table[0].shape[0] < needed or table[0].device != hidden.device:
+            size = max(needed, 2 * (table[0].shape[0] if table is not None else 0), 256)
+            positions = torch.arange(size, device=hidden.device)[None]  # [1, size]
+            cos, sin = self.llama.rotary_emb(hidden.float(), positions)  # [1, size, head_dim]
+            table = self._rotary = (cos[0], sin[0])
+        dtype = hidden.dtype
+        return table[0][position_ids][:, None].to(dtype), table[1][position_ids][:, None].to(dtype)
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
         shape = (len(self.llama.layers), batch, self.num_kv_heads, capacity, self.head_dim)
@@ -108,10 +121,60 @@ class LeanLlamaDecoder:
                 if attention_mask is not None
                 else torch.ones(b, start + L, dtype=torch.bool, device=input_ids.device)
             )
-        key_mask = key_mask.bool()  # [b, S] with S = start + L
-        if position_ids is None:
-            position_ids = torch.arange(start, start + L, device=input_ids.device)[None].expand(b, L)
+        hidden, _ = self._run(input_ids, key_mask.bool(), position_ids, start, cache=cache)
+        if cache is not None:
+            cache.length = start + L
+        return LeanOutput(hidden)
+
+    def shared_prefix(
+        self,
+        prefix_ids: torch.Tensor,
+        prefix_mask: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        suffix_mask: torch.Tensor,
+        group_size: int,
+    ) -> torch.Tensor:
+        """Hidden states that score every suffix token, when each prefix is shared by `group_size`
+        consecutive suffixes (GRPO's G completions of one prompt). The prefix is run once per
+        group and its keys and values repeated, not recomputed G times; differentiable, and equal
+        to running each full row on its own.
+
+        prefix_ids, prefix_mask: [P, Lp] (left-padded); suffix_ids, suffix_mask: [P·G, T].
+        Returns [P·G, T, H]: row r, position t is the state after prefix + suffix[r, :t], the one
+        that scores suffix[r, t].
+        """
+        P, Lp = prefix_ids.shape
+        B, T = suffix_ids.shape
+        prefix_mask = prefix_mask.bool()
+        prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, 0, keep_kv=True)  # [P, Lp, H]
+        kv = [(k.repeat_interleave(group_size, 0), v.repeat_interleave(group_size, 0)) for k, v in kv]
+        key_mask = torch.cat([prefix_mask.repeat_interleave(group_size, 0), suffix_mask.bool()], dim=1)
+        # key_mask: [B, Lp+T]
+        last = prefix_hidden[:, -1:].repeat_interleave(group_size, 0)  # [B, 1, H] scores suffix[:, 0]
+        if T == 1:
+            return last
+        suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, Lp, past=kv)  # [B, T-1, H]
+        return torch.cat([last, suffix_hidden], dim=1)  # [B, T, H]
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        start: int,
+        *,
+        cache: KVCache | None = None,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        keep_kv: bool = False,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The decoder over positions start … start+L−1 of input_ids [b, L], attending to earlier
+        positions held in `cache` (written in place: inference) or `past` (per-layer keys and values
+        [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L].
+        -> final-normed hidden [b, L, H], and each layer's keys and values if keep_kv."""
+        b, L = input_ids.shape
         S = start + L
+        if position_ids is None:
+            position_ids = torch.arange(start, S, device=input_ids.device)[None].expand(b, L)
         # [b, 1, L, S]: causal over the new positions, padding keys excluded; a query with no key
         # (a left-pad position) attends to itself so that no row becomes NaN
         keys = torch.arange(S, device=input_ids.device)[None, :]  # [1, S]
@@ -119,27 +182,36 @@ class LeanLlamaDecoder:
         mask = ((keys <= queries)[None] & key_mask[:, None, :]) | (keys == queries)[None]  # [b, L, S]
         mask = mask[:, None]  # [b, 1, L, S]
         hidden = self.llama.embed_tokens(input_ids)  # [b, L, H]
-        cos, sin = self.llama.rotary_emb(hidden, position_ids)  # [b, L, head_dim] each
-        cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, head_dim]
+        cos, sin = self._cos_sin(hidden, position_ids)  # [b, 1, L, head_dim] each
         gqa = self.num_kv_heads != self.num_heads
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(self.llama.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
+            x = _rms_norm(layer.input_layernorm, hidden)
             q = attn.q_proj(x).view(b, L, self.num_heads, self.head_dim).transpose(1, 2)  # [b, h, L, d]
             k = attn.k_proj(x).view(b, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, kv, L, d]
             v = attn.v_proj(x).view(b, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, kv, L, d]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
+            if keep_kv:
+                kept.append((k, v))
             if cache is not None:
                 cache.keys[i, :, :, start:S] = k
                 cache.values[i, :, :, start:S] = v
                 k, v = cache.keys[i, :, :, :S], cache.values[i, :, :, :S]  # [b, kv, S, d]
+            elif past is not None:
+                k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)  # [b, kv, S, d]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, L, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        if cache is not None:
-            cache.length = S
-        return LeanOutput(self.llama.norm(hidden))
+            hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
+        return _rms_norm(self.llama.norm, hidden), kept
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm's arithmetic (float32 statistics, weight applied in the input dtype) in one
+    fused `F.rms_norm` instead of six element-wise operations."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    return norm.weight * normed.to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,11 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     on_reward_error: str = "raise",
+    batch_size: int | None = None,
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
-    `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt."""
+    `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt.
+    batch_size: completions sampled per call (None: all at once); bounds evaluation's memory."""
     sampler: Sampler = (
         model_or_sampler
         if hasattr(model_or_sampler, "sample")
@@ -41,28 +43,26 @@ def evaluate(
         temperature=0.0,
         max_prompt_length=max_prompt_length,
     )
-    rollout = sampler.sample(prompts, greedy)
+    completions, completion_ids = _sample_in_chunks(sampler, prompts, greedy, batch_size)
     scores = score_completions(
         reward_funcs,
         prompts,
-        rollout.completions,
+        completions,
         columns=columns_of(rows, prompt_column),
         on_error=on_reward_error,  # type: ignore[arg-type]
-        completion_ids=[
-            ids[m].tolist() for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
-        ],
+        completion_ids=completion_ids,
     )
     metrics = {
         "num_prompts": float(len(rows)),
         "reward": torch.nanmean(scores.rewards).item(),
-        "completions/mean_length": rollout.completion_mask.sum(-1).float().mean().item(),
+        "completions/mean_length": sum(map(len, completion_ids)) / max(len(completion_ids), 1),
     }
     if is_correct is not None:
-        metrics["accuracy"] = sum(
-            is_correct(c, r) for c, r in zip(rollout.completions, rows, strict=True)
-        ) / len(rows)
+        right = sum(is_correct(c, r) for c, r in zip(completions, rows, strict=True))
+        metrics["accuracy"] = right / len(rows)
         if pass_at_k > 0:
-            sampled = sampler.sample(
+            sampled, _ = _sample_in_chunks(
+                sampler,
                 prompts,
                 SamplingParams(
                     num_generations=pass_at_k,
@@ -71,8 +71,25 @@ def evaluate(
                     seed=seed,
                     max_prompt_length=max_prompt_length,
                 ),
+                batch_size,
             )
-            hits = [is_correct(c, rows[i // pass_at_k]) for i, c in enumerate(sampled.completions)]
+            hits = [is_correct(c, rows[i // pass_at_k]) for i, c in enumerate(sampled)]
             per_prompt = [any(hits[i * pass_at_k : (i + 1) * pass_at_k]) for i in range(len(rows))]
             metrics[f"pass@{pass_at_k}"] = sum(per_prompt) / len(rows)
     return metrics
+
+
+def _sample_in_chunks(
+    sampler: Sampler, prompts: list[str], params: SamplingParams, batch_size: int | None
+) -> tuple[list[str], list[list[int]]]:
+    """Completions (text and kept token ids) of every prompt, sampling at most `batch_size`
+    completions per call (whole groups: batch_size // G prompts, at least one)."""
+    per_call = len(prompts) if batch_size is None else max(1, batch_size // params.num_generations)
+    texts: list[str] = []
+    ids: list[list[int]] = []
+    for start in range(0, len(prompts), per_call):
+        rollout = sampler.sample(prompts[start : start + per_call], params)
+        texts.extend(rollout.completions)
+        kept = zip(rollout.completion_ids, rollout.completion_mask, strict=True)
+        ids.extend(row[mask].tolist() for row, mask in kept)
+    return texts, ids

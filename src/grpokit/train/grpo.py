@@ -28,6 +28,7 @@ import torch
 from ..config import GRPOConfig, load_config, to_yaml
 from ..data import PromptSampler, columns_of, get_task, load_prompts, render_prompt
 from ..models import (
+    LeanLlamaDecoder,
     last_hidden_states,
     lm_head_of,
     make_reference,
@@ -168,25 +169,43 @@ def generate_and_score(cfg: GRPOConfig, ctx: _Context, step: int) -> tuple[Batch
 
 
 def completion_stats(
-    model: Any, batch: Batch, rows: slice, temperature: float, *, fused: bool, with_entropy: bool
+    model: Any,
+    batch: Batch,
+    rows: slice,
+    temperature: float,
+    *,
+    fused: bool,
+    with_entropy: bool,
+    group_size: int = 1,
 ) -> TokenLogps:
     """Log-probs (and entropies) of the completion tokens of `rows`, from one forward pass. [b, T]
 
     fused: take them from the decoder's hidden states and the LM head chunk by chunk
     (`ops.linear_logps`), never forming the [b, T, V] logits; used whenever the model exposes a
-    plain linear head (`models.lm_head_of`), else the logits path below.
+    plain linear head (`models.lm_head_of`), else the logits path below. With the lean Llama
+    decoder and whole groups of `group_size` rows sharing a prompt, each prompt is run once and its
+    keys and values shared by the group's completions (`LeanLlamaDecoder.shared_prefix`).
     """
-    ids = torch.cat([batch.prompt_ids[rows], batch.completion_ids[rows]], dim=1)  # [b, Lp+T]
-    attention = torch.cat([batch.prompt_mask[rows], batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
+    prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]  # [b, Lp]
     targets = batch.completion_ids[rows]  # [b, T]
     T = targets.shape[1]
     head = lm_head_of(model) if fused else None
     if head is not None:
-        hidden = last_hidden_states(head, ids, attention, T + 1)[:, :-1]  # [b, T, H] scores targets
+        G = group_size
+        if isinstance(head.decoder, LeanLlamaDecoder) and _whole_groups(prompt_ids, prompt_mask, G):
+            hidden = head.decoder.shared_prefix(
+                prompt_ids[::G], prompt_mask[::G], targets, batch.completion_mask[rows], G
+            )  # [b, T, H]
+        else:
+            ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
+            attention = torch.cat([prompt_mask, batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
+            hidden = last_hidden_states(head, ids, attention, T + 1)[:, :-1]  # [b, T, H] scores targets
         out = linear_logps(
             hidden, head.weight, targets, temperature=temperature, bias=head.bias, return_entropy=with_entropy
         )
         return out if isinstance(out, TokenLogps) else TokenLogps(logps=out, entropy=out.new_empty(0))
+    ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
+    attention = torch.cat([prompt_mask, batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
     logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
     if with_entropy:
         return token_logps_and_entropy(logits, targets, temperature)
@@ -194,14 +213,32 @@ def completion_stats(
     return TokenLogps(logps=logps, entropy=logps.new_empty(0))
 
 
+def _whole_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int) -> bool:
+    """Whether rows come in whole groups of G that share one prompt (checked, not assumed)."""
+    b = prompt_ids.shape[0]
+    if G < 2 or b % G:
+        return False
+    first_ids = prompt_ids[::G].repeat_interleave(G, 0)  # [b, Lp]
+    first_mask = prompt_mask[::G].repeat_interleave(G, 0)  # [b, Lp]
+    return bool(torch.equal(first_ids, prompt_ids) and torch.equal(first_mask, prompt_mask))
+
+
 @torch.no_grad()
-def frozen_logps(model: Any, batch: Batch, micro: int, temperature: float, fused: bool) -> torch.Tensor:
+def frozen_logps(
+    model: Any, batch: Batch, micro: int, temperature: float, fused: bool, group_size: int = 1
+) -> torch.Tensor:
     """log-probs under a model that does not train in this step (old or reference policy). [B, T]"""
     B = batch.completion_ids.shape[0]
     return torch.cat(  # no entropies: nothing reads them for a frozen policy
         [
             completion_stats(
-                model, batch, slice(s, s + micro), temperature, fused=fused, with_entropy=False
+                model,
+                batch,
+                slice(s, s + micro),
+                temperature,
+                fused=fused,
+                with_entropy=False,
+                group_size=group_size,
             ).logps
             for s in range(0, B, micro)
         ]
@@ -222,7 +259,13 @@ def optimizer_step(
     for start in range(0, B, micro):
         rows = slice(start, start + micro)
         stats = completion_stats(
-            ctx.model, batch, rows, ctx.logps_temperature, fused=ctx.fused_logps, with_entropy=True
+            ctx.model,
+            batch,
+            rows,
+            ctx.logps_temperature,
+            fused=ctx.fused_logps,
+            with_entropy=True,
+            group_size=cfg.num_generations,
         )
         out = grpo_loss(
             stats.logps,
@@ -430,6 +473,7 @@ def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[
             temperature=cfg.temperature,
             seed=cfg.seed,
             on_reward_error=cfg.on_reward_error,
+            batch_size=cfg.micro_batch_size,  # rows per forward pass, as in training
         )
 
     return run
@@ -534,7 +578,14 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
             batch, metrics = generate_and_score(cfg, ctx, step)
             # 2. the policy that sampled, if updates move the policy within this step; the reference
             old = (
-                frozen_logps(ctx.model, batch, cfg.micro_batch_size, ctx.logps_temperature, ctx.fused_logps)
+                frozen_logps(
+                    ctx.model,
+                    batch,
+                    cfg.micro_batch_size,
+                    ctx.logps_temperature,
+                    ctx.fused_logps,
+                    cfg.num_generations,
+                )
                 if cfg.num_iterations > 1
                 else None
             )
