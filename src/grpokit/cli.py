@@ -6,6 +6,10 @@
     grpokit report RUN_DIR                         PNG plots and an HTML page of a run
     grpokit print-config [CONFIG.yaml] [k=v ...]   every resolved value of a train config
     grpokit demo                                   a toy GRPO run in seconds
+    grpokit reward [CONFIG.yaml] [key=value ...]   a Bradley–Terry reward model (eval-reward: evaluate one)
+
+CONFIG may also name a built-in preset: `addition` (the default of train), `rlhf_addition`,
+`reward_addition` (the default of reward), `reward_addition_rlhf`.
 
 Errors that a user can fix (config, data, reward functions, missing files) print one line that
 names the culprit; `--debug` shows the traceback instead.
@@ -32,15 +36,30 @@ def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _config(schema: Any, preset_name: str, items: list[str]) -> Any:
-    """CONFIG.yaml plus overrides; with no CONFIG, the built-in preset plus overrides."""
+    """CONFIG.yaml plus overrides; with no CONFIG, the built-in preset plus overrides. CONFIG may
+    also name a built-in preset (`rlhf_addition`), when no such file exists."""
     from .config import load_config
 
     path, overrides = _split_args(items)
+    if path is not None and not Path(path).exists() and _preset(path).is_file():
+        path, preset_name = None, _preset(path).name
     if path is None:
         preset = resources.files("grpokit.presets").joinpath(preset_name)
         with resources.as_file(preset) as preset_path:
             return load_config(schema, preset_path, overrides)
     return load_config(schema, path, overrides)
+
+
+def _preset(name: str) -> Any:
+    """The built-in preset file a bare name refers to (`addition` -> presets/addition.yaml)."""
+    stem = name.removesuffix(".yaml")
+    return resources.files("grpokit.presets").joinpath(f"{stem}.yaml")
+
+
+def presets() -> list[str]:
+    """Names of the built-in presets."""
+    folder = resources.files("grpokit.presets")
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def _train_config(items: list[str]) -> Any:

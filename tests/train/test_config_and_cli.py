@@ -196,3 +196,32 @@ def test_cli_sft(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (out / "final" / "model.safetensors").is_file() and "held-out greedy accuracy" in result.stdout
+
+
+def test_every_built_in_preset_is_valid_and_named_presets_resolve(tmp_path, monkeypatch):
+    from grpokit.cli import PRESET, _config, presets
+    from grpokit.config import RewardConfig
+
+    names = presets()
+    assert {"addition", "rlhf_addition", "reward_addition", "reward_addition_rlhf"} <= set(names)
+    for name in names:
+        schema = RewardConfig if name.startswith("reward_") else GRPOConfig
+        cfg = _config(schema, PRESET, [name, "max_steps=3"])  # a bare name selects the preset
+        assert cfg.max_steps == 3 and isinstance(cfg, schema), name
+    # a file of that name in the working directory wins over the preset
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlhf_addition").write_text("max_steps: 7\n")
+    assert _config(GRPOConfig, PRESET, ["rlhf_addition"]).max_steps == 7
+    with pytest.raises(ConfigError, match="no_such_preset"):
+        _config(GRPOConfig, PRESET, ["no_such_preset"])
+
+
+def test_the_rlhf_preset_reads_the_reward_preset_s_final_checkpoint():
+    """`grpokit reward reward_addition_rlhf` then `grpokit train rlhf_addition` is one chain."""
+    from grpokit.cli import PRESET, _config
+    from grpokit.config import RewardConfig
+
+    rm = _config(RewardConfig, PRESET, ["reward_addition_rlhf"])
+    grpo = _config(GRPOConfig, PRESET, ["rlhf_addition"])
+    assert grpo.reward_funcs == [{"model": f"{rm.output_dir}/checkpoint-{rm.max_steps}"}]
+    assert rm.task == grpo.task and rm.seed == grpo.seed  # the same train / held-out split
