@@ -18,6 +18,7 @@ transformers' forward. Tests check equality with transformers to float32 round-o
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,7 +220,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+# one decoder per model, so that its rotary table is built once, not at every forward pass
+_DECODERS: weakref.WeakKeyDictionary[Any, LeanLlamaDecoder] = weakref.WeakKeyDictionary()
+
+
 def lean_decoder(model: Any) -> LeanLlamaDecoder | None:
     """The lean decoder of a (possibly LoRA-wrapped) transformers Llama, or None if unsupported."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return LeanLlamaDecoder(inner.model) if _supported(inner) else None
+    if not _supported(inner):
+        return None
+    decoder = _DECODERS.get(inner.model)
+    if decoder is None:
+        decoder = _DECODERS[inner.model] = LeanLlamaDecoder(inner.model)
+    return decoder
