@@ -83,10 +83,12 @@ class LeanLlamaDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, head_dim]
 
-    def _cos_sin(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own rotary embedding, computed once for a range of positions and then
-        looked up. [b, L] -> [b, 1, L, head_dim] each"""
-        needed = int(position_ids.max()) + 1
+        looked up; `needed` bounds the positions (no device sync to read their maximum).
+        [b, L] -> [b, 1, L, head_dim] each"""
         table = self._rotary
         if table is None or table[0].shape[0] < needed or table[0].device != hidden.device:
             size = max(needed, 2 * (table[0].shape[0] if table is not None else 0), 256)
@@ -113,7 +115,8 @@ class LeanLlamaDecoder:
         **_: Any,
     ) -> LeanOutput:
         """input_ids [b, L]; attention_mask [b, L] (1/True = a real token), or with a cache,
-        key_mask [b, cache.length + L] over every position attended to. -> hidden [b, L, H]"""
+        key_mask [b, cache.length + L] over every position attended to; position_ids, if given, must
+        be below cache.length + L (left padding only lowers them). -> hidden [b, L, H]"""
         b, L = input_ids.shape
         start = cache.length if cache is not None else 0
         if key_mask is None:
@@ -183,7 +186,7 @@ class LeanLlamaDecoder:
         mask = ((keys <= queries)[None] & key_mask[:, None, :]) | (keys == queries)[None]  # [b, L, S]
         mask = mask[:, None]  # [b, 1, L, S]
         hidden = self.llama.embed_tokens(input_ids)  # [b, L, H]
-        cos, sin = self._cos_sin(hidden, position_ids)  # [b, 1, L, head_dim] each
+        cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, 1, L, head_dim] each; positions < S
         gqa = self.num_kv_heads != self.num_heads
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(self.llama.layers):

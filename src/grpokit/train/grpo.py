@@ -187,30 +187,27 @@ def completion_stats(
     keys and values shared by the group's completions (`LeanLlamaDecoder.shared_prefix`).
     """
     prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]  # [b, Lp]
-    targets = batch.completion_ids[rows]  # [b, T]
+    targets, target_mask = batch.completion_ids[rows], batch.completion_mask[rows]  # [b, T]
     T = targets.shape[1]
-    head = lm_head_of(model) if fused else None
-    if head is not None:
-        G = group_size
-        if isinstance(head.decoder, LeanLlamaDecoder) and _whole_groups(prompt_ids, prompt_mask, G):
-            hidden = head.decoder.shared_prefix(
-                prompt_ids[::G], prompt_mask[::G], targets, batch.completion_mask[rows], G
-            )  # [b, T, H]
-        else:
-            ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
-            attention = torch.cat([prompt_mask, batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
-            hidden = last_hidden_states(head, ids, attention, T + 1)[:, :-1]  # [b, T, H] scores targets
-        out = linear_logps(
-            hidden, head.weight, targets, temperature=temperature, bias=head.bias, return_entropy=with_entropy
-        )
-        return out if isinstance(out, TokenLogps) else TokenLogps(logps=out, entropy=out.new_empty(0))
     ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
-    attention = torch.cat([prompt_mask, batch.completion_mask[rows]], dim=1).long()  # [b, Lp+T]
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits[:, :-1]  # [b, T, V]
-    if with_entropy:
-        return token_logps_and_entropy(logits, targets, temperature)
-    logps = token_logps(logits, targets, temperature)
-    return TokenLogps(logps=logps, entropy=logps.new_empty(0))
+    attention = torch.cat([prompt_mask, target_mask], dim=1).long()  # [b, Lp+T]
+    head = lm_head_of(model) if fused else None
+    if head is None:
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits
+        logits = logits[:, :-1]  # [b, T, V]: position t scores targets[:, t]
+        if with_entropy:
+            return token_logps_and_entropy(logits, targets, temperature)
+        logps = token_logps(logits, targets, temperature)
+        return TokenLogps(logps=logps, entropy=logps.new_empty(0))
+    G = group_size
+    if isinstance(head.decoder, LeanLlamaDecoder) and _whole_groups(prompt_ids, prompt_mask, G):
+        hidden = head.decoder.shared_prefix(prompt_ids[::G], prompt_mask[::G], targets, target_mask, G)
+    else:
+        hidden = last_hidden_states(head, ids, attention, T + 1)[:, :-1]  # [b, T, H] scores targets
+    out = linear_logps(
+        hidden, head.weight, targets, temperature=temperature, bias=head.bias, return_entropy=with_entropy
+    )
+    return out if isinstance(out, TokenLogps) else TokenLogps(logps=out, entropy=out.new_empty(0))
 
 
 def _whole_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int) -> bool:
