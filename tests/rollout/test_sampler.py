@@ -228,3 +228,18 @@ def test_kv_sampler_draws_from_the_same_distribution_as_generate(tiny_policy, kw
         p = torch.bincount(ours[:, position], minlength=V).double() / n
         q = torch.bincount(reference[:, position], minlength=V).double() / n
         assert 0.5 * (p - q).abs().sum() < 0.03, (position, p, q)
+
+
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("sharpness", [0.3, 3.0])  # flat rows need the full sort, peaked ones do not
+def test_top_p_without_a_full_sort_keeps_exactly_the_same_tokens(top_p, sharpness):
+    from grpokit.rollout.kv_sampler import top_p_filter
+
+    g = torch.Generator().manual_seed(int(top_p * 1000) + int(sharpness * 10))
+    scores = torch.randn(16, 1000, generator=g) * sharpness
+    scores[3, 5:] = -torch.inf  # a row already cut by top-k
+    fast = top_p_filter(scores, top_p)
+    full = top_p_filter(scores, top_p, candidates=scores.shape[-1])  # always the sorted route
+    assert torch.equal(fast.isfinite(), full.isfinite())
+    assert torch.equal(fast[fast.isfinite()], scores[fast.isfinite()])  # kept tokens keep their scores
+    assert fast.isfinite().sum(-1).min() >= 1

@@ -44,16 +44,40 @@ def process_logits(
             kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
             scores = scores.masked_fill(scores < kth, -torch.inf)
         if params.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # [B, V]
-            probs = torch.softmax(sorted_scores, dim=-1)
-            mass_before = probs.cumsum(-1) - probs  # [B, V] probability of the strictly better tokens
-            drop = mass_before > params.top_p
-            drop[:, 0] = False  # always keep the most likely token
-            scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, -torch.inf))
+            scores = top_p_filter(scores, params.top_p)
         if params.min_p:
             probs = torch.softmax(scores, dim=-1)
             scores = scores.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), -torch.inf)
     return torch.log_softmax(scores, dim=-1)
+
+
+# Candidates examined before falling back to a full sort of the vocabulary in `top_p_filter`.
+_TOP_P_CANDIDATES = 64
+
+
+def top_p_filter(scores: torch.Tensor, top_p: float, candidates: int = _TOP_P_CANDIDATES) -> torch.Tensor:
+    """Nucleus filtering: keep the most likely tokens whose preceding mass is at most top_p (the
+    first always kept), set the rest to −inf. [B, V] -> [B, V]
+
+    Usually the nucleus lies within the few most likely tokens, so the `candidates` best are taken
+    with `topk` and the vocabulary is sorted only when they hold no more than top_p of the mass in
+    some row. Every token beyond the candidates then has more than top_p before it and is dropped,
+    so both routes keep exactly the same tokens.
+    """
+    V = scores.shape[-1]
+    if candidates < V:
+        values, order = torch.topk(scores, candidates, dim=-1)  # [B, c] in descending order
+        probs = torch.exp(values - torch.logsumexp(scores, dim=-1, keepdim=True))  # [B, c] true probabilities
+        if bool((probs.sum(-1) > top_p).all()):
+            drop = probs.cumsum(-1) - probs > top_p  # mass of the strictly better tokens
+            drop[:, 0] = False  # always keep the most likely token
+            kept = torch.full_like(scores, -torch.inf)
+            return kept.scatter(1, order, values.masked_fill(drop, -torch.inf))
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # [B, V]
+    probs = torch.softmax(sorted_scores, dim=-1)
+    drop = probs.cumsum(-1) - probs > top_p  # [B, V] probability of the strictly better tokens
+    drop[:, 0] = False
+    return scores.scatter(1, order, sorted_scores.masked_fill(drop, -torch.inf))
 
 
 def draw(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
