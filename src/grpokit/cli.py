@@ -104,20 +104,30 @@ def _cmd_print_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from .train.grpo import train_grpo
+def _run_reported(cfg: Any, train: Any) -> tuple[Any, Any, int | None]:
+    """Run `train(cfg, on_event=...)` with a progress display on rank 0. Returns (console, result,
+    exit code): the code is set when the command is already done (a non-zero rank, or a stop by
+    signal, whose line is printed here); None means rank 0 finished and prints its summary."""
     from .train.progress import RichReporter
 
-    cfg = _train_config(args.items)
     console = _console()
     main_rank = _rank() == 0  # under torchrun only rank 0 talks
     with RichReporter(console, cfg, enabled=cfg.progress and main_rank) as reporter:
-        result = train_grpo(cfg, on_event=reporter.on_event)
+        result = train(cfg, on_event=reporter.on_event)
     _shutdown()
     if not main_rank:
-        return 0
+        return console, result, 0
     if result.stopped_by:
-        return _stopped(console, result)
+        return console, result, _stopped(console, result)
+    return console, result, None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train.grpo import train_grpo
+
+    console, result, code = _run_reported(_train_config(args.items), train_grpo)
+    if code is not None:
+        return code
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is not None and after is not None:
         console.print(
@@ -204,19 +214,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_reward(args: argparse.Namespace) -> int:
     from .config import RewardConfig
-    from .train.progress import RichReporter
     from .train.reward import train_reward
 
-    cfg = _config(RewardConfig, REWARD_PRESET, args.items)
-    console = _console()
-    main_rank = _rank() == 0
-    with RichReporter(console, cfg, enabled=cfg.progress and main_rank) as reporter:
-        result = train_reward(cfg, on_event=reporter.on_event)
-    _shutdown()
-    if not main_rank:
-        return 0
-    if result.stopped_by:
-        return _stopped(console, result)
+    console, result, code = _run_reported(_config(RewardConfig, REWARD_PRESET, args.items), train_reward)
+    if code is not None:
+        return code
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is not None and after is not None:
         console.print(
