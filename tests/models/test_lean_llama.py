@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpokit.models import build_policy, lean_decoder, lm_head_of
-from grpokit.models.lean_llama import LeanLlamaDecoder
+from grpokit.models.lean_llama import LeanLlamaDecoder, _packing_pays
 
 
 def _policy(kv_heads: int | None = None, seed: int = 0):
@@ -111,13 +111,17 @@ def test_kv_sampler_lean_and_transformers_paths_draw_the_same_tokens(kwargs):
     torch.testing.assert_close(lean.sampling_logps, plain.sampling_logps, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("T", [1, 4])
-def test_shared_prefix_equals_full_rows_in_values_and_gradients(T):
+@pytest.mark.parametrize(
+    ("T", "kv_heads", "packed"), [(1, None, False), (4, None, True), (4, 2, True), (30, 2, False)]
+)
+def test_shared_prefix_equals_full_rows_in_values_and_gradients(T, kv_heads, packed):
     """Each of P left-padded prompts shared by G completions (some ending early): the prompt is run
-    once per group, and the states that score the completion tokens and every parameter's gradient
-    equal those of running each full row on its own."""
+    once per group (short completions: packed with its group's completions into one row), and the
+    states that score the completion tokens and every parameter's gradient equal those of running
+    each full row on its own."""
     P, G = 2, 3
-    model, twin = _policy().double().train(), _policy().double().train()
+    assert (T > 1 and _packing_pays(5, T, G)) == packed  # both routes are covered
+    model, twin = _policy(kv_heads).double().train(), _policy(kv_heads).double().train()
     prefix, prefix_mask = _ids_and_mask(b=P, L=5, seed=3)
     prefix_mask[1, :2] = 0
     prefix = prefix * prefix_mask
@@ -141,3 +145,42 @@ def test_shared_prefix_equals_full_rows_in_values_and_gradients(T):
         if b.grad is None:
             continue
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-6 * float(b.grad.abs().max()), msg=name)
+
+
+def test_joined_weights_follow_in_place_updates():
+    """Passes without gradients keep each layer's joined weights between calls; an in-place change
+    of any source (an optimizer step, a reference sync) must be seen by the next call."""
+    model = _policy()
+    decoder = lean_decoder(model)
+    ids, mask = _ids_and_mask()
+    real = mask.bool()
+    with torch.no_grad():
+        decoder(input_ids=ids, attention_mask=mask)  # fills the cache
+        layer = model.model.layers[1]
+        for tensor in (layer.self_attn.k_proj.weight, layer.post_attention_layernorm.weight):
+            tensor.mul_(1.5)
+            expected = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            ours = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-6)
+        model.model.layers[0].mlp.down_proj.weight.copy_(torch.zeros_like(layer.mlp.down_proj.weight))
+        expected = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(
+            decoder(input_ids=ids, attention_mask=mask).last_hidden_state[real], expected[real], rtol=1e-5, atol=1e-6
+        )
+
+
+def test_large_hidden_sizes_use_the_models_own_projections():
+    """Joining the projections pays only where per-call overhead dominates; above the size limit
+    the layer's own modules run, and the result is the same."""
+    from grpokit.models import lean_llama
+
+    model = _policy()
+    ids, mask = _ids_and_mask()
+    with torch.no_grad():
+        joined = lean_decoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+        plain = LeanLlamaDecoder(model.model)
+        plain._fuse = False
+        assert lean_llama._FUSE_MAX_HIDDEN < 4096 and plain._fused_layers() is None
+        separate = plain(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(joined[real], separate[real], rtol=1e-5, atol=1e-6)

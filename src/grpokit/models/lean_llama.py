@@ -9,7 +9,13 @@ layers injected by peft included) in the order transformers does, with
 
 * one boolean mask per call, built from the attention mask;
 * a preallocated KV cache (`KVCache`) written in place: O(1) work per token per layer, not O(t);
-* `scaled_dot_product_attention` with grouped-query attention handled by the kernel.
+* `scaled_dot_product_attention` with grouped-query attention handled by the kernel;
+* on small models (hidden size up to `_FUSE_MAX_HIDDEN`), each layer's seven projections joined
+  into two matrix products plus two residual `addmm`s, with the norm weights and RoPE's
+  `rotate_half` folded into the joined weights (`_FusedLayer`): per-call overhead, not arithmetic,
+  is what such a layer costs;
+* for GRPO's groups (`shared_prefix`), the prompt and its G completions packed into one row with a
+  block mask when that is cheaper than running the prompt separately.
 
 It covers `LlamaForCausalLM` configurations without dropout, logit post-processing or rope
 variants other than the default; `lean_decoder` returns None for anything else, and callers use
@@ -39,6 +45,24 @@ class KVCache:
         """Each row repeated `times` times in place of one: [P] rows -> [P·times] (prefix sharing)."""
         keys = self.keys.repeat_interleave(times, dim=1)
         return KVCache(keys, self.values.repeat_interleave(times, dim=1), self.length)
+
+
+@dataclass(frozen=True)
+class _FusedLayer:
+    """A decoder layer's projections joined: two matrix products and two residual `addmm`s per layer
+    instead of seven products. qkv [(2h + 3kv)·d, H]: the q, k and v rows, then q's and k's rows
+    with RoPE's rotate_half applied (`_rotated_rows`), all scaled by the input norm's weight;
+    o [H, h·d]; gate_up [2I, H] scaled by the post-attention norm's weight; down [H, I]."""
+
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+# Hidden sizes up to which a layer's projections are joined (`_FusedLayer`); beyond it a product is
+# bound by arithmetic, not by per-call overhead, and the joined copies would only cost memory.
+_FUSE_MAX_HIDDEN = 512
 
 
 @dataclass(frozen=True)
@@ -82,13 +106,16 @@ class LeanLlamaDecoder:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, head_dim]
+        self._fuse = config.hidden_size <= _FUSE_MAX_HIDDEN
+        # joined weights for passes without gradients, with the identity and version of their sources
+        self._fused_cache: dict[int, tuple[tuple[tuple[int, int], ...], _FusedLayer]] = {}
 
     def _cos_sin(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own rotary embedding, computed once for a range of positions and then
         looked up; `needed` bounds the positions (no device sync to read their maximum).
-        [b, L] -> [b, 1, L, head_dim] each"""
+        [b, L] -> [b, L, head_dim] each"""
         table = self._rotary
         if table is None or table[0].shape[0] < needed or table[0].device != hidden.device:
             size = max(needed, 2 * (table[0].shape[0] if table is not None else 0), 256)
@@ -96,7 +123,7 @@ class LeanLlamaDecoder:
             cos, sin = self.llama.rotary_emb(hidden.float(), positions)  # [1, size, head_dim]
             table = self._rotary = (cos[0], sin[0])
         dtype = hidden.dtype
-        return table[0][position_ids][:, None].to(dtype), table[1][position_ids][:, None].to(dtype)
+        return table[0][position_ids].to(dtype), table[1][position_ids].to(dtype)  # [b, L, head_dim]
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
         shape = (len(self.llama.layers), batch, self.num_kv_heads, capacity, self.head_dim)
@@ -150,6 +177,8 @@ class LeanLlamaDecoder:
         P, Lp = prefix_ids.shape
         B, T = suffix_ids.shape
         prefix_mask = prefix_mask.bool()
+        if T > 1 and _packing_pays(Lp, T, group_size):
+            return self._packed_groups(prefix_ids, prefix_mask, suffix_ids, group_size)
         prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, 0, keep_kv=True)  # [P, Lp, H]
         kv = [(k.repeat_interleave(group_size, 0), v.repeat_interleave(group_size, 0)) for k, v in kv]
         key_mask = torch.cat([prefix_mask.repeat_interleave(group_size, 0), suffix_mask.bool()], dim=1)
@@ -159,6 +188,74 @@ class LeanLlamaDecoder:
             return last
         suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, Lp, past=kv)  # [B, T-1, H]
         return torch.cat([last, suffix_hidden], dim=1)  # [B, T, H]
+
+    def _packed_groups(
+        self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, suffix_ids: torch.Tensor, G: int
+    ) -> torch.Tensor:
+        """`shared_prefix` in one pass: row p holds prompt p followed by its G completions (each
+        without its last token, which scores nothing), and a block mask lets completion g see the
+        prompt and its own earlier tokens only. [P, Lp], [P·G, T] -> [P·G, T, H]"""
+        P, Lp = prefix_ids.shape
+        Ts = suffix_ids.shape[1] - 1  # input tokens per completion
+        N = Lp + G * Ts
+        device = prefix_ids.device
+        ids = torch.cat([prefix_ids, suffix_ids[:, :Ts].reshape(P, G * Ts)], dim=1)  # [P, N]
+        # positions as in the unpacked rows (left padding counted, as transformers does by default)
+        steps = torch.arange(Lp, Lp + Ts, device=device).repeat(G)  # [G·Ts]
+        positions = torch.cat([torch.arange(Lp, device=device), steps])[None].expand(P, N)  # [P, N]
+        # segment of each position: -1 for the prompt, g for completion g
+        segment = torch.cat(
+            [torch.full((Lp,), -1, device=device), torch.arange(G, device=device).repeat_interleave(Ts)]
+        )  # [N]
+        index = torch.arange(N, device=device)
+        causal = (index[None, :] <= index[:, None]) & (segment[None, :] == segment[:, None])  # [N, N]
+        sees_prompt = (segment[None, :] < 0) & (segment[:, None] >= 0)  # [N, N] completion -> prompt
+        real = torch.cat([prefix_mask, prefix_mask.new_ones(P, G * Ts)], dim=1)  # [P, N]
+        mask = ((causal | sees_prompt)[None] & real[:, None, :]) | (index[None, :] == index[:, None])[None]
+        hidden, _ = self._run(ids, real, positions, 0, mask=mask[:, None])  # [P, N, H]
+        # the state scoring token t of completion g: the prompt's last for t = 0, else token t-1's
+        first = torch.full((G, 1), Lp - 1, device=device)  # [G, 1]
+        rest = Lp + torch.arange(G, device=device)[:, None] * Ts + torch.arange(Ts, device=device)  # [G, Ts]
+        scoring = torch.cat([first, rest], dim=1).reshape(-1)  # [G·T]
+        return hidden[:, scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
+
+    def _fused_layers(self) -> list[_FusedLayer] | None:
+        """Every layer's joined weights, or None where they do not apply (a large model, LoRA or any
+        other wrapped projection, biases). Rebuilt at each pass that trains (they are differentiable
+        functions of the parameters), otherwise kept until a source tensor changes."""
+        if not self._fuse:
+            return None
+        fused = []
+        for i, layer in enumerate(self.llama.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            if any(type(m) is not torch.nn.Linear or m.bias is not None for m in linears):
+                return None
+            sources = [m.weight for m in linears] + [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+                fused.append(self._join(layer))
+                continue
+            key = tuple((t.data_ptr(), t._version) for t in sources)  # noqa: SLF001 - in-place updates bump it
+            hit = self._fused_cache.get(i)
+            if hit is None or hit[0] != key:
+                with torch.no_grad():
+                    hit = self._fused_cache[i] = (key, self._join(layer))
+            fused.append(hit[1])
+        return fused
+
+    def _join(self, layer: Any) -> _FusedLayer:
+        attn, mlp = layer.self_attn, layer.mlp
+        q, k = attn.q_proj.weight, attn.k_proj.weight
+        qkv = torch.cat(
+            [q, k, attn.v_proj.weight, _rotated_rows(q, self.head_dim), _rotated_rows(k, self.head_dim)]
+        )  # [(2h + 3kv)·d, H]
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # [2I, H]
+        return _FusedLayer(
+            qkv=qkv * layer.input_layernorm.weight,  # norm(x)·diag(w)·Wᵀ = norm(x)·(W·diag(w))ᵀ
+            o=attn.o_proj.weight,
+            gate_up=gate_up * layer.post_attention_layernorm.weight,
+            down=mlp.down_proj.weight,
+        )
 
     def _run(
         self,
@@ -170,33 +267,49 @@ class LeanLlamaDecoder:
         cache: KVCache | None = None,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         keep_kv: bool = False,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """The decoder over positions start … start+L−1 of input_ids [b, L], attending to earlier
         positions held in `cache` (written in place: inference) or `past` (per-layer keys and values
-        [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L].
+        [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L]; `mask`
+        [b, 1, L, S] (True = may attend) replaces the causal one built from it.
         -> final-normed hidden [b, L, H], and each layer's keys and values if keep_kv."""
         b, L = input_ids.shape
         S = start + L
+        device = input_ids.device
         if position_ids is None:
-            position_ids = torch.arange(start, S, device=input_ids.device)[None].expand(b, L)
-        # [b, 1, L, S]: causal over the new positions, padding keys excluded; a query with no key
-        # (a left-pad position) attends to itself so that no row becomes NaN
-        keys = torch.arange(S, device=input_ids.device)[None, :]  # [1, S]
-        queries = torch.arange(start, S, device=input_ids.device)[:, None]  # [L, 1]
-        mask = ((keys <= queries)[None] & key_mask[:, None, :]) | (keys == queries)[None]  # [b, L, S]
-        mask = mask[:, None]  # [b, 1, L, S]
+            position_ids = torch.arange(start, S, device=device)[None].expand(b, L)
+        if mask is None:
+            # [b, 1, L, S]: causal over the new positions, padding keys excluded; a query with no key
+            # (a left-pad position) attends to itself so that no row becomes NaN
+            keys = torch.arange(S, device=device)[None, :]  # [1, S]
+            queries = torch.arange(start, S, device=device)[:, None]  # [L, 1]
+            mask = (((keys <= queries)[None] & key_mask[:, None, :]) | (keys == queries)[None])[:, None]
         hidden = self.llama.embed_tokens(input_ids)  # [b, L, H]
-        cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, 1, L, head_dim] each; positions < S
-        gqa = self.num_kv_heads != self.num_heads
+        cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, L, head_dim] each; positions < S
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        fused = self._fused_layers()
+        if fused is not None:  # RoPE over q and k side by side: [b, L, (h + kv)·d]
+            cos, sin = cos.repeat(1, 1, h + kv), sin.repeat(1, 1, h + kv)
+        else:
+            cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, d]
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(self.llama.layers):
             attn = layer.self_attn
-            x = _rms_norm(layer.input_layernorm, hidden)
-            q = attn.q_proj(x).view(b, L, self.num_heads, self.head_dim).transpose(1, 2)  # [b, h, L, d]
-            k = attn.k_proj(x).view(b, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, kv, L, d]
-            v = attn.v_proj(x).view(b, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, kv, L, d]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            if fused is None:
+                x = _rms_norm(layer.input_layernorm, hidden)
+                q = attn.q_proj(x).view(b, L, h, d).transpose(1, 2)  # [b, h, L, d]
+                k = attn.k_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+                v = attn.v_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+                q = q * cos + _rotate_half(q) * sin
+                k = k * cos + _rotate_half(k) * sin
+            else:
+                eps = layer.input_layernorm.variance_epsilon
+                qkv = F.linear(_normed(hidden, eps), fused[i].qkv)  # [b, L, (2h + 3kv)·d]
+                qk = torch.addcmul(qkv[..., : (h + kv) * d] * cos, qkv[..., (h + 2 * kv) * d :], sin)
+                q = qk[..., : h * d].unflatten(-1, (h, d)).transpose(1, 2)  # [b, h, L, d]
+                k = qk[..., h * d :].unflatten(-1, (kv, d)).transpose(1, 2)  # [b, kv, L, d]
+                v = qkv[..., (h + kv) * d : (h + 2 * kv) * d].unflatten(-1, (kv, d)).transpose(1, 2)
             if keep_kv:
                 kept.append((k, v))
             if cache is not None:
@@ -205,9 +318,17 @@ class LeanLlamaDecoder:
                 k, v = cache.keys[i, :, :, :S], cache.values[i, :, :, :S]  # [b, kv, S, d]
             elif past is not None:
                 k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)  # [b, kv, S, d]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, L, -1))
-            hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=kv != h
+            ).transpose(1, 2)  # [b, L, h, d]
+            if fused is None:
+                hidden = hidden + attn.o_proj(out.reshape(b, L, -1))
+                hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
+            else:
+                hidden = _add_product(hidden, out.reshape(b, L, -1), fused[i].o)
+                eps = layer.post_attention_layernorm.variance_epsilon
+                gate, up = F.linear(_normed(hidden, eps), fused[i].gate_up).chunk(2, dim=-1)  # [b, L, I] each
+                hidden = _add_product(hidden, F.silu(gate) * up, fused[i].down)
         return _rms_norm(self.llama.norm, hidden), kept
 
 
@@ -216,6 +337,31 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     fused `F.rms_norm` instead of six element-wise operations."""
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
     return norm.weight * normed.to(x.dtype)
+
+
+def _normed(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without its weight (folded into the next product), statistics in float32."""
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden + x·weightᵀ in one `addmm`. [b, L, H], [b, L, K], [H, K] -> [b, L, H]"""
+    H = hidden.shape[-1]
+    return torch.addmm(hidden.reshape(-1, H), x.reshape(-1, x.shape[-1]), weight.t()).view(hidden.shape)
+
+
+def _rotated_rows(weight: torch.Tensor, d: int) -> torch.Tensor:
+    """The rows R·W of a projection W such that x·(R·W)ᵀ = rotate_half(x·Wᵀ) within every head of
+    width d. [heads·d, H] -> [heads·d, H]"""
+    w = weight.unflatten(0, (-1, d))  # [heads, d, H]
+    return torch.cat([-w[:, d // 2 :], w[:, : d // 2]], dim=1).flatten(0, 1)
+
+
+def _packing_pays(Lp: int, T: int, G: int) -> bool:
+    """Whether `_packed_groups` should serve `shared_prefix`: packing costs (Lp + G·T)² attention
+    scores per group instead of G·(Lp + T)², and saves a second pass over the layers; it is taken
+    while the attention work at most doubles (short completions, or long shared prompts)."""
+    return (Lp + G * (T - 1)) ** 2 <= 2 * G * (Lp + T) ** 2
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

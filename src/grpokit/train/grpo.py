@@ -590,7 +590,12 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
             if cfg.beta != 0.0:
                 with reference_model(ctx.model, ctx.reference) as reference:
                     ref = frozen_logps(
-                        reference, batch, cfg.micro_batch_size, ctx.logps_temperature, ctx.fused_logps
+                        reference,
+                        batch,
+                        cfg.micro_batch_size,
+                        ctx.logps_temperature,
+                        ctx.fused_logps,
+                        cfg.num_generations,
                     )
             # 3. μ optimizer steps on this batch
             skipped = 0.0
