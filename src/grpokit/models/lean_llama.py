@@ -25,6 +25,8 @@ transformers' forward. Tests check equality with transformers to float32 round-o
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +52,22 @@ class KVCache:
 @dataclass(frozen=True)
 class _FusedLayer:
     """A decoder layer's projections joined: two matrix products and two residual `addmm`s per layer
-    instead of seven products. qkv [(2h + 3kv)·d, H]: the q, k and v rows, then q's and k's rows
-    with RoPE's rotate_half applied (`_rotated_rows`), all scaled by the input norm's weight;
-    o [H, h·d]; gate_up [2I, H] scaled by the post-attention norm's weight; down [H, I]."""
+    instead of seven products. qkv: the q, k and v rows [(h + 2kv)·d, H]; o [H, h·d]; gate_up
+    [2I, H]; down [H, I].
+
+    For passes without gradients (kept between calls) more is folded in: the norms' weights scale
+    the columns of qkv and gate_up (`norm_in` and `norm_post` are then None), and qkv carries q's
+    and k's rows with RoPE's rotate_half applied (`_rotated_rows`), [(2h + 3kv)·d, H], so that RoPE
+    costs two element-wise operations. A pass that trains applies both to activations instead:
+    their gradients through weight-sized products would cost more than they save."""
 
     qkv: torch.Tensor
     o: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    norm_in: torch.Tensor | None  # [H], or None when folded into qkv
+    norm_post: torch.Tensor | None  # [H], or None when folded into gate_up
+    rotated: bool  # whether qkv ends with the rotated q and k rows
 
 
 # Hidden sizes up to which a layer's projections are joined (`_FusedLayer`); beyond it a product is
@@ -105,25 +115,29 @@ class LeanLlamaDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, head_dim]
+        self._rotary: torch.Tensor | None = None  # [positions, 2·heads·head_dim]: cos, sin (`_cos_sin`)
+        self._pinned: list[_FusedLayer] | None = None  # joined weights held fixed by `pinned`
         self._fuse = config.hidden_size <= _FUSE_MAX_HIDDEN
         # joined weights for passes without gradients, with the identity and version of their sources
         self._fused_cache: dict[int, tuple[tuple[tuple[int, int], ...], _FusedLayer]] = {}
 
     def _cos_sin(
-        self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int, heads: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's own rotary embedding, computed once for a range of positions and then
-        looked up; `needed` bounds the positions (no device sync to read their maximum).
-        [b, L] -> [b, L, head_dim] each"""
+        """The model's own rotary embedding, computed once for a range of positions and then looked
+        up; `needed` bounds the positions (no device sync to read their maximum). The table holds
+        cos and sin side by side, each repeated for `heads` heads, so that one lookup serves a pass.
+        [b, L] -> [b, L, heads·head_dim] each"""
         table = self._rotary
-        if table is None or table[0].shape[0] < needed or table[0].device != hidden.device:
-            size = max(needed, 2 * (table[0].shape[0] if table is not None else 0), 256)
+        stale = table is None or table.shape[0] < needed or table.device != hidden.device
+        if stale or table.dtype != hidden.dtype or table.shape[1] != 2 * heads * self.head_dim:
+            size = max(needed, 2 * (table.shape[0] if table is not None else 0), 256)
             positions = torch.arange(size, device=hidden.device)[None]  # [1, size]
             cos, sin = self.llama.rotary_emb(hidden.float(), positions)  # [1, size, head_dim]
-            table = self._rotary = (cos[0], sin[0])
-        dtype = hidden.dtype
-        return table[0][position_ids].to(dtype), table[1][position_ids].to(dtype)  # [b, L, head_dim]
+            table = torch.cat([cos[0].repeat(1, heads), sin[0].repeat(1, heads)], dim=1)  # [size, 2·heads·d]
+            table = self._rotary = table.to(hidden.dtype)
+        cos_sin = table[position_ids]  # [b, L, 2·heads·d]
+        return cos_sin.chunk(2, dim=-1)
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
         shape = (len(self.llama.layers), batch, self.num_kv_heads, capacity, self.head_dim)
@@ -219,6 +233,16 @@ class LeanLlamaDecoder:
         scoring = torch.cat([first, rest], dim=1).reshape(-1)  # [G·T]
         return hidden[:, scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
 
+    @contextmanager
+    def pinned(self) -> Iterator[LeanLlamaDecoder]:
+        """Within the block, passes use the joined weights as they are on entry, without checking
+        their sources at every call: for a decode loop, whose weights cannot change while it runs."""
+        self._pinned = None if torch.is_grad_enabled() else self._fused_layers()
+        try:
+            yield self
+        finally:
+            self._pinned = None
+
     def _fused_layers(self) -> list[_FusedLayer] | None:
         """Every layer's joined weights, or None where they do not apply (a large model, LoRA or any
         other wrapped projection, biases). Rebuilt at each pass that trains (they are differentiable
@@ -233,28 +257,34 @@ class LeanLlamaDecoder:
                 return None
             sources = [m.weight for m in linears] + [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
-                fused.append(self._join(layer))
+                fused.append(self._join(layer, fold=False))
                 continue
             key = tuple((t.data_ptr(), t._version) for t in sources)  # noqa: SLF001 - in-place updates bump it
             hit = self._fused_cache.get(i)
             if hit is None or hit[0] != key:
                 with torch.no_grad():
-                    hit = self._fused_cache[i] = (key, self._join(layer))
+                    hit = self._fused_cache[i] = (key, self._join(layer, fold=True))
             fused.append(hit[1])
         return fused
 
-    def _join(self, layer: Any) -> _FusedLayer:
+    def _join(self, layer: Any, fold: bool) -> _FusedLayer:
         attn, mlp = layer.self_attn, layer.mlp
-        q, k = attn.q_proj.weight, attn.k_proj.weight
-        qkv = torch.cat(
-            [q, k, attn.v_proj.weight, _rotated_rows(q, self.head_dim), _rotated_rows(k, self.head_dim)]
-        )  # [(2h + 3kv)·d, H]
+        q, k, v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
         gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # [2I, H]
+        w_in, w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        if not fold:
+            qkv = torch.cat([q, k, v])  # [(h + 2kv)·d, H]
+            return _FusedLayer(qkv, attn.o_proj.weight, gate_up, mlp.down_proj.weight, w_in, w_post, False)
+        d = self.head_dim
+        qkv = torch.cat([q, k, v, _rotated_rows(q, d), _rotated_rows(k, d)])  # [(2h + 3kv)·d, H]
         return _FusedLayer(
-            qkv=qkv * layer.input_layernorm.weight,  # norm(x)·diag(w)·Wᵀ = norm(x)·(W·diag(w))ᵀ
+            qkv=qkv * w_in,  # norm(x)·diag(w)·Wᵀ = norm(x)·(W·diag(w))ᵀ
             o=attn.o_proj.weight,
-            gate_up=gate_up * layer.post_attention_layernorm.weight,
+            gate_up=gate_up * w_post,
             down=mlp.down_proj.weight,
+            norm_in=None,
+            norm_post=None,
+            rotated=True,
         )
 
     def _run(
@@ -279,19 +309,23 @@ class LeanLlamaDecoder:
         device = input_ids.device
         if position_ids is None:
             position_ids = torch.arange(start, S, device=device)[None].expand(b, L)
-        if mask is None:
+        if mask is None and L == 1:  # one new token (decoding): it sees every earlier real key
+            mask = key_mask[:, None, None, :]  # [b, 1, 1, S]
+        elif mask is None:
             # [b, 1, L, S]: causal over the new positions, padding keys excluded; a query with no key
             # (a left-pad position) attends to itself so that no row becomes NaN
             keys = torch.arange(S, device=device)[None, :]  # [1, S]
             queries = torch.arange(start, S, device=device)[:, None]  # [L, 1]
             mask = (((keys <= queries)[None] & key_mask[:, None, :]) | (keys == queries)[None])[:, None]
-        hidden = self.llama.embed_tokens(input_ids)  # [b, L, H]
-        cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, L, head_dim] each; positions < S
+        hidden = F.embedding(input_ids, self.llama.embed_tokens.weight)  # [b, L, H]
+        # additive, made once rather than converted from booleans in every layer's attention
+        mask = torch.zeros(mask.shape, dtype=hidden.dtype, device=device).masked_fill_(~mask, -torch.inf)
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        fused = self._fused_layers()
-        if fused is not None:  # RoPE over q and k side by side: [b, L, (h + kv)·d]
-            cos, sin = cos.repeat(1, 1, h + kv), sin.repeat(1, 1, h + kv)
+        fused = self._pinned or self._fused_layers()
+        if fused is not None:  # RoPE over q and k side by side: [b, L, (h + kv)·d] each
+            cos, sin = self._cos_sin(hidden, position_ids, S, h + kv)
         else:
+            cos, sin = self._cos_sin(hidden, position_ids, S, 1)
             cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, d]
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(self.llama.layers):
@@ -304,12 +338,19 @@ class LeanLlamaDecoder:
                 q = q * cos + _rotate_half(q) * sin
                 k = k * cos + _rotate_half(k) * sin
             else:
-                eps = layer.input_layernorm.variance_epsilon
-                qkv = F.linear(_normed(hidden, eps), fused[i].qkv)  # [b, L, (2h + 3kv)·d]
-                qk = torch.addcmul(qkv[..., : (h + kv) * d] * cos, qkv[..., (h + 2 * kv) * d :], sin)
-                q = qk[..., : h * d].unflatten(-1, (h, d)).transpose(1, 2)  # [b, h, L, d]
-                k = qk[..., h * d :].unflatten(-1, (kv, d)).transpose(1, 2)  # [b, kv, L, d]
-                v = qkv[..., (h + kv) * d : (h + 2 * kv) * d].unflatten(-1, (kv, d)).transpose(1, 2)
+                w = fused[i]
+                x = _normed(hidden, layer.input_layernorm.variance_epsilon)
+                qkv = F.linear(x if w.norm_in is None else x * w.norm_in, w.qkv)  # [b, L, (h + 2kv)·d (+ (h + kv)·d)]
+                # split, not sliced: one backward node that concatenates, no zero-filled gradients
+                if w.rotated:
+                    qk, v, rotated = qkv.split([(h + kv) * d, kv * d, (h + kv) * d], dim=-1)
+                else:
+                    qk, v = qkv.split([(h + kv) * d, kv * d], dim=-1)  # [b, L, (h + kv)·d], [b, L, kv·d]
+                    rotated = _rotate_half(qk.unflatten(-1, (h + kv, d))).flatten(-2)
+                q, k = torch.addcmul(qk * cos, rotated, sin).split([h * d, kv * d], dim=-1)
+                q = q.unflatten(-1, (h, d)).transpose(1, 2)  # [b, h, L, d]
+                k = k.unflatten(-1, (kv, d)).transpose(1, 2)  # [b, kv, L, d]
+                v = v.unflatten(-1, (kv, d)).transpose(1, 2)  # [b, kv, L, d]
             if keep_kv:
                 kept.append((k, v))
             if cache is not None:
@@ -325,10 +366,11 @@ class LeanLlamaDecoder:
                 hidden = hidden + attn.o_proj(out.reshape(b, L, -1))
                 hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
             else:
-                hidden = _add_product(hidden, out.reshape(b, L, -1), fused[i].o)
-                eps = layer.post_attention_layernorm.variance_epsilon
-                gate, up = F.linear(_normed(hidden, eps), fused[i].gate_up).chunk(2, dim=-1)  # [b, L, I] each
-                hidden = _add_product(hidden, F.silu(gate) * up, fused[i].down)
+                hidden = _add_product(hidden, out.reshape(b, L, -1), w.o)
+                x = _normed(hidden, layer.post_attention_layernorm.variance_epsilon)
+                x = x if w.norm_post is None else x * w.norm_post
+                gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)  # [b, L, I] each
+                hidden = _add_product(hidden, F.silu(gate) * up, w.down)
         return _rms_norm(self.llama.norm, hidden), kept
 
 
@@ -341,6 +383,8 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
 
 def _normed(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm without its weight (folded into the next product), statistics in float32."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)
     return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -365,8 +409,8 @@ def _packing_pays(Lp: int, T: int, G: int) -> bool:
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
 
 
 # one decoder per model, so that its rotary table is built once, not at every forward pass

@@ -146,18 +146,19 @@ class KVCacheSampler:
         def steps() -> Generator[torch.Tensor, torch.Tensor, None]:
             P, Lp = prompt_ids.shape
             cache = decoder.new_cache(P, Lp + max_new, head.weight)
-            hidden = decoder(prompt_ids, key_mask=prompt_mask.bool(), position_ids=positions, cache=cache)
-            cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
-            key_mask = torch.ones(P * G, Lp + max_new, dtype=torch.bool, device=prompt_ids.device)
-            key_mask[:, :Lp] = prompt_mask.bool().repeat_interleave(G, dim=0)  # [B, Lp + max_new]
-            position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
-            last = hidden.last_hidden_state[:, -1].repeat_interleave(G, dim=0)  # [B, H]
-            while True:
-                token = yield F.linear(last, head.weight, head.bias)  # [B, V]
-                position = position + 1
-                S = cache.length + 1
-                out = decoder(token[:, None], key_mask=key_mask[:, :S], position_ids=position, cache=cache)
-                last = out.last_hidden_state[:, -1]  # [B, H]
+            with decoder.pinned():  # the weights do not change during the loop
+                hidden = decoder(prompt_ids, key_mask=prompt_mask.bool(), position_ids=positions, cache=cache)
+                cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
+                key_mask = torch.ones(P * G, Lp + max_new, dtype=torch.bool, device=prompt_ids.device)
+                key_mask[:, :Lp] = prompt_mask.bool().repeat_interleave(G, dim=0)  # [B, Lp + max_new]
+                position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
+                last = hidden.last_hidden_state[:, -1].repeat_interleave(G, dim=0)  # [B, H]
+                while True:
+                    token = yield F.linear(last, head.weight, head.bias)  # [B, V]
+                    position = position + 1
+                    S = cache.length + 1
+                    out = decoder(token[:, None], key_mask=key_mask[:, :S], position_ids=position, cache=cache)
+                    last = out.last_hidden_state[:, -1]  # [B, H]
 
         return steps()
 
@@ -176,6 +177,7 @@ class KVCacheSampler:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         was_training = self.model.training
         self.model.eval()
+        step_logits = None
         try:
             T = params.max_completion_length
             step_logits = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)
@@ -208,6 +210,8 @@ class KVCacheSampler:
                     break
                 logits = step_logits.send(token)  # [B, V]
         finally:
+            if step_logits is not None:
+                step_logits.close()  # ends the decode loop (and its pinned weights) now
             self.model.train(was_training)
         return build_rollout(
             self.tokenizer,
