@@ -11,9 +11,9 @@ layers injected by peft included) in the order transformers does, with
 * a preallocated KV cache (`KVCache`) written in place: O(1) work per token per layer, not O(t);
 * `scaled_dot_product_attention` with grouped-query attention handled by the kernel;
 * on small models (hidden size up to `_FUSE_MAX_HIDDEN`), each layer's seven projections joined
-  into two matrix products plus two residual `addmm`s, with the norm weights and RoPE's
-  `rotate_half` folded into the joined weights (`_FusedLayer`): per-call overhead, not arithmetic,
-  is what such a layer costs;
+  into two matrix products plus two residual `addmm`s, and in a decode loop the norm weights and
+  RoPE's `rotate_half` folded into them too (`_FusedLayer`): per-call overhead, not arithmetic, is
+  what such a layer costs;
 * for GRPO's groups (`shared_prefix`), the prompt and its G completions packed into one row with a
   block mask when that is cheaper than running the prompt separately.
 
@@ -55,11 +55,11 @@ class _FusedLayer:
     instead of seven products. qkv: the q, k and v rows [(h + 2kv)·d, H]; o [H, h·d]; gate_up
     [2I, H]; down [H, I].
 
-    For passes without gradients (kept between calls) more is folded in: the norms' weights scale
-    the columns of qkv and gate_up (`norm_in` and `norm_post` are then None), and qkv carries q's
-    and k's rows with RoPE's rotate_half applied (`_rotated_rows`), [(2h + 3kv)·d, H], so that RoPE
-    costs two element-wise operations. A pass that trains applies both to activations instead:
-    their gradients through weight-sized products would cost more than they save."""
+    For a decode loop (`LeanLlamaDecoder.pinned`: made once, used for every token) more is folded
+    in: the norms' weights scale the columns of qkv and gate_up (`norm_in` and `norm_post` are then
+    None), and qkv carries q's and k's rows with RoPE's rotate_half applied (`_rotated_rows`),
+    [(2h + 3kv)·d, H], so that RoPE costs two element-wise operations. Other passes apply both to activations instead: folding
+    costs weight-sized operations (and gradients through them) that one pass does not repay."""
 
     qkv: torch.Tensor
     o: torch.Tensor
@@ -118,8 +118,6 @@ class LeanLlamaDecoder:
         self._rotary: torch.Tensor | None = None  # [positions, 2·heads·head_dim]: cos, sin (`_cos_sin`)
         self._pinned: list[_FusedLayer] | None = None  # joined weights held fixed by `pinned`
         self._fuse = config.hidden_size <= _FUSE_MAX_HIDDEN
-        # joined weights for passes without gradients, with the identity and version of their sources
-        self._fused_cache: dict[int, tuple[tuple[tuple[int, int], ...], _FusedLayer]] = {}
 
     def _cos_sin(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int, heads: int
@@ -235,36 +233,29 @@ class LeanLlamaDecoder:
 
     @contextmanager
     def pinned(self) -> Iterator[LeanLlamaDecoder]:
-        """Within the block, passes use the joined weights as they are on entry, without checking
-        their sources at every call: for a decode loop, whose weights cannot change while it runs."""
-        self._pinned = None if torch.is_grad_enabled() else self._fused_layers()
+        """Within the block, passes without gradients use joined weights made once on entry, with
+        the norm weights and rotate_half folded in (see `_FusedLayer`): for a decode loop, whose
+        weights cannot change while it runs. Outside such a block the joined weights are made at
+        every pass: a cache keyed on tensors' version counters would be wrong, since fused
+        optimizers update parameters in place without bumping them."""
+        self._pinned = None if torch.is_grad_enabled() else self._fused_layers(fold=True)
         try:
             yield self
         finally:
             self._pinned = None
 
-    def _fused_layers(self) -> list[_FusedLayer] | None:
+    def _fused_layers(self, fold: bool = False) -> list[_FusedLayer] | None:
         """Every layer's joined weights, or None where they do not apply (a large model, LoRA or any
-        other wrapped projection, biases). Rebuilt at each pass that trains (they are differentiable
-        functions of the parameters), otherwise kept until a source tensor changes."""
+        other wrapped projection, biases). Differentiable functions of the parameters."""
         if not self._fuse:
             return None
         fused = []
-        for i, layer in enumerate(self.llama.layers):
+        for layer in self.llama.layers:
             attn, mlp = layer.self_attn, layer.mlp
             linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
             if any(type(m) is not torch.nn.Linear or m.bias is not None for m in linears):
                 return None
-            sources = [m.weight for m in linears] + [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-            if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
-                fused.append(self._join(layer, fold=False))
-                continue
-            key = tuple((t.data_ptr(), t._version) for t in sources)  # noqa: SLF001 - in-place updates bump it
-            hit = self._fused_cache.get(i)
-            if hit is None or hit[0] != key:
-                with torch.no_grad():
-                    hit = self._fused_cache[i] = (key, self._join(layer, fold=True))
-            fused.append(hit[1])
+            fused.append(self._join(layer, fold))
         return fused
 
     def _join(self, layer: Any, fold: bool) -> _FusedLayer:
