@@ -9,11 +9,8 @@ layers injected by peft included) in the order transformers does, with
 
 * one boolean mask per call, built from the attention mask;
 * a preallocated KV cache (`KVCache`) written in place: O(1) work per token per layer, not O(t);
-* `scaled_dot_product_attention` with grouped-query attention handled by the kernel;
-* on small models (hidden size up to `_FUSE_MAX_HIDDEN`), each layer's seven projections joined
-  into two matrix products plus two residual `addmm`s, and in a decode loop the norm weights and
-  RoPE's `rotate_half` folded into them too (`_FusedLayer`): per-call overhead, not arithmetic, is
-  what such a layer costs;
+* `scaled_dot_product_attention` with grouped-query attention handled by the kernel, and an
+  additive mask made once per pass;
 * for GRPO's groups (`shared_prefix`), the prompt and its G completions packed into one row with a
   block mask when that is cheaper than running the prompt separately.
 
@@ -25,8 +22,6 @@ transformers' forward. Tests check equality with transformers to float32 round-o
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,32 +42,6 @@ class KVCache:
         """Each row repeated `times` times in place of one: [P] rows -> [P·times] (prefix sharing)."""
         keys = self.keys.repeat_interleave(times, dim=1)
         return KVCache(keys, self.values.repeat_interleave(times, dim=1), self.length)
-
-
-@dataclass(frozen=True)
-class _FusedLayer:
-    """A decoder layer's projections joined: two matrix products and two residual `addmm`s per layer
-    instead of seven products. qkv: the q, k and v rows [(h + 2kv)·d, H]; o [H, h·d]; gate_up
-    [2I, H]; down [H, I].
-
-    For a decode loop (`LeanLlamaDecoder.pinned`: made once, used for every token) more is folded
-    in: the norms' weights scale the columns of qkv and gate_up (`norm_in` and `norm_post` are then
-    None), and qkv carries q's and k's rows with RoPE's rotate_half applied (`_rotated_rows`),
-    [(2h + 3kv)·d, H], so that RoPE costs two element-wise operations. Other passes apply both to activations instead: folding
-    costs weight-sized operations (and gradients through them) that one pass does not repay."""
-
-    qkv: torch.Tensor
-    o: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    norm_in: torch.Tensor | None  # [H], or None when folded into qkv
-    norm_post: torch.Tensor | None  # [H], or None when folded into gate_up
-    rotated: bool  # whether qkv ends with the rotated q and k rows
-
-
-# Hidden sizes up to which a layer's projections are joined (`_FusedLayer`); beyond it a product is
-# bound by arithmetic, not by per-call overhead, and the joined copies would only cost memory.
-_FUSE_MAX_HIDDEN = 512
 
 
 @dataclass(frozen=True)
@@ -115,27 +84,26 @@ class LeanLlamaDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self._rotary: torch.Tensor | None = None  # [positions, 2·heads·head_dim]: cos, sin (`_cos_sin`)
-        self._pinned: list[_FusedLayer] | None = None  # joined weights held fixed by `pinned`
-        self._fuse = config.hidden_size <= _FUSE_MAX_HIDDEN
+        self._rotary: torch.Tensor | None = None  # [positions, 2·head_dim]: cos, sin (`_cos_sin`)
 
     def _cos_sin(
-        self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int, heads: int
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own rotary embedding, computed once for a range of positions and then looked
-        up; `needed` bounds the positions (no device sync to read their maximum). The table holds
-        cos and sin side by side, each repeated for `heads` heads, so that one lookup serves a pass.
-        [b, L] -> [b, L, heads·head_dim] each"""
+        up (cos and sin side by side: one lookup a pass); `needed` bounds the positions (no device
+        sync to read their maximum). [b, L] -> [b, L, head_dim] each"""
         table = self._rotary
-        stale = table is None or table.shape[0] < needed or table.device != hidden.device
-        if stale or table.dtype != hidden.dtype or table.shape[1] != 2 * heads * self.head_dim:
+        if (
+            table is None
+            or table.shape[0] < needed
+            or table.device != hidden.device
+            or table.dtype != hidden.dtype
+        ):
             size = max(needed, 2 * (table.shape[0] if table is not None else 0), 256)
             positions = torch.arange(size, device=hidden.device)[None]  # [1, size]
             cos, sin = self.llama.rotary_emb(hidden.float(), positions)  # [1, size, head_dim]
-            table = torch.cat([cos[0].repeat(1, heads), sin[0].repeat(1, heads)], dim=1)  # [size, 2·heads·d]
-            table = self._rotary = table.to(hidden.dtype)
-        cos_sin = table[position_ids]  # [b, L, 2·heads·d]
-        return cos_sin.chunk(2, dim=-1)
+            table = self._rotary = torch.cat([cos[0], sin[0]], dim=1).to(hidden.dtype)  # [size, 2·head_dim]
+        return table[position_ids].chunk(2, dim=-1)
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
         shape = (len(self.llama.layers), batch, self.num_kv_heads, capacity, self.head_dim)
@@ -231,53 +199,6 @@ class LeanLlamaDecoder:
         scoring = torch.cat([first, rest], dim=1).reshape(-1)  # [G·T]
         return hidden[:, scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
 
-    @contextmanager
-    def pinned(self) -> Iterator[LeanLlamaDecoder]:
-        """Within the block, passes without gradients use joined weights made once on entry, with
-        the norm weights and rotate_half folded in (see `_FusedLayer`): for a decode loop, whose
-        weights cannot change while it runs. Outside such a block the joined weights are made at
-        every pass: a cache keyed on tensors' version counters would be wrong, since fused
-        optimizers update parameters in place without bumping them."""
-        self._pinned = None if torch.is_grad_enabled() else self._fused_layers(fold=True)
-        try:
-            yield self
-        finally:
-            self._pinned = None
-
-    def _fused_layers(self, fold: bool = False) -> list[_FusedLayer] | None:
-        """Every layer's joined weights, or None where they do not apply (a large model, LoRA or any
-        other wrapped projection, biases). Differentiable functions of the parameters."""
-        if not self._fuse:
-            return None
-        fused = []
-        for layer in self.llama.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            if any(type(m) is not torch.nn.Linear or m.bias is not None for m in linears):
-                return None
-            fused.append(self._join(layer, fold))
-        return fused
-
-    def _join(self, layer: Any, fold: bool) -> _FusedLayer:
-        attn, mlp = layer.self_attn, layer.mlp
-        q, k, v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # [2I, H]
-        w_in, w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        if not fold:
-            qkv = torch.cat([q, k, v])  # [(h + 2kv)·d, H]
-            return _FusedLayer(qkv, attn.o_proj.weight, gate_up, mlp.down_proj.weight, w_in, w_post, False)
-        d = self.head_dim
-        qkv = torch.cat([q, k, v, _rotated_rows(q, d), _rotated_rows(k, d)])  # [(2h + 3kv)·d, H]
-        return _FusedLayer(
-            qkv=qkv * w_in,  # norm(x)·diag(w)·Wᵀ = norm(x)·(W·diag(w))ᵀ
-            o=attn.o_proj.weight,
-            gate_up=gate_up * w_post,
-            down=mlp.down_proj.weight,
-            norm_in=None,
-            norm_post=None,
-            rotated=True,
-        )
-
     def _run(
         self,
         input_ids: torch.Tensor,
@@ -312,36 +233,17 @@ class LeanLlamaDecoder:
         # additive, made once rather than converted from booleans in every layer's attention
         mask = torch.zeros(mask.shape, dtype=hidden.dtype, device=device).masked_fill_(~mask, -torch.inf)
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        fused = self._pinned or self._fused_layers()
-        if fused is not None:  # RoPE over q and k side by side: [b, L, (h + kv)·d] each
-            cos, sin = self._cos_sin(hidden, position_ids, S, h + kv)
-        else:
-            cos, sin = self._cos_sin(hidden, position_ids, S, 1)
-            cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, d]
+        cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, L, d] each
+        cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, d]
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(self.llama.layers):
             attn = layer.self_attn
-            if fused is None:
-                x = _rms_norm(layer.input_layernorm, hidden)
-                q = attn.q_proj(x).view(b, L, h, d).transpose(1, 2)  # [b, h, L, d]
-                k = attn.k_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
-                v = attn.v_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
-                q = q * cos + _rotate_half(q) * sin
-                k = k * cos + _rotate_half(k) * sin
-            else:
-                w = fused[i]
-                x = _normed(hidden, layer.input_layernorm.variance_epsilon)
-                qkv = F.linear(x if w.norm_in is None else x * w.norm_in, w.qkv)  # [b, L, (h + 2kv)·d (+ (h + kv)·d)]
-                # split, not sliced: one backward node that concatenates, no zero-filled gradients
-                if w.rotated:
-                    qk, v, rotated = qkv.split([(h + kv) * d, kv * d, (h + kv) * d], dim=-1)
-                else:
-                    qk, v = qkv.split([(h + kv) * d, kv * d], dim=-1)  # [b, L, (h + kv)·d], [b, L, kv·d]
-                    rotated = _rotate_half(qk.unflatten(-1, (h + kv, d))).flatten(-2)
-                q, k = torch.addcmul(qk * cos, rotated, sin).split([h * d, kv * d], dim=-1)
-                q = q.unflatten(-1, (h, d)).transpose(1, 2)  # [b, h, L, d]
-                k = k.unflatten(-1, (kv, d)).transpose(1, 2)  # [b, kv, L, d]
-                v = v.unflatten(-1, (kv, d)).transpose(1, 2)  # [b, kv, L, d]
+            x = _rms_norm(layer.input_layernorm, hidden)
+            q = attn.q_proj(x).view(b, L, h, d).transpose(1, 2)  # [b, h, L, d]
+            k = attn.k_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+            v = attn.v_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+            q = torch.addcmul(q * cos, _rotate_half(q), sin)
+            k = torch.addcmul(k * cos, _rotate_half(k), sin)
             if keep_kv:
                 kept.append((k, v))
             if cache is not None:
@@ -352,16 +254,9 @@ class LeanLlamaDecoder:
                 k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)  # [b, kv, S, d]
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=kv != h
-            ).transpose(1, 2)  # [b, L, h, d]
-            if fused is None:
-                hidden = hidden + attn.o_proj(out.reshape(b, L, -1))
-                hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
-            else:
-                hidden = _add_product(hidden, out.reshape(b, L, -1), w.o)
-                x = _normed(hidden, layer.post_attention_layernorm.variance_epsilon)
-                x = x if w.norm_post is None else x * w.norm_post
-                gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)  # [b, L, I] each
-                hidden = _add_product(hidden, F.silu(gate) * up, w.down)
+            )
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, L, -1))
+            hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
         return _rms_norm(self.llama.norm, hidden), kept
 
 
@@ -370,26 +265,6 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     fused `F.rms_norm` instead of six element-wise operations."""
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
     return norm.weight * normed.to(x.dtype)
-
-
-def _normed(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its weight (folded into the next product), statistics in float32."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), eps=eps)
-    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
-def _add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """hidden + x·weightᵀ in one `addmm`. [b, L, H], [b, L, K], [H, K] -> [b, L, H]"""
-    H = hidden.shape[-1]
-    return torch.addmm(hidden.reshape(-1, H), x.reshape(-1, x.shape[-1]), weight.t()).view(hidden.shape)
-
-
-def _rotated_rows(weight: torch.Tensor, d: int) -> torch.Tensor:
-    """The rows R·W of a projection W such that x·(R·W)ᵀ = rotate_half(x·Wᵀ) within every head of
-    width d. [heads·d, H] -> [heads·d, H]"""
-    w = weight.unflatten(0, (-1, d))  # [heads, d, H]
-    return torch.cat([-w[:, d // 2 :], w[:, : d // 2]], dim=1).flatten(0, 1)
 
 
 def _packing_pays(Lp: int, T: int, G: int) -> bool:

@@ -146,19 +146,18 @@ class KVCacheSampler:
         def steps() -> Generator[torch.Tensor, torch.Tensor, None]:
             P, Lp = prompt_ids.shape
             cache = decoder.new_cache(P, Lp + max_new, head.weight)
-            with decoder.pinned():  # the weights do not change during the loop
-                hidden = decoder(prompt_ids, key_mask=prompt_mask.bool(), position_ids=positions, cache=cache)
-                cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
-                key_mask = torch.ones(P * G, Lp + max_new, dtype=torch.bool, device=prompt_ids.device)
-                key_mask[:, :Lp] = prompt_mask.bool().repeat_interleave(G, dim=0)  # [B, Lp + max_new]
-                position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
-                last = hidden.last_hidden_state[:, -1].repeat_interleave(G, dim=0)  # [B, H]
-                while True:
-                    token = yield F.linear(last, head.weight, head.bias)  # [B, V]
-                    position = position + 1
-                    S = cache.length + 1
-                    out = decoder(token[:, None], key_mask=key_mask[:, :S], position_ids=position, cache=cache)
-                    last = out.last_hidden_state[:, -1]  # [B, H]
+            hidden = decoder(prompt_ids, key_mask=prompt_mask.bool(), position_ids=positions, cache=cache)
+            cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
+            key_mask = torch.ones(P * G, Lp + max_new, dtype=torch.bool, device=prompt_ids.device)
+            key_mask[:, :Lp] = prompt_mask.bool().repeat_interleave(G, dim=0)  # [B, Lp + max_new]
+            position = positions[:, -1:].repeat_interleave(G, dim=0)  # [B, 1]
+            last = hidden.last_hidden_state[:, -1].repeat_interleave(G, dim=0)  # [B, H]
+            while True:
+                token = yield F.linear(last, head.weight, head.bias)  # [B, V]
+                position = position + 1
+                S = cache.length + 1
+                out = decoder(token[:, None], key_mask=key_mask[:, :S], position_ids=position, cache=cache)
+                last = out.last_hidden_state[:, -1]  # [B, H]
 
         return steps()
 
@@ -211,7 +210,7 @@ class KVCacheSampler:
                 logits = step_logits.send(token)  # [B, V]
         finally:
             if step_logits is not None:
-                step_logits.close()  # ends the decode loop (and its pinned weights) now
+                step_logits.close()  # ends the decode loop now, not when it is collected
             self.model.train(was_training)
         return build_rollout(
             self.tokenizer,
