@@ -145,3 +145,21 @@ def test_shared_prefix_equals_full_rows_in_values_and_gradients(T, kv_heads, pac
         if b.grad is None:
             continue
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-6 * float(b.grad.abs().max()), msg=name)
+
+
+@pytest.mark.parametrize("where", ["q_proj", "mlp", "down_proj"])
+def test_hooks_on_inner_modules_are_honoured(where):
+    """The lean forward calls plain linear layers' arithmetic directly; a module that carries a hook
+    is called as a module, so the hook still sees and changes its output."""
+    model = _policy()
+    layer = model.model.layers[1]
+    module = {"q_proj": layer.self_attn.q_proj, "mlp": layer.mlp, "down_proj": layer.mlp.down_proj}[where]
+    module.register_forward_hook(lambda mod, args, out: out * 3.0)
+    ids, mask = _ids_and_mask()
+    with torch.no_grad():
+        expected = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        ours = lean_decoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+        unhooked = LeanLlamaDecoder(_policy().model)(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ours[real], unhooked[real], atol=1e-3)  # the hook did change the result

@@ -84,14 +84,14 @@ class LeanLlamaDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self._rotary: torch.Tensor | None = None  # [positions, 2·head_dim]: cos, sin (`_cos_sin`)
+        self._rotary: torch.Tensor | None = None  # [positions, 2·head_dim]: cos, signed sin (`_cos_sin`)
 
     def _cos_sin(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, needed: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own rotary embedding, computed once for a range of positions and then looked
-        up (cos and sin side by side: one lookup a pass); `needed` bounds the positions (no device
-        sync to read their maximum). [b, L] -> [b, L, head_dim] each"""
+        up (cos and signed sin side by side: one lookup a pass); `needed` bounds the positions (no
+        device sync to read their maximum). [b, L] -> [b, L, head_dim] each"""
         table = self._rotary
         if (
             table is None
@@ -102,7 +102,9 @@ class LeanLlamaDecoder:
             size = max(needed, 2 * (table.shape[0] if table is not None else 0), 256)
             positions = torch.arange(size, device=hidden.device)[None]  # [1, size]
             cos, sin = self.llama.rotary_emb(hidden.float(), positions)  # [1, size, head_dim]
-            table = self._rotary = torch.cat([cos[0], sin[0]], dim=1).to(hidden.dtype)  # [size, 2·head_dim]
+            half = self.head_dim // 2  # sin with its first half negated: rotate_half's sign (`_rope`)
+            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=1)  # [size, head_dim]
+            table = self._rotary = torch.cat([cos[0], signed], dim=1).to(hidden.dtype)  # [size, 2·head_dim]
         return table[position_ids].chunk(2, dim=-1)
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
@@ -239,11 +241,10 @@ class LeanLlamaDecoder:
         for i, layer in enumerate(self.llama.layers):
             attn = layer.self_attn
             x = _rms_norm(layer.input_layernorm, hidden)
-            q = attn.q_proj(x).view(b, L, h, d).transpose(1, 2)  # [b, h, L, d]
-            k = attn.k_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
-            v = attn.v_proj(x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
-            q = torch.addcmul(q * cos, _rotate_half(q), sin)
-            k = torch.addcmul(k * cos, _rotate_half(k), sin)
+            q = _linear(attn.q_proj, x).view(b, L, h, d).transpose(1, 2)  # [b, h, L, d]
+            k = _linear(attn.k_proj, x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+            v = _linear(attn.v_proj, x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             if keep_kv:
                 kept.append((k, v))
             if cache is not None:
@@ -255,16 +256,42 @@ class LeanLlamaDecoder:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=kv != h
             )
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, L, -1))
-            hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
+            hidden = hidden + _linear(attn.o_proj, out.transpose(1, 2).reshape(b, L, -1))
+            hidden = hidden + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
         return _rms_norm(self.llama.norm, hidden), kept
 
 
 def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """LlamaRMSNorm's arithmetic (float32 statistics, weight applied in the input dtype) in one
     fused `F.rms_norm` instead of six element-wise operations."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps=norm.variance_epsilon)
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
     return norm.weight * normed.to(x.dtype)
+
+
+def _plain(module: Any) -> bool:
+    """A bare `nn.Linear` that no hook watches: its arithmetic can be called without the module."""
+    return type(module) is torch.nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)  # noqa: SLF001
+
+
+def _linear(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """module(x), without the module-call overhead for a plain linear layer; LoRA layers injected
+    by peft, or any other wrapper, are called as modules."""
+    return F.linear(x, module.weight, module.bias) if _plain(module) else module(x)
+
+
+def _mlp(mlp: Any, x: torch.Tensor) -> torch.Tensor:
+    """LlamaMLP: down(silu(gate(x)) · up(x)) (`_supported` checks the activation)."""
+    if mlp._forward_hooks or mlp._forward_pre_hooks:  # noqa: SLF001
+        return mlp(x)
+    return _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin, with rotate_half(x)·sin = swap_halves(x)·signed_sin and the swap
+    one `roll`. [b, heads, L, d]"""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 def _packing_pays(Lp: int, T: int, G: int) -> bool:
@@ -272,11 +299,6 @@ def _packing_pays(Lp: int, T: int, G: int) -> bool:
     scores per group instead of G·(Lp + T)², and saves a second pass over the layers; it is taken
     while the attention work at most doubles (short completions, or long shared prompts)."""
     return (Lp + G * (T - 1)) ** 2 <= 2 * G * (Lp + T) ** 2
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
 
 
 # one decoder per model, so that its rotary table is built once, not at every forward pass
