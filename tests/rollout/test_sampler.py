@@ -200,6 +200,22 @@ def test_kv_sampler_logps_equal_a_forward_pass(tiny_policy, kwargs):
     assert torch.where(r.completion_mask, logps - r.sampling_logps, 0.0).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("stop_strings", [None, ["3"]])
+def test_kv_sampler_returns_ordinary_tensors_that_train(tiny_policy, stop_strings):
+    """The decode loop runs in inference mode; what it returns must be ordinary tensors, or the
+    training forward that embeds the sampled ids fails ('Inference tensors cannot be saved for
+    backward')."""
+    model, _ = tiny_policy
+    params = SamplingParams(num_generations=2, max_completion_length=4, seed=1, stop_strings=stop_strings)
+    r = _kv(tiny_policy).sample(["12+3=", "7+8="], params)
+    tensors = [v for v in vars(r).values() if isinstance(v, torch.Tensor)]
+    assert len(tensors) >= 6 and not any(t.is_inference() for t in tensors)
+    ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
+    mask = torch.cat([r.prompt_mask, r.completion_mask], dim=1).long()
+    model(ids, attention_mask=mask).logits.sum().backward()
+    model.zero_grad()
+
+
 def test_kv_sampler_is_seeded_and_stops_early(tiny_policy):
     model, _ = tiny_policy
     kv = _kv(tiny_policy)

@@ -56,6 +56,7 @@ def test_fused_and_logits_paths_agree_in_values_and_every_gradient(temperature):
     frozen = frozen_logps(model, batch, 4, temperature, fused=True)
     expected = frozen_logps(twin, batch, 4, temperature, fused=False)
     torch.testing.assert_close(frozen[real], expected[real], rtol=1e-12, atol=1e-12)
+    assert not frozen.is_inference()  # computed in inference mode, returned usable by autograd
 
 
 def test_models_that_rescale_their_logits_use_the_logits_path():

@@ -100,6 +100,9 @@ class KVCacheSampler:
         # decides whether to stop once this process's rows are done; sharded training replaces it
         # with a collective so every rank runs the same number of forward passes
         self.sync_finished: Callable[[bool], bool] = lambda done: done
+        # the gradient-free mode of the decode loop: inference mode (cheaper per operation), which
+        # sharded training replaces with no_grad (FSDP must not make its unsharded parameters there)
+        self.grad_free: Callable[[], Any] = torch.inference_mode
 
     def _forward(
         self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -177,41 +180,44 @@ class KVCacheSampler:
         was_training = self.model.training
         self.model.eval()
         step_logits = None
-        try:
-            T = params.max_completion_length
-            step_logits = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)
-            if step_logits is None:  # transformers' forward and DynamicCache
-                step_logits = self._hf_steps(prompt_ids, prompt_mask, positions, G)
-            logits = next(step_logits)  # [B, V] after the prompt
-            ids_so_far = prompt_ids.repeat_interleave(G, dim=0)  # [B, Lp (+t)]
-            B = ids_so_far.shape[0]
-            stops = (
-                _StopStringEnds(self.tokenizer, params.stop_strings, prompt_ids.shape[1], B)
-                if params.stop_strings
-                else None
-            )
-            eos = torch.tensor(self.eos_token_ids, device=device)
-            finished = torch.zeros(B, dtype=torch.bool, device=device)
-            tokens, logps = [], []
-            for step in range(params.max_completion_length):
-                logprobs = process_logits(
-                    logits, ids_so_far if params.repetition_penalty != 1.0 else None, params
+        # by default inference mode: no version counters or view tracking in the loop (measurably
+        # cheaper per operation); what leaves it is rebuilt below as ordinary tensors
+        with self.grad_free():
+            try:
+                T = params.max_completion_length
+                step_logits = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)
+                if step_logits is None:  # transformers' forward and DynamicCache
+                    step_logits = self._hf_steps(prompt_ids, prompt_mask, positions, G)
+                logits = next(step_logits)  # [B, V] after the prompt
+                ids_so_far = prompt_ids.repeat_interleave(G, dim=0)  # [B, Lp (+t)]
+                B = ids_so_far.shape[0]
+                stops = (
+                    _StopStringEnds(self.tokenizer, params.stop_strings, prompt_ids.shape[1], B)
+                    if params.stop_strings
+                    else None
                 )
-                token = draw(logprobs, params.temperature == 0.0, generator)  # [B]
-                token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
-                logps.append(torch.where(finished, 0.0, logprobs.gather(-1, token[:, None]).squeeze(-1)))
-                tokens.append(token)
-                ids_so_far = torch.cat([ids_so_far, token[:, None]], dim=1)
-                finished = finished | torch.isin(token, eos)
-                if stops is not None:
-                    finished = finished | stops(ids_so_far, None)
-                if self.sync_finished(bool(finished.all())) or step + 1 == params.max_completion_length:
-                    break
-                logits = step_logits.send(token)  # [B, V]
-        finally:
-            if step_logits is not None:
-                step_logits.close()  # ends the decode loop now, not when it is collected
-            self.model.train(was_training)
+                eos = torch.tensor(self.eos_token_ids, device=device)
+                finished = torch.zeros(B, dtype=torch.bool, device=device)
+                tokens, logps = [], []
+                for step in range(params.max_completion_length):
+                    logprobs = process_logits(
+                        logits, ids_so_far if params.repetition_penalty != 1.0 else None, params
+                    )
+                    token = draw(logprobs, params.temperature == 0.0, generator)  # [B]
+                    token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
+                    logps.append(torch.where(finished, 0.0, logprobs.gather(-1, token[:, None]).squeeze(-1)))
+                    tokens.append(token)
+                    ids_so_far = torch.cat([ids_so_far, token[:, None]], dim=1)
+                    finished = finished | torch.isin(token, eos)
+                    if stops is not None:
+                        finished = finished | stops(ids_so_far, None)
+                    if self.sync_finished(bool(finished.all())) or step + 1 == params.max_completion_length:
+                        break
+                    logits = step_logits.send(token)  # [B, V]
+            finally:
+                if step_logits is not None:
+                    step_logits.close()  # ends the decode loop now, not when it is collected
+                self.model.train(was_training)
         return build_rollout(
             self.tokenizer,
             prompt_ids.repeat_interleave(G, dim=0).cpu(),

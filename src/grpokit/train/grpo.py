@@ -220,14 +220,23 @@ def _whole_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int) -
     return bool(torch.equal(first_ids, prompt_ids) and torch.equal(first_mask, prompt_mask))
 
 
-@torch.no_grad()
 def frozen_logps(
-    model: Any, batch: Batch, micro: int, temperature: float, fused: bool, group_size: int = 1
+    model: Any,
+    batch: Batch,
+    micro: int,
+    temperature: float,
+    fused: bool,
+    group_size: int = 1,
+    inference: bool = True,
 ) -> torch.Tensor:
-    """log-probs under a model that does not train in this step (old or reference policy). [B, T]"""
+    """log-probs under a model that does not train in this step (old or reference policy). [B, T]
+
+    With `inference` the passes run in inference mode (cheaper per operation than no_grad; not under
+    FSDP, whose unsharded parameters must stay ordinary tensors); the concatenation runs outside it,
+    so the result is an ordinary tensor that the loss may use under autograd."""
     B = batch.completion_ids.shape[0]
-    return torch.cat(  # no entropies: nothing reads them for a frozen policy
-        [
+    with torch.inference_mode() if inference else torch.no_grad():
+        parts = [  # no entropies: nothing reads them for a frozen policy
             completion_stats(
                 model,
                 batch,
@@ -239,7 +248,8 @@ def frozen_logps(
             ).logps
             for s in range(0, B, micro)
         ]
-    )
+    with torch.no_grad():
+        return torch.cat(parts)
 
 
 def optimizer_step(
@@ -424,6 +434,7 @@ def make_context(
     sampler = SAMPLERS[cfg.sampler](model if sharded else distributed.unwrap(model), tokenizer)
     if sharded:
         sampler.sync_finished = lambda done: not distributed.any_rank(d, not done)
+        sampler.grad_free = torch.no_grad
     sampling = SamplingParams(
         num_generations=cfg.num_generations,
         max_completion_length=data.max_completion_length,
@@ -582,6 +593,7 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
                     ctx.logps_temperature,
                     ctx.fused_logps,
                     cfg.num_generations,
+                    inference=not ctx.dist.enabled,
                 )
                 if cfg.num_iterations > 1
                 else None
@@ -596,6 +608,7 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
                         ctx.logps_temperature,
                         ctx.fused_logps,
                         cfg.num_generations,
+                        inference=not ctx.dist.enabled,
                     )
             # 3. μ optimizer steps on this batch
             skipped = 0.0
