@@ -216,6 +216,27 @@ def test_kv_sampler_returns_ordinary_tensors_that_train(tiny_policy, stop_string
     model.zero_grad()
 
 
+def test_kv_sampler_samples_in_eval_mode_when_the_model_has_dropout():
+    """Sampling leaves a model without dropout in training mode (switching walks every module), but
+    one with an active dropout module (a LoRA dropout, here a wrapped projection) is sampled in
+    eval mode, as transformers' path is, and handed back in training mode."""
+    from grpokit.models import build_policy, char_tokenizer
+    from grpokit.rollout import KVCacheSampler
+
+    tok = char_tokenizer("0123456789+=")
+    model = build_policy(hidden_size=32, num_layers=2, num_heads=4, vocab_size=len(tok), dropout=0.0, seed=3)
+    attn = model.model.layers[0].self_attn
+    attn.q_proj = torch.nn.Sequential(torch.nn.Dropout(0.9), attn.q_proj)
+    params = SamplingParams(num_generations=4, max_completion_length=6, seed=5)
+    model.eval()
+    expected = KVCacheSampler(model, tok).sample(["12+3=", "7+8="], params)
+    model.train()
+    ours = KVCacheSampler(model, tok).sample(["12+3=", "7+8="], params)
+    assert model.training and model.model.layers[0].self_attn.q_proj[0].training
+    assert torch.equal(ours.completion_ids, expected.completion_ids)
+    torch.testing.assert_close(ours.sampling_logps, expected.sampling_logps, rtol=0, atol=0)
+
+
 def test_kv_sampler_is_seeded_and_stops_early(tiny_policy):
     model, _ = tiny_policy
     kv = _kv(tiny_policy)

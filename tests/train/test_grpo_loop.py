@@ -122,3 +122,30 @@ def test_report_writes_plots_and_html(tmp_path):
     assert "reward.png" in text and "learning_rate: 0.01" in text
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         write_report(tmp_path)
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3])
+def test_clip_grad_norm_equals_torch_bit_for_bit(max_norm):
+    """grpokit's clipping skips torch's per-call grouping of tensors; its norm and its clipped
+    gradients must be torch's exactly, clipped (small max_norm) or not; parameters without a
+    gradient are left alone, and mixed dtypes fall back to torch's function."""
+    from grpokit.train.common import clip_grad_norm
+
+    def model_with_grads(seed, mixed=False):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+        if mixed:
+            model[1].double()
+        model[2].weight.requires_grad_(False)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.randn_like(p) * 3
+        return model
+
+    for mixed in (False, True):
+        ours, theirs = model_with_grads(0, mixed), model_with_grads(0, mixed)
+        norm = clip_grad_norm(ours, max_norm)
+        expected = torch.nn.utils.clip_grad_norm_(theirs.parameters(), max_norm)
+        assert torch.equal(norm, expected)
+        for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+            assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)

@@ -103,6 +103,17 @@ class KVCacheSampler:
         # the gradient-free mode of the decode loop: inference mode (cheaper per operation), which
         # sharded training replaces with no_grad (FSDP must not make its unsharded parameters there)
         self.grad_free: Callable[[], Any] = torch.inference_mode
+        self._dropout: bool | None = None  # `_has_dropout`, once known
+
+    def _has_dropout(self) -> bool:
+        """Whether the model holds an active dropout module (peft's LoRA dropout, say). Checked once
+        per sampler: the modules are fixed once training starts."""
+        if self._dropout is None:
+            self._dropout = any(
+                isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0  # noqa: SLF001
+                for m in self.model.modules()
+            )
+        return self._dropout
 
     def _forward(
         self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -177,17 +188,20 @@ class KVCacheSampler:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
+        T = params.max_completion_length
+        lean = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)  # generators: not started yet
+        # else transformers' forward and DynamicCache
+        step_logits = lean or self._hf_steps(prompt_ids, prompt_mask, positions, G)
+        # eval mode for dropout; the lean forward of a model without dropout does not depend on the
+        # mode, and switching costs two walks over every module (0.2 ms a call on a small model)
         was_training = self.model.training
-        self.model.eval()
-        step_logits = None
+        switch = was_training and (lean is None or self._has_dropout())
+        if switch:
+            self.model.eval()
         # by default inference mode: no version counters or view tracking in the loop (measurably
         # cheaper per operation); what leaves it is rebuilt below as ordinary tensors
         with self.grad_free():
             try:
-                T = params.max_completion_length
-                step_logits = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)
-                if step_logits is None:  # transformers' forward and DynamicCache
-                    step_logits = self._hf_steps(prompt_ids, prompt_mask, positions, G)
                 logits = next(step_logits)  # [B, V] after the prompt
                 ids_so_far = prompt_ids.repeat_interleave(G, dim=0)  # [B, Lp (+t)]
                 B = ids_so_far.shape[0]
@@ -215,9 +229,9 @@ class KVCacheSampler:
                         break
                     logits = step_logits.send(token)  # [B, V]
             finally:
-                if step_logits is not None:
-                    step_logits.close()  # ends the decode loop now, not when it is collected
-                self.model.train(was_training)
+                step_logits.close()  # ends the decode loop now, not when it is collected
+                if switch:
+                    self.model.train(was_training)
         return build_rollout(
             self.tokenizer,
             prompt_ids.repeat_interleave(G, dim=0).cpu(),

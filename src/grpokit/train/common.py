@@ -344,6 +344,22 @@ def restore_distributed(
     return restore_training(checkpoint, distributed.unwrap(model), optimizer, scheduler, sampler)
 
 
+def clip_grad_norm(model: Any, max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`, bit for bit, without its
+    per-call grouping of tensors when every gradient is a plain tensor of one device and dtype (the
+    usual case; 40% of its time on a small model). DTensor (FSDP) or mixed gradients use torch's."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    first = grads[0] if grads else None
+    if first is None or any(
+        type(g) is not torch.Tensor or g.dtype != first.dtype or g.device != first.device for g in grads
+    ):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # noqa: SLF001 - as torch
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))  # noqa: SLF001
+    return total
+
+
 def apply_update(
     model: Any, optimizer: Any, scheduler: Any, loss: torch.Tensor, max_grad_norm: float, d: Any = None
 ) -> dict[str, Any]:
@@ -352,9 +368,9 @@ def apply_update(
     Under several processes the decision is taken together, so every rank skips the same steps."""
     from . import distributed
 
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grad_norm = clip_grad_norm(model, max_grad_norm)
     learning_rate = optimizer.param_groups[0]["lr"]  # the rate this update uses
-    bad = not (bool(torch.isfinite(loss).all()) and bool(torch.isfinite(grad_norm)))
+    bad = not bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm))
     if d is not None:
         bad = distributed.any_rank(d, bad)
     if bad:

@@ -581,7 +581,8 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
         stop.__enter__()
         for step in range(start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
-            ctx.model.train()
+            if not ctx.model.training:  # (a walk over every module: only when needed)
+                ctx.model.train()
             # 1. sample G completions per prompt, score them, group-relative advantages
             batch, metrics = generate_and_score(cfg, ctx, step)
             # 2. the policy that sampled, if updates move the policy within this step; the reference
