@@ -163,3 +163,32 @@ def test_hooks_on_inner_modules_are_honoured(where):
     real = mask.bool()
     torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(ours[real], unhooked[real], atol=1e-3)  # the hook did change the result
+
+
+def test_rms_norm_matches_llamas_in_values_and_gradients():
+    """The float32 norm (one reduction, hand-written backward) equals transformers' LlamaRMSNorm to
+    float32 round-off, values and gradients, and passes gradcheck in float64."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from grpokit.models.lean_llama import _RMSNorm, _rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(48, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48, generator=g))
+    x = (torch.randn(3, 5, 48, generator=g) * 4).requires_grad_()
+    twin = x.detach().clone().requires_grad_()
+    weights = torch.randn(3, 5, 48, generator=g)
+    ours, expected = _rms_norm(norm, x), norm(twin)
+    torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-6)
+    (ours * weights).sum().backward()
+    grad_w = norm.weight.grad.clone()
+    norm.weight.grad = None
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(x.grad, twin.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_w, norm.weight.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the gradient-free route gives the same values
+        torch.testing.assert_close(_rms_norm(norm, x), ours, rtol=0, atol=0)
+    x64 = torch.randn(2, 3, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    w64 = torch.randn(7, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNorm.apply(a, b, 1e-6), (x64, w64))

@@ -262,12 +262,59 @@ class LeanLlamaDecoder:
 
 
 def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """LlamaRMSNorm's arithmetic (float32 statistics, weight applied in the input dtype) in one
-    fused `F.rms_norm` instead of six element-wise operations."""
+    """LlamaRMSNorm's arithmetic: float32 statistics, weight applied in the input dtype. In float32,
+    `_RMSNorm` (a third fewer forward operations than torch's, which are not fused on CPU, and a
+    hand-written backward); otherwise torch's `F.rms_norm` on a float32 copy."""
     if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps=norm.variance_epsilon)
+        if torch.is_grad_enabled() and (x.requires_grad or norm.weight.requires_grad):
+            return _RMSNorm.apply(x, norm.weight, norm.variance_epsilon)
+        return _rms_normed(x, norm.variance_epsilon)[0] * norm.weight
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
     return norm.weight * normed.to(x.dtype)
+
+
+def _rms_normed(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x / sqrt(mean(x²) + eps) and that reciprocal root r, with mean(x²) taken as ‖x‖²/H (one
+    reduction; equal to the mean of squares to float round-off). [..., H] -> [..., H], [..., 1]"""
+    n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [..., 1]
+    r = torch.rsqrt(torch.addcmul(_constant(eps, x.device), n, n, value=1.0 / x.shape[-1]))  # [..., 1]
+    return x * r, r
+
+
+_CONSTANTS: dict[tuple[float, torch.device], torch.Tensor] = {}
+
+
+def _constant(value: float, device: torch.device) -> torch.Tensor:
+    """A float32 scalar tensor, made once per device (making one per call costs as much as the
+    operation it feeds)."""
+    key = (value, device)
+    if key not in _CONSTANTS:
+        with torch.inference_mode(False):
+            _CONSTANTS[key] = torch.tensor(value, dtype=torch.float32, device=device)
+    return _CONSTANTS[key]
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = x̂·w with x̂ = x·r, r = (mean(x²) + eps)^(-1/2). Backward with g = ∂L/∂y:
+    ∂L/∂w = Σ_rows g·x̂;  ∂L/∂x = r·(g·w − x̂·mean(g·w·x̂)) — six operations instead of the dozen
+    autograd records for the decomposed forward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        normed, r = _rms_normed(x, eps)
+        ctx.save_for_backward(normed, r, weight)
+        return normed * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:  # type: ignore[override]
+        normed, r, weight = ctx.saved_tensors
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad * normed).reshape(-1, normed.shape[-1]).sum(0)  # [H]
+        if ctx.needs_input_grad[0]:
+            g = grad * weight  # ∂L/∂x̂
+            grad_x = r * (g - normed * (g * normed).mean(-1, keepdim=True))
+        return grad_x, grad_w, None
 
 
 def _plain(module: Any) -> bool:
