@@ -21,6 +21,7 @@ transformers' forward. Tests check equality with transformers to float32 round-o
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -179,27 +180,13 @@ class LeanLlamaDecoder:
         prompt and its own earlier tokens only. [P, Lp], [P·G, T] -> [P·G, T, H]"""
         P, Lp = prefix_ids.shape
         Ts = suffix_ids.shape[1] - 1  # input tokens per completion
-        N = Lp + G * Ts
-        device = prefix_ids.device
+        layout = _group_layout(Lp, G, Ts, prefix_ids.device)
         ids = torch.cat([prefix_ids, suffix_ids[:, :Ts].reshape(P, G * Ts)], dim=1)  # [P, N]
-        # positions as in the unpacked rows (left padding counted, as transformers does by default)
-        steps = torch.arange(Lp, Lp + Ts, device=device).repeat(G)  # [G·Ts]
-        positions = torch.cat([torch.arange(Lp, device=device), steps])[None].expand(P, N)  # [P, N]
-        # segment of each position: -1 for the prompt, g for completion g
-        segment = torch.cat(
-            [torch.full((Lp,), -1, device=device), torch.arange(G, device=device).repeat_interleave(Ts)]
-        )  # [N]
-        index = torch.arange(N, device=device)
-        causal = (index[None, :] <= index[:, None]) & (segment[None, :] == segment[:, None])  # [N, N]
-        sees_prompt = (segment[None, :] < 0) & (segment[:, None] >= 0)  # [N, N] completion -> prompt
         real = torch.cat([prefix_mask, prefix_mask.new_ones(P, G * Ts)], dim=1)  # [P, N]
-        mask = ((causal | sees_prompt)[None] & real[:, None, :]) | (index[None, :] == index[:, None])[None]
+        mask = (layout.allowed[None] & real[:, None, :]) | layout.diagonal[None]  # [P, N, N]
+        positions = layout.positions[None].expand(P, -1)  # [P, N]
         hidden, _ = self._run(ids, real, positions, 0, mask=mask[:, None])  # [P, N, H]
-        # the state scoring token t of completion g: the prompt's last for t = 0, else token t-1's
-        first = torch.full((G, 1), Lp - 1, device=device)  # [G, 1]
-        rest = Lp + torch.arange(G, device=device)[:, None] * Ts + torch.arange(Ts, device=device)  # [G, Ts]
-        scoring = torch.cat([first, rest], dim=1).reshape(-1)  # [G·T]
-        return hidden[:, scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
+        return hidden[:, layout.scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
 
     def _run(
         self,
@@ -339,6 +326,38 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
     """x·cos + rotate_half(x)·sin, with rotate_half(x)·sin = swap_halves(x)·signed_sin and the swap
     one `roll`. [b, heads, L, d]"""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+@dataclass(frozen=True)
+class _GroupLayout:
+    """Where things sit in a packed row of one prompt (Lp positions) and G completions of Ts input
+    tokens each: N = Lp + G·Ts positions."""
+
+    positions: torch.Tensor  # [N] as in the unpacked rows (left padding counted, as transformers does)
+    allowed: torch.Tensor  # [N, N] bool: causal within the prompt and within each completion, and
+    # every completion position sees the whole prompt (the prompt's padding is masked per row)
+    diagonal: torch.Tensor  # [N, N] bool: each position sees itself, so no padded row is all masked
+    scoring: torch.Tensor  # [G·(Ts+1)] the state scoring each completion token: for token t of
+    # completion g, the prompt's last position when t = 0, else the position of token t-1
+
+
+@functools.lru_cache(maxsize=32)
+def _group_layout(Lp: int, G: int, Ts: int, device: torch.device) -> _GroupLayout:
+    with torch.inference_mode(False):  # kept across passes, some of which train
+        N = Lp + G * Ts
+        steps = torch.arange(Lp, Lp + Ts, device=device).repeat(G)  # [G·Ts]
+        positions = torch.cat([torch.arange(Lp, device=device), steps])  # [N]
+        # segment of each position: -1 for the prompt, g for completion g
+        segment = torch.cat(
+            [torch.full((Lp,), -1, device=device), torch.arange(G, device=device).repeat_interleave(Ts)]
+        )  # [N]
+        index = torch.arange(N, device=device)
+        causal = (index[None, :] <= index[:, None]) & (segment[None, :] == segment[:, None])  # [N, N]
+        sees_prompt = (segment[None, :] < 0) & (segment[:, None] >= 0)  # [N, N] completion -> prompt
+        first = torch.full((G, 1), Lp - 1, device=device)  # [G, 1]
+        rest = Lp + torch.arange(G, device=device)[:, None] * Ts + torch.arange(Ts, device=device)  # [G, Ts]
+        scoring = torch.cat([first, rest], dim=1).reshape(-1)  # [G·(Ts+1)]
+        return _GroupLayout(positions, causal | sees_prompt, index[None, :] == index[:, None], scoring)
 
 
 def _packing_pays(Lp: int, T: int, G: int) -> bool:
