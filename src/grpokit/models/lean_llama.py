@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +38,11 @@ class KVCache:
     keys: torch.Tensor
     values: torch.Tensor
     length: int = 0
+    # each layer's keys and values as views, taken once rather than at every decoded token
+    layers: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.layers = list(zip(self.keys.unbind(0), self.values.unbind(0), strict=True))
 
     def repeat_rows(self, times: int) -> KVCache:
         """Each row repeated `times` times in place of one: [P] rows -> [P·times] (prefix sharing)."""
@@ -228,22 +233,24 @@ class LeanLlamaDecoder:
         for i, layer in enumerate(self.llama.layers):
             attn = layer.self_attn
             x = _rms_norm(layer.input_layernorm, hidden)
-            q = _linear(attn.q_proj, x).view(b, L, h, d).transpose(1, 2)  # [b, h, L, d]
-            k = _linear(attn.k_proj, x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
-            v = _linear(attn.v_proj, x).view(b, L, kv, d).transpose(1, 2)  # [b, kv, L, d]
+            q = _heads(_linear(attn.q_proj, x), h, d)  # [b, h, L, d]
+            k = _heads(_linear(attn.k_proj, x), kv, d)  # [b, kv, L, d]
+            v = _heads(_linear(attn.v_proj, x), kv, d)  # [b, kv, L, d]
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             if keep_kv:
                 kept.append((k, v))
             if cache is not None:
-                cache.keys[i, :, :, start:S] = k
-                cache.values[i, :, :, start:S] = v
-                k, v = cache.keys[i, :, :, :S], cache.values[i, :, :, :S]  # [b, kv, S, d]
+                layer_keys, layer_values = cache.layers[i]  # [b, kv, capacity, d] each
+                layer_keys.narrow(2, start, L).copy_(k)
+                layer_values.narrow(2, start, L).copy_(v)
+                k, v = layer_keys.narrow(2, 0, S), layer_values.narrow(2, 0, S)  # [b, kv, S, d]
             elif past is not None:
                 k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)  # [b, kv, S, d]
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=kv != h
             )
-            hidden = hidden + _linear(attn.o_proj, out.transpose(1, 2).reshape(b, L, -1))
+            out = out.reshape(b, L, -1) if L == 1 else out.transpose(1, 2).reshape(b, L, -1)  # [b, L, h·d]
+            hidden = hidden + _linear(attn.o_proj, out)
             hidden = hidden + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
         return _rms_norm(self.llama.norm, hidden), kept
 
@@ -302,6 +309,12 @@ class _RMSNorm(torch.autograd.Function):
             g = grad * weight  # ∂L/∂x̂
             grad_x = r * (g - normed * (g * normed).mean(-1, keepdim=True))
         return grad_x, grad_w, None
+
+
+def _heads(x: torch.Tensor, heads: int, d: int) -> torch.Tensor:
+    """[b, L, heads·d] -> [b, heads, L, d]; one view when L = 1 (decoding)."""
+    b, L, _ = x.shape
+    return x.view(b, heads, 1, d) if L == 1 else x.view(b, L, heads, d).transpose(1, 2)
 
 
 def _plain(module: Any) -> bool:
