@@ -89,6 +89,8 @@ def _merge(parts: Sequence[tuple[Batch, list[int]]], G: int, pad_id: int) -> Bat
     """The chosen groups of several generation batches, as one batch."""
     rows = [[g * G + i for g in groups for i in range(G)] for _, groups in parts]
     pick = [(b, r) for (b, _), r in zip(parts, rows, strict=True) if r]
+    if len(pick) == 1 and pick[0][1] == list(range(len(pick[0][0].prompts))):
+        return pick[0][0]  # one whole batch (no dynamic sampling): nothing to merge
     return Batch(
         prompt_ids=_pad_cat([b.prompt_ids[r] for b, r in pick], pad_id, left=True),
         prompt_mask=_pad_cat([b.prompt_mask[r] for b, r in pick], False, left=True),
