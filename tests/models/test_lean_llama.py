@@ -170,7 +170,7 @@ def test_rms_norm_matches_llamas_in_values_and_gradients():
     float32 round-off, values and gradients, and passes gradcheck in float64."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from grpokit.models.lean_llama import _RMSNorm, _rms_norm
+    from grpokit.models.lean_llama import _rms_norm, _RMSNorm
 
     g = torch.Generator().manual_seed(0)
     norm = LlamaRMSNorm(48, eps=1e-6)

@@ -1,0 +1,45 @@
+"""The GPU throughput benchmark (benchmarks/gpu_throughput.py) cannot run here at its size, but its
+code path can: the tiny size on the CPU, so that the script a GPU user runs does not rot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_throughput.py"
+
+
+def test_gpu_throughput_script_runs_on_a_tiny_model(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "result.json"
+    args = ["--size", "tiny", "--device", "cpu", "--prompts", "2", "--generations", "4", "--tokens", "8"]
+    assert (
+        module.main(
+            [*args, "--prompt-tokens", "6", "--micro-batch", "4", "--repeats", "1", "--out", str(out)]
+        )
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert result["work"] == "2 prompts x 4 completions x 8 tokens, prompts of 6 tokens"
+    for piece in ("sampling", "reference_pass", "policy_update"):
+        assert result[piece]["tokens_per_second"] > 0 and result[piece]["model_tflops"] > 0
+        assert result[piece]["mfu"] is None  # no peak on a CPU
+
+
+def test_model_flops_count_by_hand():
+    """2·N_mm + 4·layers·hidden·context per token forward, ×3 to train; N_mm: every weight but the
+    embedding table (hidden 64, 2 layers, intermediate 128, V = 100, untied head)."""
+    from grpokit.models import build_policy
+
+    spec = importlib.util.spec_from_file_location("gpu_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = build_policy(hidden_size=64, num_layers=2, num_heads=4, vocab_size=100, intermediate_size=128)
+    per_layer = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64  # attention and MLP projections, two norms
+    n_mm = 2 * per_layer + 64 + 100 * 64  # layers, final norm, LM head
+    forward = 2 * n_mm + 4 * 2 * 64 * 10.0
+    assert module.model_flops_per_token(model, 10.0, train=False) == forward
+    assert module.model_flops_per_token(model, 10.0, train=True) == 3 * forward
