@@ -192,3 +192,17 @@ def test_rms_norm_matches_llamas_in_values_and_gradients():
     x64 = torch.randn(2, 3, 7, dtype=torch.float64, generator=g, requires_grad=True)
     w64 = torch.randn(7, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: _RMSNorm.apply(a, b, 1e-6), (x64, w64))
+
+
+def test_a_lone_padded_token_attends_to_itself():
+    """A one-token row whose only position is padding (attention mask 0) attends to itself, as the
+    longer masks do (never an all-masked row, whose output kernels define differently: NaN on some,
+    zeros on this CPU): its states equal those of the same token unmasked, and stay finite."""
+    model = _policy()
+    decoder = lean_decoder(model)
+    ids = torch.tensor([[5], [7]])
+    masked = decoder(input_ids=ids, attention_mask=torch.tensor([[1], [0]])).last_hidden_state
+    unmasked = decoder(input_ids=ids, attention_mask=torch.tensor([[1], [1]])).last_hidden_state
+    torch.testing.assert_close(masked, unmasked, rtol=0, atol=0)
+    masked.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -226,6 +226,8 @@ class LeanLlamaDecoder:
         hidden = F.embedding(input_ids, self.llama.embed_tokens.weight)  # [b, L, H]
         # additive, made once rather than converted from booleans in every layer's attention
         mask = torch.zeros(mask.shape, dtype=hidden.dtype, device=device).masked_fill_(~mask, -torch.inf)
+        if L == 1:  # the token always sees itself (its own key is the last): no all-masked row
+            mask[..., -1] = 0.0
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, L, d] each
         cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, d]
@@ -290,8 +292,8 @@ def _constant(value: float, device: torch.device) -> torch.Tensor:
 
 class _RMSNorm(torch.autograd.Function):
     """y = x̂·w with x̂ = x·r, r = (mean(x²) + eps)^(-1/2). Backward with g = ∂L/∂y:
-    ∂L/∂w = Σ_rows g·x̂;  ∂L/∂x = r·(g·w − x̂·mean(g·w·x̂)) — six operations instead of the dozen
-    autograd records for the decomposed forward."""
+    ∂L/∂w = Σ_rows g·x̂;  ∂L/∂x = r·(g·w − x̂·mean(g·w·x̂)) — eight operations, against the dozen
+    or so autograd records for torch's decomposed forward."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
