@@ -347,7 +347,8 @@ def restore_distributed(
 def clip_grad_norm(model: Any, max_norm: float) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`, bit for bit, without its
     per-call grouping of tensors when every gradient is a plain tensor of one device and dtype (the
-    usual case; 40% of its time on a small model). DTensor (FSDP) or mixed gradients use torch's."""
+    usual case; a fifth of its time on a 0.66M-parameter model). DTensor (FSDP) or mixed gradients
+    use torch's."""
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     first = grads[0] if grads else None
