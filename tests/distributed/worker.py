@@ -1,10 +1,18 @@
 """Run under torchrun (1 or 2 processes): one optimizer update on a fixed global batch, for each
-case; rank 0 saves the resulting full weights to OUT/<case>-ws<world>.pt. The test compares world
-sizes. A fixed batch (not sampled) isolates the distributed update from sampling."""
+case; rank 0 saves the accumulated gradients (before the optimizer) and the updated weights, whole,
+to OUT/<case>-ws<world>.pt. The test compares world sizes. A fixed batch (not sampled) isolates the
+distributed update from sampling.
+
+Everything runs in float64: what the test is about (normalisers, gradient averaging, sharding) must
+agree to the last bits, and float64 round-off of a different summation order (1e-16 relative) stays
+far below any tolerance the test uses on every CPU instruction set, where float32's (1e-7) does not
+once Adam's first step divides near-zero gradients by their own magnitude (see the test)."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -31,8 +39,8 @@ def fixed_batch() -> tuple[Batch, torch.Tensor]:
         completions=[""] * B,
         rewards=torch.zeros(B),
     )
-    ref = -torch.rand(B, T, generator=g) * 3  # reference log-probs
-    return batch, ref
+    ref = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3  # reference log-probs
+    return replace(batch, advantages=batch.advantages.double()), ref
 
 
 def shard(batch: Batch, rows: slice) -> Batch:
@@ -75,17 +83,27 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
         max_seq_len=32,
         seed=0,
         intermediate_size=32,
-    )
+    ).double()
     data = _Data([], [], [lambda *a, **k: []], None, None, None, T)
     ctx = make_context(cfg, model, TOK, data, d)
     batch, ref = fixed_batch()
     per_rank = B // d.world_size
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
     optimizer_step(cfg, ctx, shard(batch, rows), None, ref[rows])
-    weights = distributed.full_state_dict(d, ctx.model)
+    result = {"weights": distributed.full_state_dict(d, ctx.model), "grads": full_grads(ctx.model)}
     if d.is_main:
         name = f"{strategy}_offload" if offload else strategy
-        torch.save(weights, f"{out}/grpo-{loss_type}-{name}-ws{d.world_size}.pt")
+        torch.save(result, f"{out}/grpo-{loss_type}-{name}-ws{d.world_size}.pt")
+
+
+def full_grads(model: Any) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as applied (after averaging over ranks and clipping), whole:
+    FSDP's sharded gradients are gathered (a collective: every rank calls this)."""
+    grads = {}
+    for name, p in distributed.unwrap(model).named_parameters():
+        g = p.grad
+        grads[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().cpu().clone()
+    return grads
 
 
 def reward_case(d: distributed.Dist, strategy: str, out: str) -> None:
@@ -103,15 +121,15 @@ def reward_case(d: distributed.Dist, strategy: str, out: str) -> None:
         max_seq_len=32,
         seed=0,
         intermediate_size=32,
-    )
+    ).double()
     model = distributed.wrap(d, model, strategy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     per_rank = len(pairs) // d.world_size
     reward_step(cfg, model, TOK, pairs[d.rank * per_rank : (d.rank + 1) * per_rank], opt, sched)
-    weights = distributed.full_state_dict(d, model)
+    result = {"weights": distributed.full_state_dict(d, model), "grads": full_grads(model)}
     if d.is_main:
-        torch.save(weights, f"{out}/reward-{strategy}-ws{d.world_size}.pt")
+        torch.save(result, f"{out}/reward-{strategy}-ws{d.world_size}.pt")
 
 
 def main() -> None:
@@ -133,7 +151,9 @@ def main() -> None:
                 max_seq_len=32,
                 seed=0,
                 intermediate_size=32,
-            ).state_dict(),
+            )
+            .double()
+            .state_dict(),
             f"{out}/initial.pt",
         )
     distributed.shutdown(d)
