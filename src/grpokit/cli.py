@@ -4,6 +4,7 @@
     grpokit sft [CONFIG.yaml] [key=value ...]      supervised warm start
     grpokit eval [CONFIG.yaml] [key=value ...]     held-out accuracy / reward of `model`
     grpokit report RUN_DIR                         PNG plots and an HTML page of a run
+    grpokit export CHECKPOINT OUT_DIR              a plain model directory (LoRA adapters merged)
     grpokit print-config [CONFIG.yaml] [k=v ...]   every resolved value of a train config
     grpokit demo                                   a toy GRPO run in seconds
     grpokit reward [CONFIG.yaml] [key=value ...]   a Bradley–Terry reward model (eval-reward: evaluate one)
@@ -72,10 +73,17 @@ def _stopped(console: Any, result: Any) -> int:
     """The clear line after SIGINT / SIGTERM, and the shell's exit code for that signal."""
     import signal
 
-    console.print(
-        f"stopped by {result.stopped_by} after step {result.steps}: checkpoint-{result.steps} saved in "
-        f"{result.output_dir}; run the same command with resume=true to continue."
-    )
+    if getattr(result, "phase", "grpo") == "warm start":
+        console.print(
+            f"stopped by {result.stopped_by} during the supervised warm start, before any checkpoint: "
+            f"nothing in {result.output_dir} needs keeping; run the same command again to start over "
+            "(the warm start is short and is not checkpointed)."
+        )
+    else:
+        console.print(
+            f"stopped by {result.stopped_by} after step {result.steps}: checkpoint-{result.steps} saved in "
+            f"{result.output_dir}; run the same command with resume=true to continue."
+        )
     return 128 + int(getattr(signal, result.stopped_by, signal.SIGTERM))
 
 
@@ -142,24 +150,55 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from .config import SFTConfig, load_config, to_yaml
-    from .data import get_task
+    from .data import answer_checker, data_alphabet, get_task, load_prompts, require_answers, sft_rows
     from .models import save_policy
     from .train import common
     from .train.evaluation import evaluate
+    from .train.grpo import correctness_reward
     from .train.sft import run_sft
 
     path, overrides = _split_args(args.items)
     cfg = load_config(SFTConfig, path, overrides)
-    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts)
+    if cfg.task:
+        task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts)
+        rows, eval_rows, is_correct = task.train, task.eval, task.is_correct
+        source, eval_source, alphabet = f"task {cfg.task!r}", f"task {cfg.task!r} (held out)", task.alphabet
+        lengths = (task.max_prompt_length, task.max_completion_length)
+    else:  # the user's own prompt/answer rows
+        if cfg.dataset is None:
+            raise ValueError("nothing to train on: set task, or dataset to a file of prompt/answer rows.")
+        rows = load_prompts(cfg.dataset, prompt_column=cfg.prompt_column)
+        source, eval_source = str(cfg.dataset), str(cfg.eval_dataset)
+        require_answers(rows, cfg.answer_column, source=source, purpose="grpokit sft", otherwise="use task")
+        eval_rows = []
+        if cfg.eval_dataset:
+            eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
+            eval_rows = eval_rows[: cfg.num_eval_prompts]
+            require_answers(
+                eval_rows,
+                cfg.answer_column,
+                source=eval_source,
+                purpose="the held-out accuracy",
+                otherwise="unset eval_dataset",
+            )
+        is_correct = answer_checker(cfg.answer_column)
+        pairs = [(str(r[cfg.prompt_column]), str(r[cfg.answer_column])) for r in [*rows, *eval_rows]]
+        lengths = (max(len(p) for p, _ in pairs), max(len(a) for _, a in pairs) + 1)
+        alphabet = None
+        if cfg.model == "tiny":
+            alphabet = data_alphabet(
+                rows, eval_rows, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column
+            )
     common.seed_everything(cfg.seed)
-    model, tokenizer = common.policy_and_tokenizer(
-        cfg, task.alphabet, 4 * (task.max_prompt_length + task.max_completion_length)
-    )
+    model, tokenizer = common.policy_and_tokenizer(cfg, alphabet, 4 * sum(lengths))
+    columns = [cfg.prompt_column, cfg.answer_column]  # the warm start encodes both
+    common.check_known_characters(tokenizer, cfg.model, [(source, rows)], columns)
+    common.check_known_characters(tokenizer, cfg.model, [(eval_source, eval_rows)], [cfg.prompt_column])
     console = _console()
     run_sft(
         model,
         tokenizer,
-        task.train,
+        sft_rows(rows, tokenizer, cfg.prompt_column, cfg.answer_column),
         steps=cfg.max_steps,
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -169,46 +208,85 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     out = Path(cfg.output_dir) / "final"
     save_policy(model, tokenizer, out)
     (Path(cfg.output_dir) / "config.yaml").write_text(to_yaml(cfg))
+    if not eval_rows:
+        console.print(f"saved to {out} (no eval_dataset: no held-out accuracy)")
+        return 0
     metrics = evaluate(
         model,
         tokenizer,
-        task.eval,
-        reward_funcs=[task.reward],
-        is_correct=task.is_correct,
-        max_prompt_length=task.max_prompt_length,
-        max_completion_length=task.max_completion_length,
+        eval_rows,
+        reward_funcs=[task.reward] if cfg.task else [correctness_reward(is_correct)],
+        is_correct=is_correct,
+        prompt_column=cfg.prompt_column,
+        max_prompt_length=lengths[0] if cfg.task else None,
+        max_completion_length=lengths[1],
     )
     console.print(f"held-out greedy accuracy {100 * metrics['accuracy']:.1f}%; saved to {out}")
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    """Greedy accuracy (exact answer: the task's, or an `answer` column's), mean reward of the config's
+    reward_funcs (else the task's, else correctness) and pass@k, on the task's held-out prompts or
+    on eval_dataset (else dataset)."""
     import json
+    from dataclasses import replace
 
-    from .data import get_task, load_prompts
+    from .data import load_prompts
     from .train import common
     from .train.evaluation import evaluate
+    from .train.grpo import resolve_data
 
     cfg = _train_config(args.items)
-    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts) if cfg.task else None
-    rows = (
-        task.eval if task else load_prompts(cfg.eval_dataset or cfg.dataset, prompt_column=cfg.prompt_column)
+    cfg = cfg.model_copy(update={"sft_steps": 0})  # evaluation trains nothing: no answers required
+    rows, source = None, None
+    if not cfg.task:
+        source = cfg.eval_dataset or cfg.dataset
+        if source is None:
+            raise ValueError(
+                "nothing to evaluate on: set task, or eval_dataset (or dataset) to a prompt file."
+            )
+        rows = load_prompts(source, prompt_column=cfg.prompt_column)
+    data = resolve_data(cfg, [] if rows is not None else None, rows, None, None, require_rewards=False)
+    if source is not None:
+        data = replace(data, eval_source=str(source))
+    model, tokenizer = common.policy_and_tokenizer(
+        cfg, data.alphabet, 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
     )
-    model, tokenizer = common.policy_and_tokenizer(cfg, task.alphabet if task else None, 256)
+    # a checkpoint's character tokenizer would read characters it never learned as <unk>
+    common.check_known_characters(
+        tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column]
+    )
     metrics = evaluate(
         model,
         tokenizer,
-        rows[: cfg.num_eval_prompts],
-        reward_funcs=[task.reward] if task else [],
-        is_correct=task.is_correct if task else None,
+        data.eval_rows,
+        reward_funcs=data.reward_funcs,
+        is_correct=data.is_correct,
         prompt_column=cfg.prompt_column,
-        max_prompt_length=cfg.max_prompt_length or (task.max_prompt_length if task else None),
-        max_completion_length=cfg.max_completion_length or (task.max_completion_length if task else 256),
+        max_prompt_length=data.max_prompt_length,
+        max_completion_length=data.max_completion_length,
         pass_at_k=cfg.pass_at_k,
         temperature=cfg.temperature,
         seed=cfg.seed,
+        on_reward_error=cfg.on_reward_error,
     )
     print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """A checkpoint as a plain model directory: LoRA adapters merged into the base weights, no
+    optimizer or training state; `eval model=` and `train model=` load it."""
+    from .models import ADAPTER_DIR, load_policy, save_policy
+
+    checkpoint, out = Path(args.checkpoint), Path(args.out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{str(out)!r} is not empty; export into a new directory.")
+    loaded = load_policy(checkpoint)
+    save_policy(loaded.model, loaded.tokenizer, out)
+    merged = " (LoRA adapters merged)" if (checkpoint / ADAPTER_DIR).is_dir() else ""
+    print(f"exported {checkpoint} to {out}{merged}")
     return 0
 
 
@@ -309,7 +387,43 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choices(annotation: Any) -> list[Any]:
+    """The values a Literal type (inside Optional or list too) allows; [] for other types."""
+    from typing import Literal, get_args, get_origin
+
+    if get_origin(annotation) is Literal:
+        return list(get_args(annotation))
+    return [value for arg in get_args(annotation) for value in _choices(arg)]
+
+
+def options_help(schema: Any) -> str:
+    """Every option of a config class with its default and description: a command's --help epilog."""
+    import textwrap
+
+    import yaml
+
+    lines = [
+        f"options ({schema.__name__}; keys of CONFIG.yaml or key=value, values in YAML: null, true, [a, b]).",
+        "Defaults below; a CONFIG or built-in preset sets others (`grpokit print-config` resolves a train",
+        "config). TRL's names (bf16, per_device_train_batch_size, ...) are translated or answered.",
+        "",
+    ]
+    indent = " " * 6
+    own = getattr(schema, "__annotations__", {})  # the class's own options first, then the shared ones
+    for name in sorted(schema.model_fields, key=lambda n: n not in own):
+        field = schema.model_fields[name]
+        default = yaml.safe_dump(field.default, default_flow_style=True, allow_unicode=True)
+        choices = _choices(field.annotation)
+        lines.append(
+            f"  {name} = {default.removesuffix('...' + chr(10)).strip()}"
+            + (f"   ({' | '.join(map(str, choices))})" if choices else "")
+        )
+        lines += textwrap.wrap(field.description or "", 100, initial_indent=indent, subsequent_indent=indent)
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .config import GRPOConfig, RewardConfig, SFTConfig
     from .ops import LOSS_TYPES
 
     parser = argparse.ArgumentParser(
@@ -317,23 +431,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, handler, text in [
-        ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)"),
-        ("sft", _cmd_sft, "supervised warm start on a task's answers"),
-        ("eval", _cmd_eval, "evaluate `model` on held-out prompts"),
+    for name, handler, text, schema in [
+        ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)", GRPOConfig),
+        ("sft", _cmd_sft, "supervised warm start on a task's answers", SFTConfig),
+        ("eval", _cmd_eval, "evaluate `model` on held-out prompts", GRPOConfig),
         (
             "reward",
             _cmd_reward,
             "train a Bradley–Terry reward model (no config: the addition preference preset)",
+            RewardConfig,
         ),
-        ("eval-reward", _cmd_eval_reward, "pairwise accuracy and calibration of a reward model `model`"),
-        ("print-config", _cmd_print_config, "show every resolved value of a train config"),
+        (
+            "eval-reward",
+            _cmd_eval_reward,
+            "pairwise accuracy and calibration of a reward model `model`",
+            RewardConfig,
+        ),
+        ("print-config", _cmd_print_config, "show every resolved value of a train config", GRPOConfig),
     ]:
-        cmd = sub.add_parser(name, help=text)
+        cmd = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog=options_help(schema),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         cmd.add_argument(
             "items", nargs="*", metavar="[CONFIG.yaml] key=value", help="config file and overrides"
         )
         cmd.set_defaults(handler=handler)
+    export = sub.add_parser(
+        "export", help="a checkpoint as a plain model directory (LoRA adapters merged into the weights)"
+    )
+    export.add_argument("checkpoint")
+    export.add_argument("out_dir")
+    export.set_defaults(handler=_cmd_export)
     report = sub.add_parser("report", help="plots and an HTML page of a run directory")
     report.add_argument("run_dir")
     report.set_defaults(handler=_cmd_report)

@@ -16,7 +16,18 @@ PLOTS = {
     "length": ["completions/mean_length", "eval/completions/mean_length"],
     "loss": ["loss"],
     "clipping": ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"],
+    # the share of groups whose G rewards all agree: their advantages are 0, nothing is learned from them
+    "zero_spread": ["frac_reward_zero_std"],
 }
+SFT_PLOT = ("sft_loss", "sft/loss")  # the supervised warm start, from sft_metrics.jsonl, by its own steps
+
+
+def read_sft_metrics(run_dir: Path) -> list[dict]:
+    """The warm start's rows ({"sft_step", "sft/loss"}), or none when the run had no warm start."""
+    path = run_dir / "sft_metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -38,8 +49,16 @@ def write_report(run_dir: str | Path) -> Path:
     out = run / "report"
     out.mkdir(exist_ok=True)
     figures = []
-    for name, keys in PLOTS.items():
-        series = {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
+    sft_rows = read_sft_metrics(run)
+    plots: list[tuple[str, dict[str, list[tuple[float, float]]], str]] = [
+        (name, {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}, "step")
+        for name, keys in PLOTS.items()
+    ]
+    name, key = SFT_PLOT
+    plots.append(
+        (name, {key: [(r["sft_step"], r[key]) for r in sft_rows if r.get(key) is not None]}, "sft step")
+    )
+    for name, series, xlabel in plots:
         series = {k: v for k, v in series.items() if v}
         if not series:
             continue
@@ -47,7 +66,7 @@ def write_report(run_dir: str | Path) -> Path:
         for key, points in series.items():
             steps, values = zip(*points, strict=True)
             ax.plot(steps, values, marker="o" if len(points) < 20 else None, label=key)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_title(name)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

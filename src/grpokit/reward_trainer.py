@@ -7,6 +7,7 @@ from typing import Any
 
 from .config import RewardConfig
 from .data import load_preferences
+from .train.progress import reporting
 from .train.reward import RewardResult, train_reward
 
 
@@ -38,11 +39,13 @@ class RewardTrainer:
         self.eval_rows = load_preferences(eval_dataset) if eval_dataset is not None else []
 
     def train(self, on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> RewardResult:
-        return train_reward(
-            self.config,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            train_rows=self.train_rows,
-            eval_rows=self.eval_rows,
-            on_event=on_event,
-        )
+        """Run; progress as on the command line when `config.progress` (unless `on_event` is given)."""
+        with reporting(self.config, on_event) as events:
+            return train_reward(
+                self.config,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                train_rows=self.train_rows,
+                eval_rows=self.eval_rows,
+                on_event=events,
+            )

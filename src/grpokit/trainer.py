@@ -8,6 +8,7 @@ from typing import Any
 from .config import GRPOConfig
 from .data import load_prompts
 from .train.grpo import TrainResult, train_grpo
+from .train.progress import reporting
 
 
 class GRPOTrainer:
@@ -44,13 +45,15 @@ class GRPOTrainer:
         self.is_correct = is_correct
 
     def train(self, on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> TrainResult:
-        return train_grpo(
-            self.config,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            reward_funcs=self.reward_funcs,
-            train_rows=self.train_rows,
-            eval_rows=self.eval_rows,
-            is_correct=self.is_correct,
-            on_event=on_event,
-        )
+        """Run; progress as on the command line when `config.progress` (unless `on_event` is given)."""
+        with reporting(self.config, on_event) as events:
+            return train_grpo(
+                self.config,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                reward_funcs=self.reward_funcs,
+                train_rows=self.train_rows,
+                eval_rows=self.eval_rows,
+                is_correct=self.is_correct,
+                on_event=events,
+            )

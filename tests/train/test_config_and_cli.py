@@ -29,6 +29,7 @@ def test_defaults_follow_trl_where_names_match():
         "lr_scheduler_type",
         "warmup_steps",
         "gradient_checkpointing",
+        "report_to",
     }
     shared = (set(GRPOConfig.model_fields) & set(vars(theirs))) - differs
     assert {
@@ -118,7 +119,7 @@ def test_override_values_are_yaml_scalars():
 def test_print_config_shows_the_preset_with_overrides(capsys):
     assert main(["print-config", "max_steps=7"]) == 0
     text = capsys.readouterr().out
-    assert "max_steps: 7" in text and "sft_steps: 400" in text and "learning_rate: 0.0003" in text
+    assert "max_steps: 7" in text and "sft_steps: 1000" in text and "learning_rate: 0.0001" in text
 
 
 def test_bad_config_fails_before_any_model_is_loaded(capsys, monkeypatch):

@@ -172,6 +172,9 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
         ones_reward,
         differ,
     ),
+    # the warm start learns from 4 rows instead of all of them; warms up instead of starting at full rate
+    "sft_examples": ({"sft_steps": 2, "sft_batch_size": 8}, {"sft_examples": 4}, ones_reward, differ),
+    "sft_warmup_steps": ({"sft_steps": 3, "sft_batch_size": 8}, {"sft_warmup_steps": 3}, ones_reward, differ),
     "ref_model_mixup_alpha": (
         {"sync_ref_model": True, "ref_model_sync_steps": 1},
         {"ref_model_mixup_alpha": 0.1},
@@ -222,6 +225,16 @@ ELSEWHERE = {
     "fsdp_cpu_offload": "tests/distributed/test_world_size.py::test_fsdp_cpu_offload_trains",
     "trust_remote_code": "tests/test_reliability.py::test_trust_remote_code_is_off_unless_set",
     "max_consecutive_skips": "tests/test_reliability.py::test_consecutive_non_finite_updates_stop",
+    "overwrite": "test_run_safety.py::test_overwrite_replaces_the_earlier_run_and_resume_continues_it",
+    "sft_target_accuracy": "test_run_safety.py::test_warm_start_stops_once_the_probe_reaches_the_target",
+    "report_to": "test_trl_names_and_reporting.py::test_a_grpo_run_reports_to_wandb_and_tensorboard",
+    "answer_column": "test_own_task.py::test_missing_answers_name_the_column_and_the_way_out",
+    "use_peft": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged",
+    "lora_r": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter shapes)",
+    "lora_alpha": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter config)",
+    "lora_dropout": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter config)",
+    "lora_target_modules": "test_own_task.py::test_lora_resume_continues_bitwise; "
+    "test_lora_target_that_matches_nothing_and_missing_peft",
 }
 
 
@@ -286,7 +299,9 @@ def test_dataset_files_and_prompt_column(tmp_path):
     result = train_grpo(cfg, reward_funcs=[ones_reward])
     assert result.eval_before["num_prompts"] == 3
     with pytest.raises(Exception, match="no column 'prompt'"):
-        train_grpo(cfg.model_copy(update={"prompt_column": "prompt"}), reward_funcs=[ones_reward])
+        train_grpo(
+            cfg.model_copy(update={"prompt_column": "prompt", "overwrite": True}), reward_funcs=[ones_reward]
+        )
 
 
 def test_prompt_truncation_error(tmp_path):

@@ -80,12 +80,23 @@ def _explain(error: ValidationError, schema: type[BaseModel], source: str) -> Co
 
 def load_config(schema: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:
     """Validate `path` (optional YAML file) updated by `overrides` against `schema`."""
-    data = _read_yaml(path) if path is not None else {}
-    data.update(parse_overrides(overrides))
+    from .trl_names import translate
+
     source = (
         ", ".join(filter(None, [str(path) if path else "", "command line" if overrides else ""]))
         or "defaults"
     )
+    data: dict[str, Any] = {}
+    # TRL names are translated per source, so that a command-line alias (bf16=true) overrides the
+    # file's value of what it stands for (dtype) instead of contradicting it
+    for where, values in [
+        (str(path), _read_yaml(path) if path is not None else {}),
+        ("command line", parse_overrides(overrides)),
+    ]:
+        try:
+            data.update(translate(schema.__name__, schema.model_fields, values))
+        except ConfigError as error:
+            raise ConfigError(f"invalid configuration ({where}):\n  {error}") from None
     try:
         return schema.model_validate(data)
     except ValidationError as error:

@@ -10,39 +10,93 @@ No torch import here: `grpokit print-config` and config errors are instant.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from . import trl_names
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+REPORTERS = ("tensorboard", "wandb")
 
 
-class _TinyModel(BaseModel):
+def _report_to(value: Any) -> Any:
+    """TRL's forms: one name or a list; "none" = nothing; "all" = every one installed."""
+    import importlib.util
+
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)):
+        return value  # pydantic says what type it wants
+    out: list[Any] = []
+    for name in names:
+        if name == "all":
+            out += [n for n in REPORTERS if importlib.util.find_spec(n) is not None]
+        elif name not in ("none", None):
+            if name not in REPORTERS:
+                raise ValueError(f"{name!r} is not a destination grpokit has; use tensorboard, wandb or none")
+            out.append(name)
+    return list(dict.fromkeys(out))
+
+
+ReportTo = Annotated[list[Literal["tensorboard", "wandb"]], BeforeValidator(_report_to)]
+
+
+class _Keys(BaseModel):
+    """Every config: TRL's names are translated or answered, unknown keys get the closest valid name
+    (config/trl_names.py), for YAML, key=value and Python alike."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        return trl_names.check_keys(cls.__name__, cls.model_fields, data)
+
+
+class _TinyModel(_Keys):
     """The size of the built-in tiny Llama (used when model is 'tiny')."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    tiny_hidden_size: int = Field(128, ge=8)
-    tiny_num_layers: int = Field(4, ge=1)
-    tiny_num_heads: int = Field(4, ge=1)
-    tiny_intermediate_size: int = Field(256, ge=8)
+    tiny_hidden_size: int = Field(128, ge=8, description="model=tiny: hidden size")
+    tiny_num_layers: int = Field(4, ge=1, description="model=tiny: decoder layers")
+    tiny_num_heads: int = Field(4, ge=1, description="model=tiny: attention heads")
+    tiny_intermediate_size: int = Field(256, ge=8, description="model=tiny: MLP width")
 
 
-class _Optimisation(BaseModel):
+class _Optimisation(_Keys):
     """AdamW, schedule and clipping, as TRL's defaults (the learning rate is each trainer's own)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
-    adam_epsilon: float = Field(1e-8, gt=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
+        "linear", description="after warm-up: constant, or linear / cosine decay to 0 at max_steps"
+    )
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up to learning_rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
+    adam_epsilon: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="clip the gradient norm to this before each update")
 
 
-class GRPOConfig(_TinyModel, _Optimisation):
+class _RunControl(_Keys):
+    """How a training run treats its output_dir, and what it reports (GRPO and reward training)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    resume: bool = Field(False, description="continue from the last complete checkpoint in output_dir")
+    overwrite: bool = Field(
+        False, description="delete an earlier run in output_dir first (without it or resume: an error)"
+    )
+    progress: bool = Field(True, description="show a progress bar")
+    report_to: ReportTo = Field(
+        ["tensorboard"],
+        description="where metrics go besides metrics.jsonl: tensorboard (output_dir/tensorboard), wandb "
+        "(offline unless WANDB_MODE or WANDB_API_KEY is set); [] or none = nowhere else (TRL: none; "
+        "TensorBoard here, as it is installed with grpokit)",
+    )
+
+
+class GRPOConfig(_RunControl, _TinyModel, _Optimisation):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     # ---------------------------------------------------------------- run
@@ -58,12 +112,12 @@ class GRPOConfig(_TinyModel, _Optimisation):
     log_completions_steps: int = Field(
         50, ge=0, description="print a table of sample completions every N steps"
     )
-    resume: bool = Field(False, description="continue from the last complete checkpoint in output_dir")
-    progress: bool = Field(True, description="show a progress bar")
 
     # ---------------------------------------------------------------- model
     model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype the model is kept and trained in (TRL's bf16=true / fp16=true map here)"
+    )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
     )
@@ -86,16 +140,33 @@ class GRPOConfig(_TinyModel, _Optimisation):
     dataset: str | None = Field(
         None, description="prompt file (.jsonl/.json/.csv/.parquet) when task is None"
     )
-    eval_dataset: str | None = None
-    prompt_column: str = "prompt"
+    eval_dataset: str | None = Field(None, description="held-out prompt file, when task is None")
+    prompt_column: str = Field("prompt", description="the column holding the prompt")
     num_eval_prompts: int = Field(200, ge=1, description="held-out prompts used by evaluation")
 
     # ---------------------------------------------------------------- supervised warm start
     sft_steps: int = Field(
         0, ge=0, description="supervised steps on the task's answers before GRPO (0 = none)"
     )
-    sft_batch_size: int = Field(256, ge=1)
-    sft_learning_rate: float = Field(3e-3, gt=0)
+    sft_examples: int | None = Field(
+        None,
+        ge=1,
+        description="the warm start learns from the first N training rows (demonstrations; None = all); "
+        "GRPO then trains on every prompt",
+    )
+    sft_warmup_steps: int = Field(
+        0, ge=0, description="warm start: linear warm-up steps before its cosine decay to 0"
+    )
+    sft_target_accuracy: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="end the warm start early once greedy accuracy on a probe of training prompts "
+        "reaches this (checked every 10 steps; needs an exact accuracy: a task or an answer column); "
+        "None = run sft_steps",
+    )
+    sft_batch_size: int = Field(256, ge=1, description="warm start: examples per step")
+    sft_learning_rate: float = Field(3e-3, gt=0, description="warm start: peak learning rate")
 
     # ---------------------------------------------------------------- generation
     sampler: Literal["kv", "hf"] = Field(
@@ -104,44 +175,73 @@ class GRPOConfig(_TinyModel, _Optimisation):
     num_generations: int = Field(8, ge=2, description="G, completions per prompt (TRL: 8)")
     prompts_per_step: int = Field(32, ge=1, description="P, prompts per generation batch (B = P·G rows)")
     micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward; gradients accumulate")
-    max_prompt_length: int | None = Field(None, ge=1, description="None = the task's, or no limit")
-    max_completion_length: int | None = Field(None, ge=1, description="None = the task's (TRL: 256)")
-    prompt_truncation: Literal["left", "error"] = "left"
-    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 = off (TRL: 0)")
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    max_prompt_length: int | None = Field(
+        None, ge=1, description="prompt tokens (None = the task's, or no limit)"
+    )
+    max_completion_length: int | None = Field(
+        None, ge=1, description="tokens per completion (None = the task's; TRL: 256)"
+    )
+    prompt_truncation: Literal["left", "error"] = Field(
+        "left", description="prompts over max_prompt_length: cut from the left (counted) or an error"
+    )
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the top-p probability mass")
+    top_k: int = Field(0, ge=0, description="sample from the k likeliest tokens (0 = off; TRL: 0)")
+    min_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="drop tokens below min_p × the top token's probability (None = off)"
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, description="penalise tokens already generated, as transformers does (1 = off)"
+    )
 
     # ---------------------------------------------------------------- algorithm
-    loss_type: LossType = "dapo"
+    loss_type: LossType = Field("dapo", description="the GRPO variant's surrogate and normaliser (TRL: dapo)")
     beta: float = Field(0.0, ge=0.0, description="KL coefficient (TRL: 0.0)")
-    epsilon: float = Field(0.2, ge=0.0)
+    epsilon: float = Field(
+        0.2, ge=0.0, description="clip range: the ratio is kept within [1-epsilon, 1+epsilon_high]"
+    )
     epsilon_high: float | None = Field(
-        None, ge=0.0, description="None = epsilon; for cispo the absolute weight cap"
+        None, ge=0.0, description="upper clip range (None = epsilon); for cispo the absolute weight cap"
     )
     delta: float | None = Field(None, gt=1.0, description="two-sided clipping cap on the ratio (> 1)")
-    importance_sampling_level: Literal["token", "sequence", "sequence_token"] = "token"
-    top_entropy_quantile: float = Field(1.0, gt=0.0, le=1.0)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    importance_sampling_level: Literal["token", "sequence", "sequence_token"] = Field(
+        "token", description="the ratio per token, per sequence (GSPO) or sequence_token (GSPO-token)"
+    )
+    top_entropy_quantile: float = Field(
+        1.0, gt=0.0, le=1.0, description="policy loss only on tokens in the top quantile of entropy (1 = all)"
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)"
+    )
     num_iterations: int = Field(1, ge=1, description="μ: optimizer steps per generation batch")
-    mask_truncated_completions: bool = False
+    mask_truncated_completions: bool = Field(
+        False, description="completions cut at max_completion_length get no loss (DAPO)"
+    )
     reward_funcs: list[dict[str, Any]] | None = Field(
         None,
         description="None = the task's reward; else entries {model: DIR} (a trained reward model, "
-        "optional batch_size, device) or {builtin: exact_answer | math_answer | format_tags | task}",
+        "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | task} or "
+        "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns))",
     )
-    reward_weights: list[float] | None = None
-    use_bias_correction_kl: bool = True
-    sync_ref_model: bool = False
-    ref_model_mixup_alpha: float = Field(0.6, ge=0.0, le=1.0)
-    ref_model_sync_steps: int = Field(512, ge=1)
+    reward_weights: list[float] | None = Field(
+        None, description="one weight per reward function, summed into the reward (None = all 1)"
+    )
+    use_bias_correction_kl: bool = Field(True, description="multiply the KL term by the ratio (TRL 1.16)")
+    sync_ref_model: bool = Field(
+        False, description="move the reference toward the policy every ref_model_sync_steps (TR-DPO)"
+    )
+    ref_model_mixup_alpha: float = Field(
+        0.6, ge=0.0, le=1.0, description="sync: reference = alpha·policy + (1-alpha)·reference"
+    )
+    ref_model_sync_steps: int = Field(512, ge=1, description="sync the reference every N steps")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards all agree, draw more")
     max_resample_batches: int = Field(4, ge=1, description="bound on extra generation batches per step")
-    on_reward_error: Literal["raise", "unscorable"] = "raise"
+    on_reward_error: Literal["raise", "unscorable"] = Field(
+        "raise", description="a failing reward function: stop naming it, or score the row None (counted)"
+    )
 
     # ---------------------------------------------------------------- optimisation
-    learning_rate: float = Field(1e-6, gt=0.0, description="TRL: 1e-6")
+    learning_rate: float = Field(1e-6, gt=0.0, description="peak AdamW learning rate (TRL: 1e-6)")
     max_consecutive_skips: int = Field(
         3,
         ge=1,
@@ -151,6 +251,27 @@ class GRPOConfig(_TinyModel, _Optimisation):
     # ---------------------------------------------------------------- evaluation
     pass_at_k: int = Field(
         0, ge=0, description="also sample k completions per held-out prompt and report pass@k"
+    )
+
+    # ---------------------------------------------------------------- own data; LoRA (TRL ModelConfig names)
+    answer_column: str = Field(
+        "answer",
+        description="the column of a dataset's rows holding the reference answer: what sft_steps learns, "
+        "and the exact-match accuracy evaluation reports when every held-out row has one",
+    )
+    use_peft: bool = Field(
+        False, description="train LoRA adapters (after any warm start) instead of every weight (needs peft)"
+    )
+    lora_r: int = Field(16, ge=1, description="LoRA rank (TRL: 16)")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scale numerator: adapters scale by alpha/r (TRL: 32)")
+    lora_dropout: float = Field(
+        0.05, ge=0.0, lt=1.0, description="dropout on the adapters' input (TRL: 0.05)"
+    )
+    lora_target_modules: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="module names to adapt (e.g. [q_proj, v_proj]); None = every linear projection "
+        "except the LM head",
     )
 
     @model_validator(mode="after")
@@ -164,13 +285,30 @@ class GRPOConfig(_TinyModel, _Optimisation):
         if self.reward_weights is not None and not self.reward_weights:
             raise ValueError("reward_weights, when given, needs one weight per reward function")
         for spec in self.reward_funcs or []:
-            kinds = {"model", "builtin"} & set(spec)
-            if len(kinds) != 1 or set(spec) - {"model", "builtin", "batch_size", "device"}:
-                raise ValueError(
-                    f"reward_funcs entry {spec} must have exactly one of 'model' (a directory) or 'builtin' "
-                    "(exact_answer, math_answer, format_tags, task), and optionally batch_size, device"
-                )
+            _check_reward_entry(spec)
         return self
+
+
+def _check_reward_entry(spec: dict[str, Any]) -> None:
+    """One reward_funcs entry: exactly one of model / builtin / python, and only the options it takes."""
+    kinds = {"model", "builtin", "python"} & set(spec)
+    extras = set(spec) - {"model", "builtin", "python", "batch_size", "device"}
+    if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):
+        raise ValueError(
+            f"reward_funcs entry {spec} must have exactly one of 'model' (a directory), 'builtin' "
+            "(exact_answer, math_answer, format_tags, task) or 'python' (FILE.py:FUNCTION or "
+            "package.module:FUNCTION); a model entry optionally batch_size, device"
+        )
+    if "python" in spec:
+        ref = spec["python"]
+        where, sep, name = ref.rpartition(":") if isinstance(ref, str) else ("", "", "")
+        if isinstance(ref, str) and not sep and not ref.endswith(".py"):
+            where, sep, name = ref.rpartition(".")
+        if not sep or not where.strip() or not name.isidentifier():
+            raise ValueError(
+                f"reward_funcs entry {spec}: 'python' must name a function as 'FILE.py:FUNCTION', "
+                "'package.module:FUNCTION' or 'package.module.FUNCTION'"
+            )
 
 
 class SFTConfig(_TinyModel):
@@ -178,39 +316,51 @@ class SFTConfig(_TinyModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    output_dir: str = "runs/sft"
-    seed: int = 42
-    model: str = "tiny"
-    task: Literal["addition", "countdown", "reverse"] = "addition"
-    num_eval_prompts: int = Field(200, ge=1)
-    max_steps: int = Field(600, ge=1)
-    batch_size: int = Field(256, ge=1)
-    learning_rate: float = Field(3e-3, gt=0.0)
-    progress: bool = True
+    output_dir: str = Field("runs/sft", description="where the final model and config go")
+    seed: int = Field(42, description="seeds initialisation and example order")
+    model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
+    task: Literal["addition", "countdown", "reverse"] | None = Field(
+        "addition", description="a built-in task; None to train on `dataset`"
+    )
+    num_eval_prompts: int = Field(200, ge=1, description="held-out prompts for the accuracy after training")
+    max_steps: int = Field(600, ge=1, description="supervised steps")
+    batch_size: int = Field(256, ge=1, description="examples per step")
+    learning_rate: float = Field(3e-3, gt=0.0, description="peak learning rate")
+    progress: bool = Field(True, description="show progress")
+
+    # ---------------------------------------------------------------- own data (as GRPOConfig)
+    dataset: str | None = Field(
+        None, description="prompt/answer file (.jsonl/.json/.csv/.parquet) when task is None"
+    )
+    eval_dataset: str | None = Field(
+        None, description="held-out prompt/answer file: greedy exact-answer accuracy after training"
+    )
+    prompt_column: str = Field("prompt", description="the column holding the prompt")
+    answer_column: str = Field("answer", description="the column holding the answer the model learns")
 
 
-class RewardConfig(_TinyModel, _Optimisation):
+class RewardConfig(_RunControl, _TinyModel, _Optimisation):
     """Bradley–Terry reward-model training. Names and defaults follow TRL 1.16's RewardConfig where
     TRL has the option (learning_rate 1e-4, max_length 1024, center_rewards_coefficient None)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     # ---------------------------------------------------------------- run
-    output_dir: str = "runs/reward"
-    seed: int = 42
-    max_steps: int = Field(300, ge=1)
-    logging_steps: int = Field(1, ge=1)
+    output_dir: str = Field("runs/reward", description="where metrics, checkpoints and calibration go")
+    seed: int = Field(42, description="seeds initialisation, pair order and the built-in pairs")
+    max_steps: int = Field(300, ge=1, description="optimizer steps")
+    logging_steps: int = Field(1, ge=1, description="write metrics every N steps")
     save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0 = only at the end)")
-    save_total_limit: int = Field(2, ge=1)
+    save_total_limit: int = Field(2, ge=1, description="keep the last K checkpoints")
     eval_steps: int = Field(50, ge=0, description="evaluate every N steps (0 = start and end only)")
-    resume: bool = False
-    progress: bool = True
 
     # ---------------------------------------------------------------- model
     model: str = Field(
         "tiny", description="a local sequence-classification or causal-LM directory, or 'tiny'"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype the model is kept and trained in (TRL's bf16=true / fp16=true map here)"
+    )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
     )
@@ -226,8 +376,8 @@ class RewardConfig(_TinyModel, _Optimisation):
     dataset: str | None = Field(
         None, description="preference file with chosen/rejected (prompt, margin optional)"
     )
-    eval_dataset: str | None = None
-    num_eval_pairs: int = Field(200, ge=1)
+    eval_dataset: str | None = Field(None, description="held-out preference file when task is None")
+    num_eval_pairs: int = Field(200, ge=1, description="held-out pairs used by evaluation")
     max_length: int = Field(1024, ge=2, description="tokens per sequence (TRL: 1024)")
     long_pairs: Literal["drop", "truncate"] = Field(
         "drop", description="pairs over max_length: dropped (TRL) or cut"
@@ -236,8 +386,12 @@ class RewardConfig(_TinyModel, _Optimisation):
     # ---------------------------------------------------------------- optimisation
     batch_size: int = Field(64, ge=1, description="pairs per optimizer step")
     micro_batch_size: int = Field(64, ge=1, description="pairs per forward/backward; gradients accumulate")
-    center_rewards_coefficient: float | None = Field(None, ge=0.0, description="TRL: None; EasyDeL: 0.1")
-    learning_rate: float = Field(1e-4, gt=0.0, description="TRL RewardConfig: 1e-4")
+    center_rewards_coefficient: float | None = Field(
+        None,
+        ge=0.0,
+        description="adds this × mean((r_chosen + r_rejected)²), centring rewards (TRL: None; EasyDeL: 0.1)",
+    )
+    learning_rate: float = Field(1e-4, gt=0.0, description="peak AdamW learning rate (TRL: 1e-4)")
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop after this many non-finite updates in a row"
     )

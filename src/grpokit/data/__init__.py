@@ -1,5 +1,6 @@
 """Prompt datasets and the built-in tasks."""
 
+from .custom import answer_checker, check_characters, data_alphabet, has_answers, require_answers, sft_rows
 from .preferences import (
     PreferenceBatch,
     collate_preferences,
@@ -19,6 +20,12 @@ __all__ = [
     "preference_pairs",
     "pretokenize",
     "TASKS",
+    "answer_checker",
+    "check_characters",
+    "data_alphabet",
+    "has_answers",
+    "require_answers",
+    "sft_rows",
     "DataError",
     "PromptSampler",
     "Task",

@@ -8,12 +8,25 @@ from .hf import (
     build_policy,
     build_reward_model,
     char_tokenizer,
+    char_vocabulary,
     load_policy,
     load_reward_model,
     save_policy,
 )
 from .lean_llama import KVCache, LeanLlamaDecoder, lean_decoder
-from .lora import apply_lora, is_lora, reference_model
+from .lora import (
+    ADAPTER_DIR,
+    apply_lora,
+    base_state_dict,
+    check_lora_targets,
+    is_lora,
+    linear_module_names,
+    load_lora_weights,
+    merge_lora,
+    reference_model,
+    require_peft,
+    save_lora,
+)
 from .reference import make_reference, should_sync, sync_reference
 from .reward_model import encode_for_reward, pad_left, reward_scores
 
@@ -25,7 +38,16 @@ __all__ = [
     "LoadedPolicy",
     "last_hidden_states",
     "lm_head_of",
+    "ADAPTER_DIR",
     "apply_lora",
+    "base_state_dict",
+    "char_vocabulary",
+    "check_lora_targets",
+    "linear_module_names",
+    "load_lora_weights",
+    "merge_lora",
+    "require_peft",
+    "save_lora",
     "is_lora",
     "reference_model",
     "build_policy",

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .lora import ADAPTER_DIR, merge_lora
+
 logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -50,6 +52,18 @@ def char_tokenizer(alphabet: str, *, model_max_length: int = 2048) -> Any:
         model_max_length=model_max_length,
         padding_side="left",
     )
+
+
+def char_vocabulary(tokenizer: Any) -> set[str] | None:
+    """The characters a character-level tokenizer knows (every ordinary token is one character, and
+    anything else becomes <unk>), or None for any other kind of tokenizer."""
+    if getattr(tokenizer, "unk_token", None) is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    special = set(getattr(tokenizer, "all_special_tokens", []))
+    ordinary = [token for token in tokenizer.get_vocab() if token not in special]
+    if not ordinary or any(len(token) != 1 for token in ordinary):
+        return None
+    return set(ordinary)
 
 
 def llama_config(
@@ -215,6 +229,7 @@ def load_policy(
     """Load a causal LM and its tokenizer from a local directory (never from a hub).
 
     A tokenizer without a pad token gets its eos token as pad (logged); prompts are left-padded.
+    A LoRA checkpoint (adapters in `lora_adapter/`) comes back with its adapters merged.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -228,6 +243,8 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(
             directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
         ).to(device)
+    if (directory / ADAPTER_DIR / "adapter_config.json").is_file():  # a LoRA checkpoint: merged on load
+        model = merge_lora(model, directory)
     with _readable(directory):
         tokenizer = AutoTokenizer.from_pretrained(
             directory, local_files_only=True, trust_remote_code=trust_remote_code

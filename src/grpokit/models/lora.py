@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def require_peft(option: str = "use_peft=true") -> None:
+    """One clear line, before any work, when LoRA is asked for and peft is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError(f"{option} needs the peft package: pip install 'grpokit[lora]'.")
 
 
 def apply_lora(
@@ -16,15 +25,90 @@ def apply_lora(
     r: int = 16,
     alpha: int = 32,
     dropout: float = 0.0,
-    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    target_modules: Sequence[str] | str = ("q_proj", "k_proj", "v_proj", "o_proj"),
 ) -> Any:
-    """Wrap `model` with trainable LoRA adapters; only the adapters require gradients."""
+    """Wrap `model` with trainable LoRA adapters; only the adapters require gradients.
+    target_modules: module names, or "all-linear" (every linear projection except the LM head)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ImportError("LoRA needs the peft package: pip install 'grpokit[lora]'.") from None
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules))
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    if not isinstance(targets, str):
+        check_lora_targets(model, targets)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
     return get_peft_model(model, config)
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The distinct last names of the model's linear layers (what lora_target_modules may name)."""
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return sorted(names)
+
+
+def check_lora_targets(model: Any, targets: Sequence[str]) -> None:
+    """Every name in `targets` must be the last name of some module of `model`; else one line listing
+    the linear layers there are."""
+    present = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in present)]
+    if missing:
+        raise ValueError(
+            f"lora_target_modules {missing} match no module of the model; its linear layers are "
+            f"{', '.join(linear_module_names(model))} (or leave lora_target_modules unset for all of them)."
+        )
+
+
+ADAPTER_DIR = "lora_adapter"  # a LoRA checkpoint: base weights at its root, the adapters in here
+
+
+def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The frozen base weights of a LoRA model under the plain model's own names (no adapters)."""
+    weights = model.get_base_model().state_dict()
+    return {k.replace(".base_layer.", "."): v for k, v in weights.items() if "lora_" not in k}
+
+
+def save_lora(model: Any, directory: Path) -> None:
+    """A LoRA model as a loadable directory: the base model (config.json, model.safetensors) at the
+    root, so transformers loads it as it is, and PEFT's adapter files in `lora_adapter/`."""
+    base = model.get_base_model()
+    base.save_pretrained(directory, safe_serialization=True, state_dict=base_state_dict(model))
+    model.save_pretrained(directory / ADAPTER_DIR, safe_serialization=True)
+
+
+def load_lora_weights(model: Any, directory: Path) -> None:
+    """Restore a LoRA model's base weights and adapters from a `save_lora` directory (resume)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    plain = load_file(directory / "model.safetensors")
+    base = model.get_base_model()
+    names = {k.replace(".base_layer.", "."): k for k in base.state_dict() if "lora_" not in k}
+    missing = [n for n in names if n not in plain and "rotary" not in n]
+    if missing or set(plain) - set(names):
+        raise ValueError(
+            f"checkpoint {directory} does not match the model (missing {missing}, unexpected "
+            f"{sorted(set(plain) - set(names))})."
+        )
+    base.load_state_dict({names[k]: v for k, v in plain.items()}, strict=False)
+    adapters = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors")
+    result = set_peft_model_state_dict(model, adapters)
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(
+            f"checkpoint {directory}: its adapters do not match the model ({result.unexpected_keys})."
+        )
+
+
+def merge_lora(model: Any, directory: Path) -> Any:
+    """`model` (the base loaded from `directory`) with the adapters of `directory/lora_adapter`
+    merged into its weights: a plain model of the same architecture."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ValueError(
+            f"{directory} holds LoRA adapters ({ADAPTER_DIR}/); loading them needs the peft package: "
+            "pip install 'grpokit[lora]'."
+        ) from None
+    return PeftModel.from_pretrained(model, directory / ADAPTER_DIR).merge_and_unload()
 
 
 def is_lora(model: Any) -> bool:

@@ -10,12 +10,16 @@ from .builtin import (
     overlong_penalty,
     parse_number,
 )
+from .loading import RewardReferenceError, load_reward_reference, split_reference
 from .reward_model import RewardModelFunction
 from .scoring import RewardFunctionError, RewardScores, reward_name, score_completions
 
 __all__ = [
     "RewardFunctionError",
     "RewardModelFunction",
+    "RewardReferenceError",
+    "load_reward_reference",
+    "split_reference",
     "RewardScores",
     "exact_answer",
     "extract_math_answer",

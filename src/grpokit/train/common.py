@@ -4,19 +4,20 @@ metrics. The loops themselves (grpo.py, sft.py) read top to bottom and call into
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..models import build_policy, char_tokenizer, load_policy
+from ..models import build_policy, char_tokenizer, is_lora, load_lora_weights, load_policy, save_lora
 
 CHECKPOINT_PREFIX = "checkpoint-"
 
@@ -38,7 +39,8 @@ def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tu
         return loaded.model, loaded.tokenizer
     if alphabet is None:
         raise ValueError(
-            "model='tiny' needs a built-in task (its alphabet makes the tokenizer); set task or model."
+            "model='tiny' needs a built-in task or a dataset (their characters make the tokenizer); "
+            "set task, dataset or model."
         )
     tokenizer = char_tokenizer(alphabet)
     model = build_policy(
@@ -54,6 +56,36 @@ def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tu
     if getattr(cfg, "gradient_checkpointing", False):
         model.gradient_checkpointing_enable()
     return model, tokenizer
+
+
+def check_known_characters(
+    tokenizer: Any, model_name: str, parts: list[tuple[str, Any]], columns: list[str]
+) -> None:
+    """With a character tokenizer, every character of `columns` of every (source, rows) part must be
+    in its vocabulary (else it would silently become <unk>): one DataError naming the first one."""
+    from ..data import check_characters
+    from ..models import char_vocabulary
+
+    known = char_vocabulary(tokenizer)
+    if known is None:
+        return
+    model = "model: tiny" if model_name == "tiny" else repr(str(model_name))
+    for source, rows in parts:
+        check_characters(rows, known, columns=columns, source=source, model=model)
+
+
+def lora_from_config(cfg: Any, model: Any) -> Any:
+    """`model` with LoRA adapters as the config says (use_peft, lora_r, lora_alpha, lora_dropout,
+    lora_target_modules; None = every linear projection except the LM head)."""
+    from ..models import apply_lora
+
+    return apply_lora(
+        model,
+        r=cfg.lora_r,
+        alpha=cfg.lora_alpha,
+        dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_target_modules or "all-linear",
+    )
 
 
 def make_optimizer(params: Any, cfg: Any) -> torch.optim.Optimizer:
@@ -94,24 +126,69 @@ def make_scheduler(
 # ----------------------------------------------------------------------------- metrics
 
 
+def _reporter(name: str, report_to: Sequence[str]) -> Any:
+    """What a `report_to` destination writes with (TensorBoard's SummaryWriter, the wandb module), or
+    one line naming the fix."""
+    try:
+        if name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter
+        import wandb
+
+        return wandb
+    except ImportError as error:
+        from ..config import ConfigError
+
+        rest = ", ".join(n for n in report_to if n != name)
+        raise ConfigError(
+            f"report_to includes {name} but it cannot be imported ({error}): install it with "
+            f"`pip install {name}`, or leave it out with report_to=[{rest}]."
+        ) from None
+
+
+def check_reporters(report_to: Sequence[str]) -> None:
+    """Before any work: every destination in `report_to` can be written to (else one clear line)."""
+    for name in report_to:
+        _reporter(name, report_to)
+
+
+def wandb_settings(output_dir: Path) -> dict[str, Any]:
+    """wandb.init's arguments, offline-safe: offline unless the user set WANDB_MODE or has an API key
+    (WANDB_API_KEY), so a run never waits on a network login; project from WANDB_PROJECT."""
+    online_allowed = "WANDB_MODE" in os.environ or bool(os.environ.get("WANDB_API_KEY"))
+    return {
+        "project": os.environ.get("WANDB_PROJECT") or "grpokit",
+        "name": output_dir.resolve().name,
+        "dir": str(output_dir),
+        "mode": None if online_allowed else "offline",
+    }
+
+
 @dataclass
 class MetricsWriter:
-    """Metrics to `metrics.jsonl` (one JSON object per step), and to TensorBoard when installed."""
+    """Metrics to `metrics.jsonl` (one JSON object per step, always), and to each destination in
+    `report_to`: TensorBoard (output_dir/tensorboard) and Weights & Biases (output_dir/wandb, with
+    `config`, the resolved run config)."""
 
     output_dir: Path
+    report_to: Sequence[str] = ()
+    config: dict[str, Any] | None = None
     tensorboard: Any = None
+    wandb: Any = None  # the wandb run
     last_eval: dict[str, Any] = field(default_factory=dict)  # the last row written with prefix "eval/"
     _file: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_reporters(self.report_to)  # before anything is opened
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._file = (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tensorboard = SummaryWriter(str(self.output_dir / "tensorboard"))
-        except ImportError:
-            self.tensorboard = None
+        if "tensorboard" in self.report_to:
+            summary_writer = _reporter("tensorboard", self.report_to)
+            self.tensorboard = summary_writer(str(self.output_dir / "tensorboard"))
+        if "wandb" in self.report_to:
+            wandb = _reporter("wandb", self.report_to)
+            self.wandb = wandb.init(config=self.config, **wandb_settings(self.output_dir))
 
     def write(self, step: int, metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
         row = {"step": step, "time": time.time()}
@@ -122,16 +199,20 @@ class MetricsWriter:
         self._file.flush()
         if prefix == "eval/":
             self.last_eval = row
+        scalars = {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))}
         if self.tensorboard is not None:
-            for key, value in row.items():
-                if key not in ("step", "time") and isinstance(value, (int, float)):
-                    self.tensorboard.add_scalar(key, value, step)
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(key, value, step)
+        if self.wandb is not None and scalars:
+            self.wandb.log(scalars, step=step)
         return row
 
     def close(self) -> None:
         self._file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 class NullWriter:
@@ -166,6 +247,102 @@ def truncate_metrics_after(output_dir: Path, step: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
+# ----------------------------------------------------------------------------- run directories
+
+# What a run writes into its output_dir (and `overwrite=true` removes): nothing else there is touched.
+RUN_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "calibration.json", "config.yaml")
+RUN_DIRS = ("tensorboard", "wandb", "report", "final")
+
+
+def earlier_run(output_dir: Path) -> list[str]:
+    """What in `output_dir` belongs to an earlier run (metrics or checkpoints), by name."""
+    if not output_dir.is_dir():
+        return []
+    found = [p.name for p in sorted(output_dir.glob(f"{CHECKPOINT_PREFIX}*")) if p.is_dir()]
+    # (a warm start stopped by a signal leaves only config.yaml and sft_metrics.jsonl: not a run yet,
+    # so the same command starts again)
+    found += [name for name in ("metrics.jsonl", "final") if (output_dir / name).exists()]
+    return found
+
+
+def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool, is_main: bool = True) -> None:
+    """Refuse, before any work, to start a new run where an earlier one lives (its metrics would be
+    mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
+    having higher step numbers). `resume` continues the earlier run; `overwrite` deletes it first
+    (on the main process; call this on every process before any of them writes)."""
+    found = earlier_run(output_dir)
+    if not found or resume:
+        return
+    if not overwrite:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise FileExistsError(
+            f"output_dir {str(output_dir)!r} already holds a run ({shown}); continue it with resume=true, "
+            "start a new one with another output_dir=..., or replace it with overwrite=true."
+        )
+    if is_main:
+        for name in RUN_FILES:
+            (output_dir / name).unlink(missing_ok=True)
+        for path in [
+            *output_dir.glob(f"{CHECKPOINT_PREFIX}*"),
+            *output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"),
+        ]:
+            shutil.rmtree(path, ignore_errors=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(output_dir / name, ignore_errors=True)
+
+
+def warn(on_event: Callable[[str, int, dict[str, Any]], None] | None, step: int, message: str) -> None:
+    """A warning for the user: to the progress display when there is one, else to the `grpokit` logger."""
+    if on_event is not None:
+        on_event("warning", step, {"message": message})
+    else:
+        logging.getLogger("grpokit").warning("step %d: %s", step, message)
+
+
+def write_sft_metrics(output_dir: Path, losses: list[float]) -> None:
+    """The warm start's loss per step, for the report (`sft_metrics.jsonl`, one row per step)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    rows = (json.dumps({"sft_step": i + 1, "sft/loss": loss}) for i, loss in enumerate(losses))
+    (output_dir / "sft_metrics.jsonl").write_text("".join(row + "\n" for row in rows))
+
+
+@dataclass
+class ZeroSpreadWatch:
+    """Says once when a run cannot learn: GRPO's advantage is zero in a group whose G rewards all
+    agree, so when most groups agree for `patience` steps in a row, no gradient reaches the policy.
+    Re-arms once the share falls back."""
+
+    patience: int = 10
+    threshold: float = 0.5  # "most groups"
+    _run: int = 0
+    _warned: bool = False
+
+    def update(self, frac_zero_std: float, reward: float) -> str | None:
+        self._run = self._run + 1 if frac_zero_std > self.threshold else 0
+        if self._run == 0:
+            self._warned = False
+        if self._run < self.patience or self._warned:
+            return None
+        self._warned = True
+        head = f"{100 * frac_zero_std:.0f}% of groups have had zero reward spread for {self._run} steps"
+        if reward >= 0.95:
+            return (
+                f"{head}: the policy already solves almost every prompt, so there is little left to learn "
+                "from them. Use harder prompts, or stop here."
+            )
+        cause = (
+            "almost every completion scores 0"
+            if reward < 0.05
+            else "the G completions of a prompt score alike"
+        )
+        return (
+            f"{head} ({cause}): GRPO's advantages are then zero and the policy barely moves. Fixes: "
+            "a supervised warm start (sft_steps), a higher temperature, more completions per prompt "
+            "(num_generations), an easier curriculum or a reward with partial credit, or "
+            "dynamic_sampling=true."
+        )
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
@@ -195,7 +372,10 @@ def save_checkpoint(
     if not keep_staged:  # FSDP ranks have already written their shards into the staging directory
         shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
+    if is_lora(model):  # base weights at the root, adapters in lora_adapter/ (load_policy merges them)
+        save_lora(model, tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     torch.save(training_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
@@ -235,6 +415,9 @@ def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
     """Restore the weights of `model` from `checkpoint` and return its training state."""
     from safetensors.torch import load_file
 
+    if is_lora(model):
+        load_lora_weights(model, checkpoint)
+        return torch.load(checkpoint / "state.pt", weights_only=True)
     weights = load_file(checkpoint / "model.safetensors")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected or [m for m in missing if "rotary" not in m]:
@@ -437,9 +620,11 @@ def begin(
     restore: Callable[[Path], tuple[int, dict[str, float]]],
     evaluate: Callable[[], dict[str, float]],
     emit: Callable[[str, int, dict[str, Any]], None],
+    cfg: Any = None,
 ) -> tuple[int, dict[str, float], Any]:
     """Resume from `checkpoint` (dropping metric rows written after it) or evaluate the starting
-    policy; open the metrics writer (rank 0 only). Returns (start step, eval before, writer)."""
+    policy; open the metrics writer (rank 0 only) with `cfg.report_to`. Returns (start step, eval
+    before, writer)."""
     if checkpoint is not None:
         start, eval_before = restore(checkpoint)
         if d.is_main:
@@ -447,7 +632,17 @@ def begin(
         emit("resumed", start, {"checkpoint": str(checkpoint)})
     else:
         start, eval_before = 0, evaluate()
-    writer = MetricsWriter(output_dir) if d.is_main else NullWriter()
+        if d.is_main:  # a fresh start (resume found no checkpoint): earlier rows are not this run's
+            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+    writer = (
+        MetricsWriter(
+            output_dir,
+            report_to=getattr(cfg, "report_to", ()),
+            config=cfg.model_dump(mode="json") if cfg is not None else None,
+        )
+        if d.is_main
+        else NullWriter()
+    )
     if start == 0:
         writer.write(0, eval_before, prefix="eval/")
     emit("start", start, eval_before)

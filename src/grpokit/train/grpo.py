@@ -26,13 +26,26 @@ from typing import Any
 import torch
 
 from ..config import GRPOConfig, load_config, to_yaml
-from ..data import PromptSampler, columns_of, get_task, load_prompts, render_prompt
+from ..data import (
+    PromptSampler,
+    answer_checker,
+    columns_of,
+    data_alphabet,
+    get_task,
+    has_answers,
+    load_prompts,
+    render_prompt,
+    require_answers,
+    sft_rows,
+)
 from ..models import (
     LeanLlamaDecoder,
+    check_lora_targets,
     last_hidden_states,
     lm_head_of,
     make_reference,
     reference_model,
+    require_peft,
     should_sync,
     sync_reference,
 )
@@ -73,6 +86,7 @@ class TrainResult:
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     stopped_by: str | None = None  # the signal that ended the run early, if any
+    phase: str = "grpo"  # where it ended: "grpo", or "warm start" (stopped before any checkpoint)
 
 
 def _pad_cat(tensors: Sequence[torch.Tensor], value: int | bool, left: bool) -> torch.Tensor:
@@ -332,14 +346,16 @@ class _Data:
     eval_rows: list[dict[str, Any]]
     reward_funcs: list[Callable[..., Any]]
     is_correct: Callable[[str, dict[str, Any]], bool] | None
-    alphabet: str | None
+    alphabet: str | None  # of the tiny model's character tokenizer: the task's, or the data's own
     max_prompt_length: int | None
     max_completion_length: int
+    train_source: str = "the training rows"  # how errors name the data
+    eval_source: str = "the held-out rows"
 
 
 def configured_rewards(cfg: GRPOConfig, task: Any) -> list[Callable[..., Any]]:
     """The reward functions the config names (`reward_funcs`), or the task's reward."""
-    from ..rewards import RewardModelFunction, exact_answer, format_tags, math_answer
+    from ..rewards import RewardModelFunction, exact_answer, format_tags, load_reward_reference, math_answer
 
     if cfg.reward_funcs is None:
         return [task.reward] if task else []
@@ -360,6 +376,8 @@ def configured_rewards(cfg: GRPOConfig, task: Any) -> list[Callable[..., Any]]:
                     device=str(spec.get("device", "cpu")),
                 )
             )
+        elif "python" in spec:  # your own function, by reference (FILE.py:NAME or package.module:NAME)
+            funcs.append(load_reward_reference(spec["python"]))
         elif spec["builtin"] in builtins:
             funcs.append(builtins[spec["builtin"]])
         else:
@@ -367,19 +385,71 @@ def configured_rewards(cfg: GRPOConfig, task: Any) -> list[Callable[..., Any]]:
     return funcs
 
 
+def correctness_reward(is_correct: Callable[[str, dict[str, Any]], bool]) -> Callable[..., Any]:
+    """1.0 for a completion `is_correct` accepts, else 0.0: the reward of an evaluation without one."""
+
+    def correct(prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
+        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
+        return [1.0 if is_correct(c, row) else 0.0 for c, row in zip(completions, rows, strict=True)]
+
+    return correct
+
+
+def _own_data(
+    cfg: GRPOConfig,
+    task: Any,
+    train_rows: list[dict[str, Any]],
+    eval_rows: list[dict[str, Any]],
+    is_correct: Any,
+) -> tuple[str | None, Any]:
+    """(alphabet, is_correct) for data that is not a built-in task's: the tiny model's tokenizer over
+    the data's own characters, and the exact answer (after strip) when the rows have an answer column."""
+    if task is not None:
+        return task.alphabet, is_correct
+    if is_correct is None and has_answers(eval_rows or train_rows, cfg.answer_column):
+        is_correct = answer_checker(cfg.answer_column)
+    alphabet = None
+    if cfg.model == "tiny":
+        alphabet = data_alphabet(
+            train_rows, eval_rows, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column
+        )
+    return alphabet, is_correct
+
+
 def resolve_data(
-    cfg: GRPOConfig, train_rows: Any, eval_rows: Any, reward_funcs: Any, is_correct: Any
+    cfg: GRPOConfig,
+    train_rows: Any,
+    eval_rows: Any,
+    reward_funcs: Any,
+    is_correct: Any,
+    *,
+    require_rewards: bool = True,
 ) -> _Data:
     task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts) if cfg.task else None
+    train_source, eval_source = "the training rows", "the held-out rows"
     if train_rows is None:
         if task is None and cfg.dataset is None:
             raise ValueError("nothing to train on: set task or dataset in the config, or pass train rows.")
         train_rows = task.train if task else load_prompts(cfg.dataset, prompt_column=cfg.prompt_column)
+        train_source = f"task {cfg.task!r}" if task else str(cfg.dataset)
     if eval_rows is None:
         eval_rows = task.eval if task else []
+        eval_source = f"task {cfg.task!r} (held out)" if task else eval_source
         if task is None and cfg.eval_dataset:
             eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
+            eval_source = str(cfg.eval_dataset)
+    train_rows, eval_rows = list(train_rows), list(eval_rows)[: cfg.num_eval_prompts]
+    if cfg.sft_steps:  # the warm start learns the answers: say so now, not after loading a model
+        require_answers(
+            train_rows[: cfg.sft_examples],
+            cfg.answer_column,
+            source=train_source,
+            purpose=f"the supervised warm start (sft_steps={cfg.sft_steps})",
+        )
+    alphabet, is_correct = _own_data(cfg, task, train_rows, eval_rows, is_correct)
     funcs = list(reward_funcs or configured_rewards(cfg, task))
+    if not funcs and not require_rewards and is_correct is not None:
+        funcs = [correctness_reward(is_correct)]  # evaluation alone: 1.0 for a right answer, else 0.0
     if not funcs:
         raise ValueError("no reward functions: pass reward_funcs, or use a built-in task.")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(funcs):
@@ -387,13 +457,15 @@ def resolve_data(
             f"reward_weights has {len(cfg.reward_weights)} weights for {len(funcs)} reward functions."
         )
     return _Data(
-        train_rows=list(train_rows),
-        eval_rows=list(eval_rows)[: cfg.num_eval_prompts],
+        train_rows=train_rows,
+        eval_rows=eval_rows,
         reward_funcs=funcs,
         is_correct=is_correct or (task.is_correct if task else None),
-        alphabet=task.alphabet if task else None,
+        alphabet=alphabet,
         max_prompt_length=cfg.max_prompt_length or (task.max_prompt_length if task else None),
         max_completion_length=cfg.max_completion_length or (task.max_completion_length if task else 256),
+        train_source=train_source,
+        eval_source=eval_source,
     )
 
 
@@ -466,6 +538,48 @@ def make_context(
     )
 
 
+SFT_PROBE_ROWS, SFT_PROBE_EVERY = 256, 10
+
+
+def warm_start_goal(
+    cfg: GRPOConfig, model: Any, tokenizer: Any, data: _Data, probed: list[float]
+) -> Callable[[int], bool] | None:
+    """With sft_target_accuracy: every SFT_PROBE_EVERY steps, greedy accuracy on the first
+    SFT_PROBE_ROWS training prompts (never held-out ones), appended to `probed`; True once it reaches
+    the target. Stopping at a measured accuracy, not a step count, makes GRPO start from the same
+    place whatever the seed or the CPU's float round-off (a warm start's accuracy climbs steeply, so
+    where a fixed step count lands is not reproducible across machines)."""
+    if cfg.sft_target_accuracy is None:
+        return None
+    if data.is_correct is None:
+        raise ValueError(
+            "sft_target_accuracy needs an exact accuracy to measure: use a built-in task, or rows with an "
+            "answer column; or unset sft_target_accuracy to run sft_steps."
+        )
+    sampler = SAMPLERS[cfg.sampler](model, tokenizer)
+    probe = data.train_rows[:SFT_PROBE_ROWS]
+
+    def done(step: int) -> bool:
+        if step % SFT_PROBE_EVERY:
+            return False
+        metrics = evaluate(
+            sampler,
+            tokenizer,
+            probe,
+            reward_funcs=data.reward_funcs,
+            is_correct=data.is_correct,
+            prompt_column=cfg.prompt_column,
+            max_prompt_length=data.max_prompt_length,
+            max_completion_length=data.max_completion_length,
+            batch_size=cfg.micro_batch_size,
+        )
+        model.train()
+        probed.append(metrics["accuracy"])
+        return metrics["accuracy"] >= cfg.sft_target_accuracy
+
+    return done
+
+
 def evaluator(cfg: GRPOConfig, ctx: _Context, data: _Data) -> Callable[[], dict[str, float]]:
     def run() -> dict[str, float]:
         if not data.eval_rows:
@@ -520,7 +634,7 @@ def restore(cfg: GRPOConfig, ctx: _Context, checkpoint: Path) -> tuple[int, dict
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
 
-def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
+def train_grpo(
     cfg: GRPOConfig,
     *,
     model: Any = None,
@@ -531,7 +645,37 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
     on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Run GRPO as configured. Anything not given comes from the config (task, dataset, model)."""
+    """Run GRPO as configured. Anything not given comes from the config (task, dataset, model).
+
+    SIGINT and SIGTERM never cut a run short silently: during the warm start it stops after the
+    current supervised step and says so (no checkpoint exists yet; the same command starts again);
+    during GRPO it finishes the current update, saves a checkpoint and says how to resume."""
+    with common.StopSignals() as stop:
+        return _train_grpo(
+            cfg,
+            stop,
+            model=model,
+            tokenizer=tokenizer,
+            reward_funcs=reward_funcs,
+            train_rows=train_rows,
+            eval_rows=eval_rows,
+            is_correct=is_correct,
+            on_event=on_event,
+        )
+
+
+def _train_grpo(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
+    cfg: GRPOConfig,
+    stop: common.StopSignals,
+    *,
+    model: Any,
+    tokenizer: Any,
+    reward_funcs: Sequence[Callable[..., Any]] | None,
+    train_rows: Sequence[dict[str, Any]] | None,
+    eval_rows: Sequence[dict[str, Any]] | None,
+    is_correct: Callable[[str, dict[str, Any]], bool] | None,
+    on_event: Callable[[str, int, dict[str, Any]], None] | None,
+) -> TrainResult:
     d = distributed.init()
     emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
     if cfg.prompts_per_step % d.world_size != 0:
@@ -539,14 +683,26 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
             f"prompts_per_step={cfg.prompts_per_step} must be divisible by the world size {d.world_size}: "
             "each rank samples complete groups of its own prompts."
         )
+    common.check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
     # ------------------------------------------------------------------ set-up
+    if cfg.use_peft:
+        require_peft()
+    output_dir = Path(cfg.output_dir)
+    common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite, is_main=d.is_main)
     data = resolve_data(cfg, train_rows, eval_rows, reward_funcs, is_correct)
     common.seed_everything(cfg.seed)
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
         model, tokenizer = common.policy_and_tokenizer(cfg, data.alphabet, max_len)
     check_context(cfg, model, tokenizer, data)
-    output_dir = Path(cfg.output_dir)
+    common.check_known_characters(  # a character tokenizer would read an unknown character as <unk>
+        tokenizer,
+        cfg.model,
+        [(data.train_source, data.train_rows), (data.eval_source, data.eval_rows)],
+        [cfg.prompt_column, cfg.answer_column] if cfg.sft_steps else [cfg.prompt_column],
+    )
+    if cfg.use_peft and cfg.lora_target_modules:
+        check_lora_targets(model, cfg.lora_target_modules)
     if d.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -554,16 +710,29 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
     checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
     if cfg.sft_steps and not checkpoints:  # a supervised warm start (identical on every rank)
         emit("sft_start", 0, {})
-        run_sft(
+        probed: list[float] = []
+        warm = run_sft(
             model,
             tokenizer,
-            data.train_rows,
+            sft_rows(data.train_rows[: cfg.sft_examples], tokenizer, cfg.prompt_column, cfg.answer_column),
             steps=cfg.sft_steps,
             batch_size=cfg.sft_batch_size,
             learning_rate=cfg.sft_learning_rate,
+            warmup_steps=cfg.sft_warmup_steps,
             seed=cfg.seed,
             on_step=lambda s, loss: emit("sft_step", s, {"loss": loss}),
+            should_stop=lambda: distributed.any_rank(d, stop.signal is not None),
+            done=warm_start_goal(cfg, model, tokenizer, data, probed),
         )
+        if d.is_main:
+            common.write_sft_metrics(output_dir, warm.losses)
+        if probed:
+            emit("sft_done", len(warm.losses), {"probe_accuracy": probed[-1], "reached": warm.reached})
+        if warm.stopped:
+            emit("stopped", 0, {"signal": stop.signal or "signal on another rank", "phase": "warm start"})
+            return TrainResult(output_dir, 0, {}, {}, stopped_by=stop.signal or "SIGTERM", phase="warm start")
+    if cfg.use_peft:  # LoRA on the warm-started weights: only the adapters train (reference: adapters off)
+        model = common.lora_from_config(cfg, model)
     ctx = make_context(cfg, model, tokenizer, data, d)  # reference copy, DDP/FSDP wrapping, optimizer
     evaluate_now = evaluator(cfg, ctx, data)
     if checkpoints:
@@ -575,12 +744,12 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
         lambda path: restore(cfg, ctx, path),
         evaluate_now,
         emit,
+        cfg,
     )
 
     # ------------------------------------------------------------------ the loop
-    stop, skips, step = common.StopSignals(), 0, start
+    skips, step, zero_spread = 0, start, common.ZeroSpreadWatch()
     try:
-        stop.__enter__()
         for step in range(start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
             if not ctx.model.training:  # (a walk over every module: only when needed)
@@ -634,6 +803,11 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
             metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 emit("step", step, writer.write(step, metrics))
+            cannot_learn = zero_spread.update(
+                float(metrics["frac_reward_zero_std"]), float(metrics["reward"])
+            )
+            if cannot_learn and d.is_main:
+                common.warn(on_event, step, cannot_learn)
             if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
                 emit(
                     "completions",
@@ -659,7 +833,6 @@ def train_grpo(  # noqa: C901 - the loop is deliberately one function that reads
                 emit("stopped", step, {"signal": stop.signal or "signal on another rank"})
                 break
     finally:
-        stop.__exit__(None, None, None)
         writer.close()
     return TrainResult(
         output_dir=output_dir,

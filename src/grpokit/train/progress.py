@@ -3,7 +3,26 @@ and, every few steps, a table of sample completions."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+Events = Callable[[str, int, dict[str, Any]], None]
+
+
+@contextmanager
+def reporting(cfg: Any, on_event: Events | None = None) -> Iterator[Events | None]:
+    """What the Python trainers report to: the caller's `on_event` if given; else, with
+    `cfg.progress` on the main process, the same progress display as the command line; else nothing
+    (warnings then go to the `grpokit` logger)."""
+    if on_event is not None or not cfg.progress or os.environ.get("RANK", "0") != "0":
+        yield on_event
+        return
+    from rich.console import Console
+
+    with RichReporter(Console(), cfg) as reporter:
+        yield reporter.on_event
 
 
 class RichReporter:
@@ -44,36 +63,55 @@ class RichReporter:
         self.progress.__exit__(*exc)
 
     def on_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
-        if kind == "sft_step" and self.sft_task is not None:
-            self.progress.update(self.sft_task, completed=step, status=f"loss {data['loss']:.3f}")
-        elif kind in ("start", "resumed"):
-            self.progress.start_task(self.grpo_task)
-            self.progress.update(self.grpo_task, completed=step)
-            if kind == "resumed":
-                self.console.print(f"resumed from {data['checkpoint']} at step {step}")
-            elif "accuracy" in data:
-                self.console.print(f"held-out accuracy before training: {100 * data['accuracy']:.1f}%")
-        elif kind == "step":
-            shown = [k for k in ("reward", "kl", "loss", "accuracy") if isinstance(data.get(k), (int, float))]
-            status = (
-                "  ".join(f"{k} {data[k]:.3g}" for k in shown) + f"  {data.get('step_time', 0.0):.2f}s/step"
-            )
-            self.progress.update(self.grpo_task, completed=step, status=status)
-        elif kind == "eval":
-            shown = {
-                k[len("eval/") :]: v
-                for k, v in data.items()
-                if k.startswith("eval/") and isinstance(v, float)
-            }
-            self.console.print(f"step {step} eval: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
-        elif kind == "completions":
-            from rich.table import Table
+        """Show one event of the run (`_on_<kind>`); kinds without a display are ignored."""
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is not None:
+            handler(step, data)
 
-            table = Table(title=f"sample completions at step {step}")
-            for column in ("prompt", "completion", "reward"):
-                table.add_column(column)
-            for prompt, completion, reward in list(
-                zip(data["prompts"], data["completions"], data["rewards"], strict=True)
-            )[:: self.cfg.num_generations][:6]:
-                table.add_row(prompt, repr(completion), f"{reward:.2f}")
-            self.console.print(table)
+    def _on_sft_step(self, step: int, data: dict[str, Any]) -> None:
+        if self.sft_task is not None:
+            self.progress.update(self.sft_task, completed=step, status=f"loss {data['loss']:.3f}")
+
+    def _on_sft_done(self, step: int, data: dict[str, Any]) -> None:
+        reached = "reached its target" if data["reached"] else "did not reach its target"
+        self.console.print(
+            f"warm start {reached} after {step} steps: greedy accuracy "
+            f"{100 * data['probe_accuracy']:.1f}% on a probe of training prompts"
+        )
+
+    def _on_start(self, step: int, data: dict[str, Any]) -> None:
+        self.progress.start_task(self.grpo_task)
+        self.progress.update(self.grpo_task, completed=step)
+        if "accuracy" in data:
+            self.console.print(f"held-out accuracy before training: {100 * data['accuracy']:.1f}%")
+
+    def _on_resumed(self, step: int, data: dict[str, Any]) -> None:
+        self.progress.start_task(self.grpo_task)
+        self.progress.update(self.grpo_task, completed=step)
+        self.console.print(f"resumed from {data['checkpoint']} at step {step}")
+
+    def _on_step(self, step: int, data: dict[str, Any]) -> None:
+        shown = [k for k in ("reward", "kl", "loss", "accuracy") if isinstance(data.get(k), (int, float))]
+        status = "  ".join(f"{k} {data[k]:.3g}" for k in shown) + f"  {data.get('step_time', 0.0):.2f}s/step"
+        self.progress.update(self.grpo_task, completed=step, status=status)
+
+    def _on_eval(self, step: int, data: dict[str, Any]) -> None:
+        shown = {
+            k[len("eval/") :]: v for k, v in data.items() if k.startswith("eval/") and isinstance(v, float)
+        }
+        self.console.print(f"step {step} eval: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+
+    def _on_warning(self, step: int, data: dict[str, Any]) -> None:
+        self.console.print(f"[bold yellow]warning[/] at step {step}: {data['message']}")
+
+    def _on_completions(self, step: int, data: dict[str, Any]) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"sample completions at step {step}")
+        for column in ("prompt", "completion", "reward"):
+            table.add_column(column)
+        for prompt, completion, reward in list(
+            zip(data["prompts"], data["completions"], data["rewards"], strict=True)
+        )[:: self.cfg.num_generations][:6]:
+            table.add_row(prompt, repr(completion), f"{reward:.2f}")
+        self.console.print(table)

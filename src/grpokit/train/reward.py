@@ -181,12 +181,14 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
     emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
     if cfg.batch_size % d.world_size != 0:
         raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the world size {d.world_size}.")
+    common.check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
     # ------------------------------------------------------------------ set-up
+    output_dir = Path(cfg.output_dir)
+    common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite, is_main=d.is_main)
     train_pairs, eval_pairs, alphabet = _pairs(cfg, train_rows, eval_rows)
     common.seed_everything(cfg.seed)
     if model is None:
         model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
-    output_dir = Path(cfg.output_dir)
     if d.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -216,7 +218,7 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
     if checkpoints:
         load_config(RewardConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
     start, eval_before, writer = common.begin(
-        d, output_dir, checkpoints[-1] if checkpoints else None, restore, evaluate_now, emit
+        d, output_dir, checkpoints[-1] if checkpoints else None, restore, evaluate_now, emit, cfg
     )
 
     # ------------------------------------------------------------------ the loop

@@ -6,8 +6,10 @@ demo first teaches the format and some of the skill with a few hundred supervise
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +47,23 @@ def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
+@dataclass(frozen=True)
+class SFTResult:
+    losses: list[float]  # one per step taken
+    stopped: bool  # `should_stop` ended it before `steps`
+    reached: bool = False  # `done` ended it (the warm start reached its goal)
+
+
+def sft_lr_factor(step: int, steps: int, warmup_steps: int) -> float:
+    """Linear warm-up over `warmup_steps`, then cosine decay to 0 at `steps`: a warm start that ends
+    settled, not mid-way down a steep stretch of its learning curve (where float round-off, and so the
+    CPU's instruction set, decides where it lands)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
 def run_sft(
     model: Any,
     tokenizer: Any,
@@ -54,20 +73,35 @@ def run_sft(
     batch_size: int,
     learning_rate: float,
     seed: int,
+    warmup_steps: int = 0,
+    max_grad_norm: float | None = 1.0,
     on_step: Callable[[int, float], None] | None = None,
-) -> float:
-    """Train for `steps` AdamW steps on random batches of `rows`; returns the last loss."""
+    should_stop: Callable[[], bool] | None = None,
+    done: Callable[[int], bool] | None = None,
+) -> SFTResult:
+    """Up to `steps` AdamW steps on random batches of `rows` (warm-up then cosine decay, gradients
+    clipped to `max_grad_norm`). After each step, `done(step)` True ends the warm start as complete
+    (its goal reached); `should_stop()` True ends it as interrupted (a signal)."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: sft_lr_factor(s, steps, warmup_steps))
     model.train()
-    loss_value = float("nan")
+    rows = list(rows)
+    losses: list[float] = []
     for step in range(1, steps + 1):
-        batch = sft_batch(tokenizer, rng.sample(list(rows), min(batch_size, len(rows))))
+        batch = sft_batch(tokenizer, rng.sample(rows, min(batch_size, len(rows))))
         loss = sft_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
-        loss_value = loss.item()
+        schedule.step()
+        losses.append(loss.item())
         if on_step is not None:
-            on_step(step, loss_value)
-    return loss_value
+            on_step(step, losses[-1])
+        if done is not None and step < steps and done(step):
+            return SFTResult(losses, stopped=False, reached=True)
+        if should_stop is not None and step < steps and should_stop():
+            return SFTResult(losses, stopped=True)
+    return SFTResult(losses, stopped=False)

@@ -1,0 +1,228 @@
+"""What a TRL user types, in grpokit: the one table of TRL option names.
+
+Each TRL name that has no grpokit field of the same name is either accepted as an alias (translated
+to grpokit's option, the mapping said once on stderr through the `grpokit.config` logger) or
+rejected with the grpokit option to set instead. Any other TRL name is answered as a TRL option
+grpokit does not have, never with a "did you mean" to an unrelated key. The config classes call
+`check_keys` before validation, so YAML files, key=value overrides and `GRPOConfig(...)` in Python
+behave alike; `load_config` calls `translate` once per source so that a command-line alias wins
+over the file's value. No torch import here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .load import ConfigError
+
+# ------------------------------------------------------------------------ accepted: aliases
+
+Updates = dict[str, Any]
+Rule = Callable[[Any, Mapping[str, Any]], tuple[Updates, str]]
+
+
+def _precision(name: str, dtype: str) -> Rule:
+    """TRL's bf16 / fp16 switches -> grpokit's dtype (the dtype the model is kept and trained in)."""
+
+    def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false (got {value!r}); grpokit's option is dtype.")
+        current = data.get("dtype")
+        if value:
+            if current not in (None, dtype):
+                raise ConfigError(f"{name}=true contradicts dtype={current}; set only dtype.")
+            return {"dtype": dtype}, f"TRL name: {name}=true -> dtype={dtype}"
+        if current == dtype:
+            raise ConfigError(f"{name}=false contradicts dtype={dtype}; set only dtype.")
+        return {}, f"TRL name: {name}=false -> dtype unchanged ({current or 'the default, float32'})"
+
+    return rule
+
+
+def _only_steps(name: str, grpokit_key: str, answer: str) -> Rule:
+    """TRL's *_strategy: "steps" is what grpokit always does; anything else is answered."""
+
+    def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+        if value == "steps":
+            return {}, f"TRL name: {name}=steps -> {grpokit_key} (grpokit always counts in steps)"
+        shown = "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
+        raise ConfigError(f"{name}={shown} is a TRL option; {answer}")
+
+    return rule
+
+
+_EVAL_ANSWER = "grpokit evaluates at the start, every eval_steps steps and at the end; set eval_steps."
+_SAVE_ANSWER = "grpokit saves every save_steps steps and at the end; set save_steps (0 = only at the end)."
+
+# name -> rule(value, the other keys) -> (grpokit keys to set, the line that says so). An alias applies
+# only to a config that has every key it sets (else the name is answered as a TRL option it lacks).
+ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
+    "bf16": (("dtype",), _precision("bf16", "bfloat16")),
+    "fp16": (("dtype",), _precision("fp16", "float16")),
+    "eval_strategy": (("eval_steps",), _only_steps("eval_strategy", "eval_steps", _EVAL_ANSWER)),
+    "save_strategy": (("save_steps",), _only_steps("save_strategy", "save_steps", _SAVE_ANSWER)),
+}
+
+# ------------------------------------------------------------------------ rejected: the grpokit option to use
+
+_GRPO_STEP = "a grpokit step takes prompts_per_step·num_generations completions (TRL's generation batch)"
+# name -> {config class name or "*": what to set instead}
+REJECTED: dict[str, dict[str, str]] = {
+    "per_device_train_batch_size": {
+        "GRPOConfig": f"{_GRPO_STEP}, micro_batch_size rows per forward/backward; set prompts_per_step, "
+        "num_generations and micro_batch_size.",
+        "RewardConfig": "grpokit counts pairs: batch_size per optimizer step (over all processes), "
+        "micro_batch_size per forward/backward; set batch_size and micro_batch_size.",
+        "SFTConfig": "set batch_size (examples per optimizer step).",
+    },
+    "gradient_accumulation_steps": {
+        "GRPOConfig": f"accumulation is implied: {_GRPO_STEP}, run in micro-batches of micro_batch_size rows "
+        "whose gradients add up to one update; set micro_batch_size.",
+        "RewardConfig": "accumulation is implied: batch_size pairs run in micro-batches of micro_batch_size "
+        "whose gradients add up to one update; set batch_size and micro_batch_size.",
+        "SFTConfig": "the warm start takes one batch of batch_size examples per step; set batch_size.",
+    },
+    "steps_per_generation": {
+        "GRPOConfig": "a grpokit step is one generation batch (prompts_per_step prompts) and num_iterations "
+        "optimizer steps on all of it; set prompts_per_step and num_iterations.",
+    },
+    "generation_batch_size": {
+        "GRPOConfig": f"{_GRPO_STEP}; set prompts_per_step and num_generations.",
+    },
+    "num_train_epochs": {
+        "GRPOConfig": "grpokit counts steps of prompts_per_step prompts; set max_steps "
+        "(one pass over N prompts is N / prompts_per_step steps).",
+        "RewardConfig": "grpokit counts steps of batch_size pairs; set max_steps "
+        "(one pass over N pairs is N / batch_size steps).",
+        "SFTConfig": "grpokit counts steps of batch_size examples; set max_steps.",
+    },
+    "logging_dir": {
+        "GRPOConfig": "TensorBoard logs go to output_dir/tensorboard; set output_dir.",
+        "RewardConfig": "TensorBoard logs go to output_dir/tensorboard; set output_dir.",
+    },
+    "warmup_ratio": {
+        "GRPOConfig": "set warmup_steps (warmup_ratio·max_steps, rounded up).",
+        "RewardConfig": "set warmup_steps (warmup_ratio·max_steps, rounded up).",
+    },
+    "resume_from_checkpoint": {
+        "*": "set resume=true (continues from the last complete checkpoint in output_dir).",
+    },
+    "run_name": {"*": "a run is named by its output_dir (also the wandb run name); set output_dir."},
+    "use_vllm": {
+        "GRPOConfig": "grpokit samples with its own KV-cached loop (sampler=kv) or transformers' generate "
+        "(sampler=hf); set sampler.",
+    },
+    "model_init_kwargs": {
+        "GRPOConfig": "a model directory is loaded with dtype and trust_remote_code; set those.",
+        "RewardConfig": "a model directory is loaded with dtype and trust_remote_code; set those.",
+    },
+}
+
+# Every option name of TRL 1.16's GRPOConfig, RewardConfig and SFTConfig (tests/train compares this
+# with TRL itself). A name here that a config lacks is answered as a TRL option, never "did you mean".
+TRL_NAMES = frozenset(
+    """
+accelerator_config activation_checkpointing activation_checkpointing_kwargs activation_offloading
+adam_beta1 adam_beta2 adam_epsilon assistant_only_loss auto_find_batch_size
+average_tokens_across_devices batch_eval_metrics beta bf16 bf16_full_eval cache_implementation
+cast_lm_head_to_fp32 center_rewards_coefficient chat_template_kwargs chat_template_path
+completion_only_loss data_seed dataloader_drop_last dataloader_in_order
+dataloader_multiprocessing_context dataloader_num_workers dataloader_persistent_workers
+dataloader_pin_memory dataloader_prefetch_factor dataset_kwargs dataset_num_proc dataset_text_field
+ddp_backend ddp_broadcast_buffers ddp_bucket_cap_mb ddp_find_unused_parameters ddp_static_graph
+ddp_timeout debug deepspeed delta disable_dropout disable_tqdm do_eval do_predict do_train
+ds3_gather_for_generation enable_jit_checkpoint entropy_coef entropy_coef_delta entropy_coef_max
+entropy_coef_min entropy_target eos_token epsilon epsilon_high eval_accumulation_steps eval_delay
+eval_do_concat_batches eval_on_start eval_packing eval_steps eval_strategy eval_use_gather_object
+fp16 fp16_full_eval fsdp fsdp_config full_determinism generation_batch_size generation_kwargs
+gradient_accumulation_steps gradient_checkpointing gradient_checkpointing_kwargs greater_is_better
+hub_always_push hub_model_id hub_private_repo hub_revision hub_strategy hub_token ignore_data_skip
+importance_sampling_level include_for_metrics include_num_input_tokens_seen label_names
+label_smoothing_factor learning_rate length_column_name liger_kernel_config load_best_model_at_end
+local_rank log_completions log_completions_hub_repo log_level log_level_replica log_multimodal
+log_on_each_node log_unique_prompts logging_first_step logging_nan_inf_filter logging_steps
+logging_strategy loss_type lr_scheduler_kwargs lr_scheduler_type mask_truncated_completions
+max_completion_length max_grad_norm max_length max_steps max_tool_calling_iterations
+metric_for_best_model min_p model_init_kwargs multi_objective_aggregation neftune_noise_alpha
+num_completions_to_print num_generations num_generations_eval num_iterations num_train_epochs
+off_policy_mask_threshold optim optim_args optim_target_modules output_dir packing packing_strategy
+pad_to_multiple_of pad_token padding_free parallelism_config per_device_eval_batch_size
+per_device_train_batch_size prediction_loss_only project push_to_hub ref_model_mixup_alpha
+ref_model_sync_steps remove_unused_columns repetition_penalty report_to
+restore_callback_states_from_checkpoint resume_from_checkpoint reward_weights router_aux_loss_coef
+run_name sapo_temperature_neg sapo_temperature_pos save_on_each_node save_only_model save_steps
+save_strategy save_total_limit scale_rewards seed shuffle_dataset skip_memory_metrics
+steps_per_generation sync_ref_model temperature tf32 top_entropy_quantile top_k top_p torch_compile
+torch_compile_backend torch_compile_mode torch_empty_cache_steps trackio_bucket_id trackio_space_id
+trackio_static_space_id train_sampling_strategy transformers_continuous_batching_config
+truncation_mode trust_remote_code use_adaptive_entropy use_bias_correction_kl use_cache use_cpu
+use_liger_kernel use_transformers_continuous_batching use_transformers_paged use_vllm vespo_k_neg
+vespo_k_pos vespo_lambda_neg vespo_lambda_pos vllm_enable_sleep_mode vllm_gpu_memory_utilization
+vllm_group_port vllm_importance_sampling_cap vllm_importance_sampling_clip_max
+vllm_importance_sampling_clip_min vllm_importance_sampling_correction vllm_importance_sampling_mode
+vllm_max_model_length vllm_mode vllm_model_impl vllm_server_base_url vllm_server_host
+vllm_server_port vllm_server_timeout vllm_structured_outputs_regex vllm_tensor_parallel_size
+warmup_steps weight_decay
+""".split()  # noqa: SIM905 - a list of 207 quoted names would hide them
+)
+
+COMMANDS = {"GRPOConfig": "train", "RewardConfig": "reward", "SFTConfig": "sft"}
+
+_said: set[str] = set()
+
+
+def _say(line: str) -> None:
+    """The mapping of an accepted TRL name, once per process and only on rank 0."""
+    if line not in _said and os.environ.get("RANK", "0") == "0":
+        _said.add(line)
+        logging.getLogger("grpokit.config").warning(line)
+
+
+def translate(schema_name: str, fields: Iterable[str], data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with every accepted TRL alias replaced by the grpokit option it stands for (said once).
+    Keys the config has, and names it rejects, are left for `check_keys`."""
+    fields = set(fields)
+    out = dict(data)
+    for name, (sets, rule) in ALIASES.items():
+        if name in out and name not in fields and set(sets) <= fields:
+            value = out.pop(name)
+            updates, line = rule(value, out)
+            out.update(updates)
+            _say(line)
+    return out
+
+
+def unknown_key(schema_name: str, fields: Iterable[str], key: str) -> str:
+    """One line for a key the config does not have: the grpokit option a TRL name stands for, or the
+    closest valid name."""
+    fields = list(fields)
+    answers = REJECTED.get(key, {})
+    answer = answers.get(schema_name) or answers.get("*")
+    if answer:
+        return f"{key} is a TRL option; {answer}"
+    if key in TRL_NAMES or key in ALIASES:
+        command = COMMANDS.get(schema_name, "train")
+        return (
+            f"{key} is a TRL option that grpokit's {schema_name} does not have; "
+            f"`grpokit {command} --help` lists every option."
+        )
+    match = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
+    hint = f"did you mean {match[0]!r}?" if match else f"valid keys: {', '.join(sorted(fields))}"
+    return f"unknown key {key!r}; {hint}"
+
+
+def check_keys(schema_name: str, fields: Iterable[str], data: Any) -> Any:
+    """The before-validator of every config class: translate TRL aliases, then reject unknown keys
+    with one line each (ConfigError, a ValueError: pydantic's error then carries the same text)."""
+    if not isinstance(data, Mapping):
+        return data
+    fields = list(fields)
+    data = translate(schema_name, fields, data)
+    unknown = [key for key in data if key not in fields]
+    if unknown:
+        raise ConfigError("\n  ".join(unknown_key(schema_name, fields, str(key)) for key in unknown))
+    return data

@@ -1,0 +1,118 @@
+"""A user's own prompt data, beyond what the built-in tasks bring with them: the alphabet a character
+tokenizer is built from, the check that a tokenizer knows every character of the prompts, the
+answers a supervised warm start learns, and the exact-answer accuracy of rows with an answer column.
+
+Pure functions over rows (dicts); nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .prompts import DataError, render_prompt
+
+
+def _texts(value: Any) -> list[str]:
+    """The text of a prompt or answer: a string, or the contents of a list of chat messages."""
+    if isinstance(value, list):
+        return [str(m.get("content", "")) for m in value if isinstance(m, dict)]
+    return [] if value is None else [str(value)]
+
+
+def data_alphabet(
+    *row_lists: Sequence[dict[str, Any]], prompt_column: str = "prompt", answer_column: str = "answer"
+) -> str:
+    """The sorted set of characters of every prompt and answer of the given rows: the alphabet of the
+    character tokenizer that `model: tiny` builds for a dataset of the user's own."""
+    chars: set[str] = set()
+    for rows in row_lists:
+        for row in rows:
+            for column in (prompt_column, answer_column):
+                for text in _texts(row.get(column)):
+                    chars.update(text)
+    if not chars:
+        raise DataError("the data has no characters to build a tokenizer from: its prompts are empty.")
+    return "".join(sorted(chars))
+
+
+def check_characters(
+    rows: Sequence[dict[str, Any]],
+    known: Iterable[str],
+    *,
+    columns: Sequence[str] = ("prompt",),
+    source: str = "the data",
+    model: str = "the model",
+) -> None:
+    """Raise one DataError naming the first character of `columns` that is not in `known` (a
+    character tokenizer's vocabulary), its row and the fix; a character tokenizer would otherwise
+    read it as <unk> and the model would train or be scored on text it never sees."""
+    vocab = set(known)
+    for index, row in enumerate(rows):
+        for column in columns:
+            for text in _texts(row.get(column)):
+                unknown = set(text) - vocab
+                if unknown:
+                    char, alphabet = min(unknown, key=text.index), "".join(sorted(vocab))
+                    raise DataError(
+                        f"{source}: row {index} has the character {char!r} in {column!r}, which the "
+                        f"character tokenizer of {model} does not know (it knows {alphabet!r}); remove it "
+                        "from the data, or train a model over it (model: tiny builds its tokenizer from the "
+                        "data's own characters)."
+                    )
+
+
+def require_answers(
+    rows: Sequence[dict[str, Any]],
+    answer_column: str,
+    *,
+    source: str,
+    purpose: str,
+    otherwise: str = "set sft_steps=0",
+) -> None:
+    """Every row must have a non-empty `answer_column` for `purpose` (a supervised warm start);
+    `otherwise` is the way out that does without it."""
+    missing = [i for i, row in enumerate(rows) if row.get(answer_column) in (None, "")]
+    if not missing:
+        return
+    if len(missing) == len(rows):
+        columns = ", ".join(sorted({k for row in rows for k in row})) or "none"
+        raise DataError(
+            f"{source} has no column {answer_column!r} (columns: {columns}), which {purpose} learns from; "
+            f"add an {answer_column!r} column to every row, set answer_column to the column holding the "
+            f"answers, or {otherwise}."
+        )
+    raise DataError(
+        f"{source}: row {missing[0]} has no {answer_column!r} ({len(missing)} rows lack one), which "
+        f"{purpose} learns from; fill them, or {otherwise}."
+    )
+
+
+def sft_rows(
+    rows: Sequence[dict[str, Any]],
+    tokenizer: Any,
+    prompt_column: str = "prompt",
+    answer_column: str = "answer",
+) -> list[dict[str, str]]:
+    """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}."""
+    return [
+        {"prompt": render_prompt(row[prompt_column], tokenizer), "answer": str(row[answer_column])}
+        for row in rows
+    ]
+
+
+def answer_checker(answer_column: str = "answer") -> Callable[[str, dict[str, Any]], bool]:
+    """Exact-answer correctness for rows of the user's own data, as the built-in tasks judge theirs:
+    the completion, stripped of surrounding white space, equals the row's answer (as text, stripped)."""
+
+    def is_correct(completion: str, row: dict[str, Any]) -> bool:
+        answer = row.get(answer_column)
+        return answer is not None and completion.strip() == str(answer).strip()
+
+    is_correct.__name__ = f"exact_{answer_column}"
+    return is_correct
+
+
+def has_answers(rows: Sequence[dict[str, Any]], answer_column: str = "answer") -> bool:
+    """Whether every row has a non-empty `answer_column` (then evaluation reports accuracy)."""
+    return bool(rows) and all(row.get(answer_column) not in (None, "") for row in rows)

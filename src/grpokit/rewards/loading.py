@@ -1,0 +1,109 @@
+"""A reward function named by reference in a config, as TRL users name theirs:
+
+    reward_funcs:
+      - python: my_rewards.py:sorted_digits          # a .py file (relative to the working directory)
+      - python: my_package.rewards:sorted_digits     # an importable module, then the function
+      - python: my_package.rewards.sorted_digits     # TRL's dotted form
+
+The function follows grpokit's (and TRL's) convention f(prompts, completions, **columns). Every
+failure is one line naming the reference and what to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FORMS = "'FILE.py:FUNCTION', 'package.module:FUNCTION' or 'package.module.FUNCTION'"
+
+
+class RewardReferenceError(ValueError):
+    """A `{python: ...}` reward reference that does not lead to a callable."""
+
+
+def split_reference(reference: str) -> tuple[str, str]:
+    """'my_rewards.py:f' -> ('my_rewards.py', 'f'); 'pkg.mod:f' and 'pkg.mod.f' -> ('pkg.mod', 'f')."""
+    text = str(reference).strip()
+    where, sep, name = text.rpartition(":")
+    if not sep and not text.endswith(".py"):
+        where, sep, name = text.rpartition(".")
+    if not sep or not where or not name.isidentifier():
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: not a reference to a function; write {FORMS}."
+        )
+    return where, name
+
+
+def _load_file(reference: str, where: str) -> Any:
+    path = Path(where).expanduser()
+    if not path.is_file():
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: file {where!r} does not exist (relative paths are read "
+            f"from the working directory {str(Path.cwd())!r}); give the path of the .py file."
+        )
+    resolved = path.resolve()
+    # one module per file, named after its path, so the same file loaded twice is the same module
+    module_name = f"grpokit_reward_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if spec is None or spec.loader is None:
+        raise RewardReferenceError(f"reward_funcs {{python: {reference!r}}}: {where!r} is not a Python file.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - whatever the user's file raises, say where
+        del sys.modules[module_name]
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: running {where} raised {type(error).__name__}: "
+            f"{error}; fix the file (--debug shows the traceback)."
+        ) from error
+    return module
+
+
+def _import_module(reference: str, where: str) -> Any:
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as error:
+        if error.name and where.startswith(error.name):
+            raise RewardReferenceError(
+                f"reward_funcs {{python: {reference!r}}}: no module named {error.name!r}; install the "
+                f"package, add its folder to PYTHONPATH, or give a file as {FORMS.split(',')[0]}."
+            ) from error
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: importing {where} raised ModuleNotFoundError: {error}; "
+            "install what it needs."
+        ) from error
+    except Exception as error:  # noqa: BLE001
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: importing {where} raised {type(error).__name__}: "
+            f"{error}; fix the module (--debug shows the traceback)."
+        ) from error
+
+
+def load_reward_reference(reference: str) -> Callable[..., Any]:
+    """The callable a `{python: ...}` reward entry names (see the module docstring for the forms)."""
+    where, name = split_reference(reference)
+    module = _load_file(reference, where) if where.endswith(".py") else _import_module(reference, where)
+    if not hasattr(module, name):
+        defined = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        close = difflib.get_close_matches(name, defined, n=1)
+        listed = ", ".join(sorted(defined)) or "none"
+        hint = f"did you mean {close[0]!r}?" if close else f"it defines: {listed}."
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: {where} has no function {name!r}; {hint}"
+        )
+    function = getattr(module, name)
+    if not callable(function):
+        raise RewardReferenceError(
+            f"reward_funcs {{python: {reference!r}}}: {where}:{name} is a {type(function).__name__}, not a "
+            "function; name a function f(prompts, completions, **columns) -> list[float | None]."
+        )
+    return function

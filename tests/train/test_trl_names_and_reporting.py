@@ -1,0 +1,355 @@
+"""What a TRL user types (aliases, answers, 'did you mean' in Python too), `--help` listing every
+option, and where metrics go (`report_to`: TensorBoard, Weights & Biases offline-safe)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from grpokit.cli import main
+from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, load_config, trl_names
+from grpokit.train.common import MetricsWriter, check_reporters, wandb_settings
+
+CONFIGS = (GRPOConfig, RewardConfig, SFTConfig)
+
+
+@pytest.fixture
+def said(monkeypatch, caplog):
+    """The lines the config layer says (the TRL-name mappings), from a clean 'already said' set."""
+    monkeypatch.setattr(trl_names, "_said", set())
+    monkeypatch.delenv("RANK", raising=False)
+    caplog.set_level(logging.WARNING, logger="grpokit.config")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "grpokit.config"]
+
+
+# ----------------------------------------------------------------------------- accepted TRL names
+
+
+def test_bf16_and_fp16_become_dtype_from_yaml_overrides_and_python_said_once(tmp_path, said):
+    file = tmp_path / "run.yaml"
+    file.write_text("bf16: true\nlearning_rate: 1.0e-5\n")
+    assert load_config(GRPOConfig, file).dtype == "bfloat16"
+    assert load_config(GRPOConfig, None, ["bf16=true"]).dtype == "bfloat16"
+    assert GRPOConfig(bf16=True).dtype == "bfloat16"
+    assert RewardConfig(fp16=True).dtype == "float16"
+    assert GRPOConfig(bf16=False, fp16=True).dtype == "float16"  # TRL's usual pair for fp16
+    assert GRPOConfig(bf16=False).dtype == "float32"
+    lines = said()
+    assert lines.count("TRL name: bf16=true -> dtype=bfloat16") == 1, lines  # three loads, one line
+    assert lines.count("TRL name: fp16=true -> dtype=float16") == 1, lines
+    assert "bf16" not in GRPOConfig(bf16=True).model_dump()  # the resolved config has grpokit's names
+
+
+def test_mappings_are_said_on_rank_0_only(said, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert GRPOConfig(bf16=True).dtype == "bfloat16"
+    assert said() == []
+
+
+def test_a_command_line_alias_overrides_the_file_and_contradictions_are_named(tmp_path, said):
+    file = tmp_path / "run.yaml"
+    file.write_text("dtype: float32\n")
+    assert load_config(GRPOConfig, file, ["bf16=true"]).dtype == "bfloat16"
+    file.write_text("bf16: true\n")
+    assert load_config(GRPOConfig, file, ["dtype=float32"]).dtype == "float32"
+    with pytest.raises(
+        ConfigError, match=r"\(command line\):\n  bf16=true contradicts dtype=float32; set only dtype"
+    ):
+        load_config(GRPOConfig, None, ["bf16=true", "dtype=float32"])
+    with pytest.raises(ValidationError, match="fp16=true contradicts dtype=bfloat16"):
+        GRPOConfig(bf16=True, fp16=True)
+    with pytest.raises(ValidationError, match="bf16=false contradicts dtype=bfloat16"):
+        GRPOConfig(dtype="bfloat16", bf16=False)
+    with pytest.raises(ValidationError, match="bf16 must be true or false"):
+        GRPOConfig(bf16="yes")
+
+
+def test_strategies_by_steps_are_accepted_and_others_answered(said):
+    cfg = GRPOConfig(eval_strategy="steps", save_strategy="steps", eval_steps=10, save_steps=20)
+    assert (cfg.eval_steps, cfg.save_steps) == (10, 20)
+    assert "TRL name: eval_strategy=steps -> eval_steps (grpokit always counts in steps)" in said()
+    with pytest.raises(ConfigError, match=r"eval_strategy=epoch is a TRL option; .*set eval_steps"):
+        load_config(GRPOConfig, None, ["eval_strategy=epoch"])
+    with pytest.raises(ConfigError, match=r"save_strategy=no is a TRL option; .*set save_steps \(0 = only"):
+        load_config(RewardConfig, None, ["save_strategy=no"])
+
+
+# ----------------------------------------------------------------------------- answered TRL names
+
+
+@pytest.mark.parametrize(
+    ("schema", "name", "wanted"),
+    [
+        (
+            GRPOConfig,
+            "per_device_train_batch_size",
+            "set prompts_per_step, num_generations and micro_batch_size",
+        ),
+        (GRPOConfig, "gradient_accumulation_steps", "accumulation is implied"),
+        (GRPOConfig, "steps_per_generation", "set prompts_per_step and num_iterations"),
+        (GRPOConfig, "generation_batch_size", "set prompts_per_step and num_generations"),
+        (GRPOConfig, "num_train_epochs", "set max_steps"),
+        (GRPOConfig, "logging_dir", "output_dir/tensorboard; set output_dir"),
+        (GRPOConfig, "warmup_ratio", "set warmup_steps"),
+        (GRPOConfig, "resume_from_checkpoint", "set resume=true"),
+        (GRPOConfig, "use_vllm", "set sampler"),
+        (RewardConfig, "per_device_train_batch_size", "set batch_size and micro_batch_size"),
+        (RewardConfig, "gradient_accumulation_steps", "set batch_size and micro_batch_size"),
+        (RewardConfig, "num_train_epochs", "set max_steps"),
+        (SFTConfig, "per_device_train_batch_size", "set batch_size"),
+        (RewardConfig, "steps_per_generation", "a TRL option that grpokit's RewardConfig does not have"),
+    ],
+)
+def test_trl_names_without_a_faithful_mapping_name_the_grpokit_option(schema, name, wanted):
+    with pytest.raises(ConfigError) as from_cli:
+        load_config(schema, None, [f"{name}=4"])
+    with pytest.raises(ValidationError) as from_python:
+        schema(**{name: 4})
+    line = str(from_cli.value).splitlines()[-1].strip()
+    assert line.startswith(f"{name} is a TRL option") and wanted in line, line
+    assert "did you mean" not in line
+    assert line in str(from_python.value)  # the Python API says the same
+
+
+def test_no_trl_option_ever_gets_a_did_you_mean():
+    """Against TRL 1.16 itself: every option of its GRPOConfig, RewardConfig and SFTConfig is
+    grpokit's own, translated, or answered as TRL's; the stored list is exactly TRL's."""
+    trl = pytest.importorskip("trl")
+    import dataclasses
+
+    theirs = {
+        f.name: cls.__name__
+        for cls in (trl.GRPOConfig, trl.RewardConfig, trl.SFTConfig)
+        for f in dataclasses.fields(cls)
+        if not f.name.startswith("_")
+    }
+    assert set(theirs) == trl_names.TRL_NAMES
+    for schema in CONFIGS:
+        for name in sorted(set(theirs) - set(schema.model_fields) - set(trl_names.ALIASES)):
+            with pytest.raises(ValidationError) as error:
+                schema(**{name: 1})
+            assert f"{name} is a TRL option" in str(error.value), (schema.__name__, name)
+            assert "did you mean" not in str(error.value), (schema.__name__, name)
+
+
+@pytest.mark.parametrize("schema", CONFIGS)
+def test_python_constructors_say_did_you_mean_like_the_command_line(schema):
+    text = "unknown key 'learning_rat'; did you mean 'learning_rate'?"
+    with pytest.raises(ValidationError, match=text):
+        schema(learning_rat=1e-3)
+    with pytest.raises(ConfigError, match=text):
+        load_config(schema, None, ["learning_rat=1e-3"])
+    assert isinstance(ConfigError("x"), ValueError)
+
+
+# ----------------------------------------------------------------------------- --help
+
+
+@pytest.mark.parametrize(
+    ("command", "schema"),
+    [
+        ("train", GRPOConfig),
+        ("eval", GRPOConfig),
+        ("print-config", GRPOConfig),
+        ("sft", SFTConfig),
+        ("reward", RewardConfig),
+        ("eval-reward", RewardConfig),
+    ],
+)
+def test_help_lists_every_option_with_its_default_and_description(command, schema, capsys):
+    import yaml
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    entries = {}  # option -> (its line, the description lines under it)
+    for line in text.split(f"options ({schema.__name__};", 1)[1].splitlines():
+        if line.startswith("  ") and not line.startswith("      ") and " = " in line:
+            name = line.split(" = ", 1)[0].strip()
+            entries[name] = (line, [])
+        elif line.startswith("      ") and entries:
+            entries[list(entries)[-1]][1].append(line.strip())
+    assert list(entries) and set(entries) == set(schema.model_fields)
+    for name, field in schema.model_fields.items():
+        line, description = entries[name]
+        assert field.description and " ".join(description) == " ".join(field.description.split()), name
+        default = yaml.safe_load(line.split(" = ", 1)[1].split("   (", 1)[0])
+        assert default == field.default, name
+
+
+# ----------------------------------------------------------------------------- report_to
+
+
+def test_report_to_takes_trl_forms(monkeypatch):
+    import importlib.util
+
+    assert GRPOConfig().report_to == ["tensorboard"]
+    assert GRPOConfig(report_to="none").report_to == []
+    assert GRPOConfig(report_to=["none"]).report_to == []
+    assert GRPOConfig(report_to="wandb").report_to == ["wandb"]
+    assert load_config(RewardConfig, None, ["report_to=[tensorboard, wandb]"]).report_to == [
+        "tensorboard",
+        "wandb",
+    ]
+    with pytest.raises(
+        ConfigError, match="'mlflow' is not a destination grpokit has; use tensorboard, wandb"
+    ):
+        load_config(GRPOConfig, None, ["report_to=mlflow"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+    assert GRPOConfig(report_to="all").report_to == ["tensorboard"]  # TRL: every one installed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
+    assert RewardConfig(report_to="all").report_to == ["tensorboard", "wandb"]
+
+
+def test_the_config_package_never_imports_torch():
+    root = Path(trl_names.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            assert not [n for n in names if n.split(".")[0] in ("torch", "transformers")], path.name
+
+
+def test_tensorboard_gets_every_scalar_and_the_json_lines_stay(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    writer = MetricsWriter(tmp_path, report_to=["tensorboard"])
+    writer.write(0, {"accuracy": 0.25}, prefix="eval/")
+    writer.write(1, {"loss": 0.5, "reward": float("nan"), "note": "text"})
+    writer.write(2, {"loss": 0.25})
+    writer.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["reward"] is None and rows[1]["note"] == "text"
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["eval/accuracy", "loss"]  # NaN and text are not scalars
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5), (2, 0.25)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/accuracy")] == [(0, 0.25)]
+    quiet = MetricsWriter(tmp_path / "quiet", report_to=[])
+    quiet.write(1, {"loss": 1.0})
+    quiet.close()
+    assert sorted(p.name for p in (tmp_path / "quiet").iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_missing_tensorboard_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    with pytest.raises(ConfigError) as error:
+        MetricsWriter(tmp_path, report_to=["tensorboard"])
+    message = str(error.value)
+    assert "pip install tensorboard" in message and "report_to=[]" in message and "\n" not in message
+    with pytest.raises(
+        ConfigError, match=r"pip install tensorboard`, or leave it out with report_to=\[wandb\]"
+    ):
+        check_reporters(["tensorboard", "wandb"])
+
+
+@pytest.mark.parametrize("command", ["train", "reward"])
+def test_a_missing_wandb_stops_the_run_before_any_model_is_loaded(command, tmp_path, monkeypatch, capsys):
+    import grpokit.train.common as common
+    import grpokit.train.reward as reward
+
+    boom = lambda *a, **k: (_ for _ in ()).throw(AssertionError("a model was loaded"))  # noqa: E731
+    monkeypatch.setattr(common, "policy_and_tokenizer", boom)
+    monkeypatch.setattr(reward, "reward_model_and_tokenizer", boom)
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    assert main([command, f"output_dir={tmp_path / 'run'}", "report_to=[tensorboard, wandb]"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install wandb" in err and "report_to=[tensorboard]" in err and "a model was loaded" not in err
+
+
+class FakeWandb(types.ModuleType):
+    """A `wandb` module that records what grpokit asks of it."""
+
+    def __init__(self) -> None:
+        super().__init__("wandb")
+        self.inits: list[dict] = []
+        self.logged: list[tuple[dict, int]] = []
+        self.finished = 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        fake = self
+
+        class Run:
+            def log(self, data, step):
+                fake.logged.append((dict(data), step))
+
+            def finish(self):
+                fake.finished += 1
+
+        return Run()
+
+
+def test_wandb_is_offline_unless_the_user_says_otherwise(tmp_path, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "my_run"
+    assert wandb_settings(out) == {"project": "grpokit", "name": "my_run", "dir": str(out), "mode": "offline"}
+    monkeypatch.setenv("WANDB_PROJECT", "team")
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    assert wandb_settings(out)["mode"] is None and wandb_settings(out)["project"] == "team"  # wandb decides
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_settings(out)["mode"] is None  # wandb reads WANDB_MODE itself
+
+
+def test_a_grpo_run_reports_to_wandb_and_tensorboard(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from grpokit.train.grpo import train_grpo
+    from tests.train.helpers import tiny_config
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_PROJECT", "proj")
+    cfg = tiny_config(tmp_path, report_to=["tensorboard", "wandb"])
+    train_grpo(cfg)
+    out = Path(cfg.output_dir)
+    assert fake.inits == [
+        {
+            "config": cfg.model_dump(mode="json"),
+            "project": "proj",
+            "name": "run",
+            "dir": str(out),
+            "mode": "offline",
+        }
+    ]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [step for _, step in fake.logged] == [r["step"] for r in rows]  # every row, with its step
+    for (data, _), row in zip(fake.logged, rows, strict=True):
+        assert data == {
+            k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))
+        }
+    assert "loss" in fake.logged[1][0] and "eval/accuracy" in fake.logged[0][0]
+    assert fake.finished == 1
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2]
+
+
+def test_a_reward_model_run_reports_to_wandb(tmp_path, monkeypatch):
+    from grpokit.train.reward import train_reward
+    from tests.train.test_reward_model import reward_cfg
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = reward_cfg(tmp_path, max_steps=2, report_to="wandb")
+    train_reward(cfg)
+    assert fake.inits[0]["config"]["report_to"] == ["wandb"] and fake.finished == 1
+    assert [step for _, step in fake.logged] == [0, 1, 2, 2] and "loss" in fake.logged[1][0]
+    assert not (Path(cfg.output_dir) / "tensorboard").exists()
