@@ -43,3 +43,29 @@ def test_model_flops_count_by_hand():
     forward = 2 * n_mm + 4 * 2 * 64 * 10.0
     assert module.model_flops_per_token(model, 10.0, train=False) == forward
     assert module.model_flops_per_token(model, 10.0, train=True) == 3 * forward
+
+
+def test_main_job_spread_summarises_runs(tmp_path, monkeypatch, capsys):
+    """The robustness report of the README's promise: the gain of each run from its metrics, and the
+    worst one (what the README may promise), from runs already on disk (`--collect`)."""
+    spec = importlib.util.spec_from_file_location("main_job_spread", SCRIPT.parent / "main_job_spread.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, (before, after) in {"best_s0": (0.30, 0.55), "default_s0": (0.40, 0.80)}.items():
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        rows = [
+            {"step": 0, "eval/accuracy": before},
+            {"step": 5, "loss": 1.0},
+            {"step": 10, "eval/accuracy": after},
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "sft_metrics.jsonl").write_text('{"sft_step": 1}\n{"sft_step": 2}\n')
+    out = tmp_path / "spread.json"
+    argv = ["x", "--collect", "--runs", str(tmp_path / "runs"), "--out", str(out), "--seeds", "0"]
+    monkeypatch.setattr("sys.argv", [*argv, "--isa", "best", "default"])
+    assert module.main() == 0
+    result = json.loads(out.read_text())
+    assert result["summary"]["worst_gain_points"] == 25.0 and result["summary"]["runs"] == 2
+    assert result["runs"]["default_s0"]["gain_points"] == 40.0
+    assert result["runs"]["best_s0"]["sft_steps_taken"] == 2

@@ -11,6 +11,7 @@ from .hf import (
     char_vocabulary,
     load_policy,
     load_reward_model,
+    quiet_saving,
     save_policy,
 )
 from .lean_llama import KVCache, LeanLlamaDecoder, lean_decoder
@@ -61,6 +62,7 @@ __all__ = [
     "load_policy",
     "make_reference",
     "recommended_defaults",
+    "quiet_saving",
     "save_policy",
     "should_sync",
     "sync_reference",

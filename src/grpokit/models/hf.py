@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,9 +260,25 @@ def load_policy(
     return LoadedPolicy(model=model, tokenizer=tokenizer)
 
 
+@contextmanager
+def quiet_saving() -> Iterator[None]:
+    """transformers' own progress bar for writing weight shards off (a run's log shows grpokit's
+    progress, not one bar per checkpoint); its previous setting is restored afterwards."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
 def save_policy(model: Any, tokenizer: Any, path: str | Path) -> None:
     """Save weights (safetensors) and tokenizer so that `load_policy(path)` restores both."""
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    with quiet_saving():
+        model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

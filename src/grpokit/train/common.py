@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-from ..models import build_policy, char_tokenizer, is_lora, load_lora_weights, load_policy, save_lora
+from ..models import (
+    build_policy,
+    char_tokenizer,
+    is_lora,
+    load_lora_weights,
+    load_policy,
+    quiet_saving,
+    save_lora,
+)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 
@@ -372,10 +380,11 @@ def save_checkpoint(
     if not keep_staged:  # FSDP ranks have already written their shards into the staging directory
         shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True, exist_ok=True)
-    if is_lora(model):  # base weights at the root, adapters in lora_adapter/ (load_policy merges them)
-        save_lora(model, tmp)
-    else:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
+    with quiet_saving():
+        if is_lora(model):  # base weights at the root, adapters in lora_adapter/ (load_policy merges them)
+            save_lora(model, tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     torch.save(training_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
