@@ -69,21 +69,11 @@ def _train_config(items: list[str]) -> Any:
     return _config(GRPOConfig, PRESET, items)
 
 
-def _stopped(console: Any, result: Any) -> int:
-    """The clear line after SIGINT / SIGTERM, and the shell's exit code for that signal."""
+def _stopped(result: Any) -> int:
+    """The shell's exit code for the signal that stopped the run (its line was printed by the
+    progress display, as in the Python API)."""
     import signal
 
-    if getattr(result, "phase", "grpo") == "warm start":
-        console.print(
-            f"stopped by {result.stopped_by} during the supervised warm start, before any checkpoint: "
-            f"nothing in {result.output_dir} needs keeping; run the same command again to start over "
-            "(the warm start is short and is not checkpointed)."
-        )
-    else:
-        console.print(
-            f"stopped by {result.stopped_by} after step {result.steps}: checkpoint-{result.steps} saved in "
-            f"{result.output_dir}; run the same command with resume=true to continue."
-        )
     return 128 + int(getattr(signal, result.stopped_by, signal.SIGTERM))
 
 
@@ -126,7 +116,7 @@ def _run_reported(cfg: Any, train: Any) -> tuple[Any, Any, int | None]:
     if not main_rank:
         return console, result, 0
     if result.stopped_by:
-        return console, result, _stopped(console, result)
+        return console, result, _stopped(result)
     return console, result, None
 
 

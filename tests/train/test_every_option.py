@@ -228,7 +228,7 @@ ELSEWHERE = {
     "overwrite": "test_run_safety.py::test_overwrite_replaces_the_earlier_run_and_resume_continues_it",
     "sft_target_accuracy": "test_run_safety.py::test_warm_start_stops_once_the_probe_reaches_the_target",
     "report_to": "test_trl_names_and_reporting.py::test_a_grpo_run_reports_to_wandb_and_tensorboard",
-    "answer_column": "test_own_task.py::test_missing_answers_name_the_column_and_the_way_out",
+    "answer_column": "test_own_task.py::test_answer_column_names_the_column_answers_come_from",
     "use_peft": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged",
     "lora_r": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter shapes)",
     "lora_alpha": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter config)",

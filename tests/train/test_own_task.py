@@ -303,3 +303,25 @@ def test_lora_target_that_matches_nothing_and_missing_peft(tmp_path, capsys, mon
     assert main(["train", "use_peft=true", f"output_dir={tmp_path / 'r2'}", *GRPO_SMALL]) == 2
     assert "use_peft=true needs the peft package: pip install 'grpokit[lora]'." in capsys.readouterr().err
     assert not (tmp_path / "r2").exists()
+
+
+def test_answer_column_names_the_column_answers_come_from(tmp_path):
+    """answer_column=label: the warm start learns the label column and evaluation scores against it;
+    left at 'answer', the same rows are refused before any work."""
+    from grpokit.train.grpo import train_grpo
+
+    from .helpers import ones_reward, tiny_config
+
+    rows = [{"prompt": f"{i}+1=", "label": str(i + 1)} for i in range(12)]
+    cfg = tiny_config(tmp_path, task=None, sft_steps=2, sft_batch_size=4, answer_column="label", max_steps=1)
+    result = train_grpo(cfg, reward_funcs=[ones_reward], train_rows=rows, eval_rows=rows[:4])
+    assert 0.0 <= result.eval_before["accuracy"] <= 1.0  # exact match against the label column
+    assert len((tmp_path / "run" / "sft_metrics.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(DataError, match="no column 'answer'"):
+        train_grpo(
+            cfg.model_copy(update={"answer_column": "answer", "output_dir": str(tmp_path / "other")}),
+            reward_funcs=[ones_reward],
+            train_rows=rows,
+            eval_rows=rows[:4],
+        )
+    assert not (tmp_path / "other").exists()  # refused before any work

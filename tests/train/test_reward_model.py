@@ -275,7 +275,7 @@ def test_cli_reward_and_eval_reward(tmp_path):
 
 
 @pytest.mark.slow
-def test_reward_model_learns_the_preference_task():
+def test_reward_model_learns_the_preference_task(tmp_path):
     """Acceptance: with the built-in preset, held-out pairwise accuracy rises from about chance
     to at least 0.85 within 300 steps (measured: 0.48 -> 0.9; about 30 s on 2 CPU cores)."""
     from grpokit.cli import REWARD_PRESET, _config
@@ -283,7 +283,7 @@ def test_reward_model_learns_the_preference_task():
     cfg = _config(
         RewardConfig,
         REWARD_PRESET,
-        ["output_dir=/tmp/grpokit-test-rm-preset", "progress=false", "save_steps=0"],
+        [f"output_dir={tmp_path / 'rm'}", "progress=false", "save_steps=0"],
     )
     result = train_reward(cfg)
     assert 0.35 <= result.eval_before["accuracy"] <= 0.65

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from grpokit import GRPOTrainer
-from grpokit.train.common import ZeroSpreadWatch, claim_output_dir
+from grpokit.train.common import ZeroSpreadWatch, claim_output_dir, clear_earlier_run, lr_factor
 from grpokit.train.grpo import train_grpo
-from grpokit.train.sft import run_sft, sft_lr_factor
+from grpokit.train.sft import run_sft
 
 from .helpers import ones_reward, tiny_config, weights
 
@@ -69,20 +69,36 @@ def test_resume_without_a_checkpoint_starts_fresh_metrics(tmp_path):
 
 
 def test_claim_output_dir_cases(tmp_path):
-    claim_output_dir(tmp_path / "new", resume=False, overwrite=False)  # nothing there: fine
+    assert not claim_output_dir(tmp_path / "new", resume=False, overwrite=False)  # nothing there: fine
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("x: 1")
     (run / "sft_metrics.jsonl").write_text("")
-    claim_output_dir(run, resume=False, overwrite=False)  # a warm start stopped by a signal: not a run yet
+    assert not claim_output_dir(run, resume=False, overwrite=False)  # a stopped warm start: not a run yet
     (run / "checkpoint-5").mkdir()
     with pytest.raises(FileExistsError, match="checkpoint-5"):
         claim_output_dir(run, resume=False, overwrite=False)
-    claim_output_dir(run, resume=True, overwrite=False)
-    claim_output_dir(run, resume=False, overwrite=True, is_main=False)  # only the main process deletes
+    assert not claim_output_dir(run, resume=True, overwrite=False)
+    assert claim_output_dir(run, resume=False, overwrite=True)  # to be deleted, by the caller, later
     assert (run / "checkpoint-5").is_dir()
-    claim_output_dir(run, resume=False, overwrite=True)
+    clear_earlier_run(run)
     assert not (run / "checkpoint-5").exists() and not (run / "config.yaml").exists()
+
+
+def test_overwrite_never_deletes_before_the_input_is_valid(tmp_path):
+    train_grpo(tiny_config(tmp_path, save_steps=1), reward_funcs=[ones_reward])
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match="missing.jsonl.*does not exist"):  # DataError
+        train_grpo(
+            tiny_config(tmp_path, overwrite=True, task=None, dataset=str(tmp_path / "missing.jsonl")),
+            reward_funcs=[ones_reward],
+        )
+    assert (run / "checkpoint-2").is_dir() and (run / "metrics.jsonl").is_file()  # the earlier run is intact
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="set only one"):
+        tiny_config(tmp_path, resume=True, overwrite=True)
 
 
 def test_the_reward_trainer_refuses_an_earlier_run_too(tmp_path):
@@ -100,8 +116,9 @@ def test_the_reward_trainer_refuses_an_earlier_run_too(tmp_path):
 
 
 def test_sft_schedule_warms_up_then_decays_to_zero():
-    assert [round(sft_lr_factor(s, 10, 2), 3) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
-    assert sft_lr_factor(0, 10, 0) == 1.0
+    """The warm start's schedule (common.lr_factor, cosine): hand-computed values."""
+    factors = [round(lr_factor(s, kind="cosine", warmup_steps=2, max_steps=10), 3) for s in (0, 1, 2, 6, 10)]
+    assert factors == [0.5, 1.0, 1.0, 0.5, 0.0]
 
 
 def test_run_sft_stops_on_its_goal_or_on_a_signal(tmp_path):
@@ -131,7 +148,10 @@ def test_run_sft_stops_on_its_goal_or_on_a_signal(tmp_path):
 
 
 def test_a_signal_during_the_warm_start_stops_cleanly_and_the_same_run_starts_again(tmp_path):
+    events = []
+
     def on_event(kind, step, data):
+        events.append((kind, step, data))
         if kind == "sft_step" and step == 3:
             os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C mid warm start
 
@@ -141,6 +161,8 @@ def test_a_signal_during_the_warm_start_stops_cleanly_and_the_same_run_starts_ag
     run = tmp_path / "run"
     assert len((run / "sft_metrics.jsonl").read_text().splitlines()) == 3
     assert not (run / "metrics.jsonl").exists() and not list(run.glob("checkpoint-*"))
+    run_dir = str(tmp_path / "run")
+    assert events[-1] == ("stopped", 0, {"signal": "SIGINT", "phase": "warm start", "output_dir": run_dir})
     again = train_grpo(
         tiny_config(tmp_path, sft_steps=5, sft_batch_size=8, save_steps=1), reward_funcs=[ones_reward]
     )
@@ -244,3 +266,34 @@ def test_the_python_api_shows_progress_like_the_cli(tmp_path, capsys):
     GRPOTrainer("tiny", ones_reward, rows, cfg | {"progress": False, "overwrite": True}).train()
     assert capsys.readouterr().out == ""
     assert weights(tmp_path / "run")
+
+
+def test_the_python_api_says_why_it_stopped(tmp_path, capsys):
+    """progress=True: the same line as the command line, for a stop in the warm start and in GRPO."""
+    from grpokit.train.progress import stop_message
+
+    assert "during the supervised warm start" in stop_message("SIGINT", "warm start", 0, "runs/x")
+    assert "after step 7: checkpoint-7 saved in runs/x" in stop_message("SIGTERM", "grpo", 7, "runs/x")
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]
+    cfg = tiny_config(
+        tmp_path, progress=True, sft_steps=100_000, sft_batch_size=8
+    ).model_dump()  # until the signal
+    trainer = GRPOTrainer("tiny", ones_reward, rows, cfg | {"task": None})
+    import threading
+
+    timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    result = trainer.train()
+    timer.join()
+    assert result.stopped_by == "SIGINT"
+    assert stop_message("SIGINT", result.phase, result.steps, str(tmp_path / "run")) in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+def test_no_zero_spread_warning_under_dynamic_sampling(tmp_path):
+    """Dynamic sampling trains on groups with a spread: the first batch's share is not the trained one."""
+    events = []
+    cfg = tiny_config(tmp_path, max_steps=11, dynamic_sampling=True, max_resample_batches=1)
+    train_grpo(cfg, reward_funcs=[constant_reward], on_event=lambda *e: events.append(e))
+    assert not [e for e in events if e[0] == "warning"]

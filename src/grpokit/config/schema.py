@@ -95,6 +95,14 @@ class _RunControl(_Keys):
         "TensorBoard here, as it is installed with grpokit)",
     )
 
+    @model_validator(mode="after")
+    def _one_way_on(self) -> _RunControl:
+        if self.resume and self.overwrite:
+            raise ValueError(
+                "resume=true continues the run in output_dir and overwrite=true deletes it: set only one."
+            )
+        return self
+
 
 class GRPOConfig(_RunControl, _TinyModel, _Optimisation):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -276,6 +284,11 @@ class GRPOConfig(_RunControl, _TinyModel, _Optimisation):
 
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
+        if self.use_peft and self.strategy == "fsdp":
+            raise ValueError(
+                "use_peft=true with strategy=fsdp is not supported (a LoRA checkpoint is saved from the "
+                "whole model, which FSDP shards); use strategy=ddp, whose ranks each hold the small adapters"
+            )
         rows = self.prompts_per_step * self.num_generations
         if rows % self.micro_batch_size != 0:
             raise ValueError(

@@ -182,6 +182,7 @@ class MetricsWriter:
     output_dir: Path
     report_to: Sequence[str] = ()
     config: dict[str, Any] | None = None
+    start_step: int = 0  # a resumed run: TensorBoard events after this step are the dead attempt's
     tensorboard: Any = None
     wandb: Any = None  # the wandb run
     last_eval: dict[str, Any] = field(default_factory=dict)  # the last row written with prefix "eval/"
@@ -193,7 +194,10 @@ class MetricsWriter:
         self._file = (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8")
         if "tensorboard" in self.report_to:
             summary_writer = _reporter("tensorboard", self.report_to)
-            self.tensorboard = summary_writer(str(self.output_dir / "tensorboard"))
+            self.tensorboard = summary_writer(
+                str(self.output_dir / "tensorboard"),
+                purge_step=self.start_step + 1 if self.start_step else None,
+            )
         if "wandb" in self.report_to:
             wandb = _reporter("wandb", self.report_to)
             self.wandb = wandb.init(config=self.config, **wandb_settings(self.output_dir))
@@ -273,30 +277,32 @@ def earlier_run(output_dir: Path) -> list[str]:
     return found
 
 
-def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool, is_main: bool = True) -> None:
+def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool:
     """Refuse, before any work, to start a new run where an earlier one lives (its metrics would be
     mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
-    having higher step numbers). `resume` continues the earlier run; `overwrite` deletes it first
-    (on the main process; call this on every process before any of them writes)."""
+    having higher step numbers). Returns whether there is an earlier run that `overwrite` asks to
+    delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a command
+    that fails on bad input never destroys anything."""
     found = earlier_run(output_dir)
     if not found or resume:
-        return
+        return False
     if not overwrite:
         shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
         raise FileExistsError(
             f"output_dir {str(output_dir)!r} already holds a run ({shown}); continue it with resume=true, "
             "start a new one with another output_dir=..., or replace it with overwrite=true."
         )
-    if is_main:
-        for name in RUN_FILES:
-            (output_dir / name).unlink(missing_ok=True)
-        for path in [
-            *output_dir.glob(f"{CHECKPOINT_PREFIX}*"),
-            *output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"),
-        ]:
-            shutil.rmtree(path, ignore_errors=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(output_dir / name, ignore_errors=True)
+    return True
+
+
+def clear_earlier_run(output_dir: Path) -> None:
+    """Delete what a run writes into `output_dir` (`overwrite=true`); nothing else there is touched."""
+    for name in RUN_FILES:
+        (output_dir / name).unlink(missing_ok=True)
+    for path in [*output_dir.glob(f"{CHECKPOINT_PREFIX}*"), *output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*")]:
+        shutil.rmtree(path, ignore_errors=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(output_dir / name, ignore_errors=True)
 
 
 def warn(on_event: Callable[[str, int, dict[str, Any]], None] | None, step: int, message: str) -> None:
@@ -643,11 +649,13 @@ def begin(
         start, eval_before = 0, evaluate()
         if d.is_main:  # a fresh start (resume found no checkpoint): earlier rows are not this run's
             (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
     writer = (
         MetricsWriter(
             output_dir,
             report_to=getattr(cfg, "report_to", ()),
             config=cfg.model_dump(mode="json") if cfg is not None else None,
+            start_step=start,
         )
         if d.is_main
         else NullWriter()

@@ -86,7 +86,7 @@ class TrainResult:
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     stopped_by: str | None = None  # the signal that ended the run early, if any
-    phase: str = "grpo"  # where it ended: "grpo", or "warm start" (stopped before any checkpoint)
+    phase: str = "grpo"  # where it ended: "grpo", or before any checkpoint: "set-up", "warm start"
 
 
 def _pad_cat(tensors: Sequence[torch.Tensor], value: int | bool, left: bool) -> torch.Tensor:
@@ -566,7 +566,7 @@ def warm_start_goal(
             sampler,
             tokenizer,
             probe,
-            reward_funcs=data.reward_funcs,
+            reward_funcs=[correctness_reward(data.is_correct)],  # accuracy is all it needs
             is_correct=data.is_correct,
             prompt_column=cfg.prompt_column,
             max_prompt_length=data.max_prompt_length,
@@ -634,6 +634,16 @@ def restore(cfg: GRPOConfig, ctx: _Context, checkpoint: Path) -> tuple[int, dict
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
 
+def _stopped_early(emit: Any, stop: common.StopSignals, output_dir: Path, phase: str) -> TrainResult:
+    """A signal arrived before the first GRPO step: nothing to checkpoint, the same command starts over."""
+    emit(
+        "stopped",
+        0,
+        {"signal": stop.signal or "a signal on another rank", "phase": phase, "output_dir": str(output_dir)},
+    )
+    return TrainResult(output_dir, 0, {}, {}, stopped_by=stop.signal or "SIGTERM", phase=phase)
+
+
 def train_grpo(
     cfg: GRPOConfig,
     *,
@@ -688,7 +698,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if cfg.use_peft:
         require_peft()
     output_dir = Path(cfg.output_dir)
-    common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite, is_main=d.is_main)
+    replacing = common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     data = resolve_data(cfg, train_rows, eval_rows, reward_funcs, is_correct)
     common.seed_everything(cfg.seed)
     if model is None:
@@ -703,7 +713,10 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     )
     if cfg.use_peft and cfg.lora_target_modules:
         check_lora_targets(model, cfg.lora_target_modules)
+    distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
     if d.is_main:
+        if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
+            common.clear_earlier_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
     distributed.barrier(d)
@@ -711,6 +724,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if cfg.sft_steps and not checkpoints:  # a supervised warm start (identical on every rank)
         emit("sft_start", 0, {})
         probed: list[float] = []
+        goal = warm_start_goal(cfg, model, tokenizer, data, probed)
         warm = run_sft(
             model,
             tokenizer,
@@ -722,21 +736,22 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             seed=cfg.seed,
             on_step=lambda s, loss: emit("sft_step", s, {"loss": loss}),
             should_stop=lambda: distributed.any_rank(d, stop.signal is not None),
-            done=warm_start_goal(cfg, model, tokenizer, data, probed),
+            done=None if goal is None else lambda s: distributed.any_rank(d, goal(s)),  # ranks agree
         )
         if d.is_main:
             common.write_sft_metrics(output_dir, warm.losses)
         if probed:
             emit("sft_done", len(warm.losses), {"probe_accuracy": probed[-1], "reached": warm.reached})
         if warm.stopped:
-            emit("stopped", 0, {"signal": stop.signal or "signal on another rank", "phase": "warm start"})
-            return TrainResult(output_dir, 0, {}, {}, stopped_by=stop.signal or "SIGTERM", phase="warm start")
+            return _stopped_early(emit, stop, output_dir, "warm start")
     if cfg.use_peft:  # LoRA on the warm-started weights: only the adapters train (reference: adapters off)
         model = common.lora_from_config(cfg, model)
     ctx = make_context(cfg, model, tokenizer, data, d)  # reference copy, DDP/FSDP wrapping, optimizer
     evaluate_now = evaluator(cfg, ctx, data)
     if checkpoints:
         load_config(GRPOConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
+    if stop.signal is not None and not checkpoints:  # Ctrl-C while loading or warming up, before step 1
+        return _stopped_early(emit, stop, output_dir, "set-up")
     start, eval_before, writer = common.begin(
         d,
         output_dir,
@@ -803,7 +818,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 emit("step", step, writer.write(step, metrics))
-            cannot_learn = zero_spread.update(
+            cannot_learn = not cfg.dynamic_sampling and zero_spread.update(
                 float(metrics["frac_reward_zero_std"]), float(metrics["reward"])
             )
             if cannot_learn and d.is_main:
@@ -830,7 +845,11 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 save(cfg, ctx, step, eval_before)
             skips = common.skip_guard(skips, skipped > 0, cfg.max_consecutive_skips, step)
             if stopping:
-                emit("stopped", step, {"signal": stop.signal or "signal on another rank"})
+                emit(
+                    "stopped",
+                    step,
+                    {"signal": stop.signal or "a signal on another rank", "output_dir": str(output_dir)},
+                )
                 break
     finally:
         writer.close()

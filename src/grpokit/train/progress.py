@@ -11,6 +11,20 @@ from typing import Any
 Events = Callable[[str, int, dict[str, Any]], None]
 
 
+def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
+    """What a run stopped by SIGINT / SIGTERM says, and how to go on."""
+    if phase == "grpo":
+        return (
+            f"stopped by {signal} after step {step}: checkpoint-{step} saved in {output_dir}; run the same "
+            "command with resume=true to continue."
+        )
+    where = "the supervised warm start" if phase == "warm start" else phase
+    return (
+        f"stopped by {signal} during {where}, before any checkpoint: nothing in {output_dir} needs keeping; "
+        "run the same command again to start over (the warm start is short and is not checkpointed)."
+    )
+
+
 @contextmanager
 def reporting(cfg: Any, on_event: Events | None = None) -> Iterator[Events | None]:
     """What the Python trainers report to: the caller's `on_event` if given; else, with
@@ -100,6 +114,9 @@ class RichReporter:
             k[len("eval/") :]: v for k, v in data.items() if k.startswith("eval/") and isinstance(v, float)
         }
         self.console.print(f"step {step} eval: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+
+    def _on_stopped(self, step: int, data: dict[str, Any]) -> None:
+        self.console.print(stop_message(data["signal"], data.get("phase", "grpo"), step, data["output_dir"]))
 
     def _on_warning(self, step: int, data: dict[str, Any]) -> None:
         self.console.print(f"[bold yellow]warning[/] at step {step}: {data['message']}")

@@ -184,12 +184,15 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
     common.check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
     # ------------------------------------------------------------------ set-up
     output_dir = Path(cfg.output_dir)
-    common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite, is_main=d.is_main)
+    replacing = common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     train_pairs, eval_pairs, alphabet = _pairs(cfg, train_rows, eval_rows)
     common.seed_everything(cfg.seed)
     if model is None:
         model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
+    distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
     if d.is_main:
+        if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
+            common.clear_earlier_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
     distributed.barrier(d)
@@ -261,7 +264,11 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
                 )
             skips = common.skip_guard(skips, skipped, cfg.max_consecutive_skips, step)
             if stopping:
-                emit("stopped", step, {"signal": stop.signal or "signal on another rank"})
+                emit(
+                    "stopped",
+                    step,
+                    {"signal": stop.signal or "a signal on another rank", "output_dir": str(output_dir)},
+                )
                 break
     finally:
         stop.__exit__(None, None, None)

@@ -6,7 +6,6 @@ demo first teaches the format and some of the skill with a few hundred supervise
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .common import lr_factor
 
 
 def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -54,16 +55,6 @@ class SFTResult:
     reached: bool = False  # `done` ended it (the warm start reached its goal)
 
 
-def sft_lr_factor(step: int, steps: int, warmup_steps: int) -> float:
-    """Linear warm-up over `warmup_steps`, then cosine decay to 0 at `steps`: a warm start that ends
-    settled, not mid-way down a steep stretch of its learning curve (where float round-off, and so the
-    CPU's instruction set, decides where it lands)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
 def run_sft(
     model: Any,
     tokenizer: Any,
@@ -84,7 +75,10 @@ def run_sft(
     (its goal reached); `should_stop()` True ends it as interrupted (a signal)."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: sft_lr_factor(s, steps, warmup_steps))
+    # warm-up, then cosine decay to 0: a warm start that ends settled, not half-way down a steep stretch
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, kind="cosine", warmup_steps=warmup_steps, max_steps=steps)
+    )
     model.train()
     rows = list(rows)
     losses: list[float] = []
