@@ -62,6 +62,22 @@ class _TinyModel(_Keys):
     tiny_intermediate_size: int = Field(256, ge=8, description="model=tiny: MLP width")
 
 
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+
+
+class _Placement(_Keys):
+    """Where the models and batches live."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description="auto (CUDA when available, else CPU), cpu, cuda or cuda:N; under torchrun each rank "
+        "takes cuda:LOCAL_RANK (auto/cuda) or the CPU; metrics and checkpoints are always on the host",
+    )
+
+
 class _Optimisation(_Keys):
     """AdamW, schedule and clipping, as TRL's defaults (the learning rate is each trainer's own)."""
 
@@ -104,7 +120,7 @@ class _RunControl(_Keys):
         return self
 
 
-class GRPOConfig(_RunControl, _TinyModel, _Optimisation):
+class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     # ---------------------------------------------------------------- run
@@ -124,7 +140,15 @@ class GRPOConfig(_RunControl, _TinyModel, _Optimisation):
     # ---------------------------------------------------------------- model
     model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="dtype the model is kept and trained in (TRL's bf16=true / fp16=true map here)"
+        "float32",
+        description="compute precision: matmuls run in it under autocast, log-softmax and loss in float32; "
+        "trainable weights and AdamW state stay float32 unless master_weights=dtype "
+        "(TRL's bf16=true / fp16=true map here)",
+    )
+    master_weights: Literal["float32", "dtype"] = Field(
+        "float32",
+        description="precision of the trainable weights and AdamW state: float32 (mixed precision) or "
+        "dtype (everything in dtype: least memory, less exact updates)",
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
@@ -324,7 +348,7 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
             )
 
 
-class SFTConfig(_TinyModel):
+class SFTConfig(_Placement, _TinyModel):
     """A minimal supervised warm start: cross-entropy on the task's answers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -352,7 +376,7 @@ class SFTConfig(_TinyModel):
     answer_column: str = Field("answer", description="the column holding the answer the model learns")
 
 
-class RewardConfig(_RunControl, _TinyModel, _Optimisation):
+class RewardConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
     """Bradley–Terry reward-model training. Names and defaults follow TRL 1.16's RewardConfig where
     TRL has the option (learning_rate 1e-4, max_length 1024, center_rewards_coefficient None)."""
 
@@ -372,7 +396,15 @@ class RewardConfig(_RunControl, _TinyModel, _Optimisation):
         "tiny", description="a local sequence-classification or causal-LM directory, or 'tiny'"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="dtype the model is kept and trained in (TRL's bf16=true / fp16=true map here)"
+        "float32",
+        description="compute precision: matmuls run in it under autocast, log-softmax and loss in float32; "
+        "trainable weights and AdamW state stay float32 unless master_weights=dtype "
+        "(TRL's bf16=true / fp16=true map here)",
+    )
+    master_weights: Literal["float32", "dtype"] = Field(
+        "float32",
+        description="precision of the trainable weights and AdamW state: float32 (mixed precision) or "
+        "dtype (everything in dtype: least memory, less exact updates)",
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
