@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     from grpokit.models import build_policy, char_tokenizer
     from grpokit.ops import grpo_loss
     from grpokit.rollout import KVCacheSampler, SamplingParams
-    from grpokit.train.common import clip_grad_norm
     from grpokit.train.grpo import Batch, completion_stats, frozen_logps
+    from grpokit.train.optim import clip_grad_norm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -1,11 +1,13 @@
-"""The GPU throughput benchmark (benchmarks/gpu_throughput.py) cannot run here at its size, but its
-code path can: the tiny size on the CPU, so that the script a GPU user runs does not rot."""
+"""The GPU benchmarks (benchmarks/gpu_throughput.py, benchmarks/gpu_vs_trl.py) cannot run here at their
+size, but their code paths can: the tiny size on the CPU, so that the scripts a GPU user runs do not rot."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_throughput.py"
 
@@ -69,3 +71,43 @@ def test_main_job_spread_summarises_runs(tmp_path, monkeypatch, capsys):
     assert result["summary"]["worst_gain_points"] == 25.0 and result["summary"]["runs"] == 2
     assert result["runs"]["default_s0"]["gain_points"] == 40.0
     assert result["runs"]["best_s0"]["sft_steps_taken"] == 2
+
+
+def _gpu_vs_trl():
+    spec = importlib.util.spec_from_file_location("gpu_vs_trl", SCRIPT.parent / "gpu_vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu(tmp_path):
+    """benchmarks/gpu_vs_trl.py --smoke: both trainers, each in its own process, on a tiny Llama with
+    tied embeddings and 2 KV heads (V = 512) on the CPU; every completion has the full 16 tokens
+    (EOS cannot be drawn), and the result has both sides' times and memory."""
+    module = _gpu_vs_trl()
+    out = tmp_path / "result.json"
+    assert module.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["work"] == "2 prompts x 4 completions x 16 tokens, prompts of 8 tokens"
+    assert result["model"]["vocab"] == 512 and result["model"]["shape"]["kv_heads"] == 2
+    assert result["model"]["eos_logit_margin"] > module.FLOAT32_UNDERFLOW_MARGIN
+    assert result["all_completions_full_length"]
+    for side in ("grpokit", "trl"):
+        assert result[side]["step_time"]["n"] == 2 and result[side]["step_time"]["median"] > 0
+        assert result[side]["completion_mean_length"] == [16.0, 16.0, 16.0]
+        assert result[side]["peak_rss_bytes"] > 0
+    assert result["step_time_ratio"] > 0 and result["peak_memory_measure"] == "peak_rss_bytes"
+    assert result["machine"]["device"] == "cpu" and result["machine"]["trl"] == "1.16.0"
+    assert result["markdown_row"].startswith("| 2 prompts x 4 completions x 16 tokens")
+
+
+def test_gpu_vs_trl_script_needs_cuda_or_smoke(monkeypatch, capsys):
+    import torch
+
+    module = _gpu_vs_trl()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert module.main([]) == 2
+    assert "--smoke" in capsys.readouterr().err
+    # steps end at 0, 1, 3 and 6 s: step 2 took 1 s (warm-up), steps 3 and 4 took 2 and 3 s
+    assert module.step_times([0.0, 1.0, 3.0, 6.0], warmup=2) == [2.0, 3.0]

@@ -19,8 +19,8 @@ from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
 from grpokit.data import DataError, load_preferences, load_prompts
 from grpokit.models import char_tokenizer, load_policy, save_policy
 from grpokit.rewards import RewardFunctionError, score_completions
-from grpokit.train.common import TooManySkips
 from grpokit.train.grpo import train_grpo
+from grpokit.train.run import TooManySkips
 from tests.train.helpers import ones_reward, tiny_config
 
 
@@ -263,11 +263,11 @@ def test_cli_shows_one_line_not_a_traceback(tmp_path):
 
 
 def test_trust_remote_code_is_off_unless_set(tmp_path, monkeypatch):
-    import grpokit.train.common as common
+    import grpokit.train.run as train_run
 
     seen = []
     monkeypatch.setattr(
-        common,
+        train_run,
         "load_policy",
         lambda path, **kw: (
             seen.append(kw["trust_remote_code"]) or (_ for _ in ()).throw(RuntimeError("stop"))
@@ -275,7 +275,7 @@ def test_trust_remote_code_is_off_unless_set(tmp_path, monkeypatch):
     )
     for flag in (False, True):
         with pytest.raises(RuntimeError, match="stop"):
-            common.policy_and_tokenizer(
+            train_run.policy_and_tokenizer(
                 tiny_config(tmp_path, model="somewhere", trust_remote_code=flag), None, 16
             )
     assert seen == [False, True]
@@ -315,7 +315,7 @@ def test_a_nan_loss_skips_that_update_and_the_run_finishes(tmp_path, monkeypatch
 
 def test_a_skipped_update_changes_nothing(tmp_path, monkeypatch):
     """The weights and optimizer state after a skipped update are those before it."""
-    from grpokit.train.common import apply_update
+    from grpokit.train.optim import apply_update
 
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -445,6 +445,6 @@ def test_half_written_checkpoints_are_never_loaded(tmp_path):
         on_event=lambda kind, step, data: events.append((kind, step)),
     )
     assert ("resumed", 2) in events and (run / "checkpoint-3" / "state.pt").is_file()
-    from grpokit.train.common import list_checkpoints
+    from grpokit.train.checkpoint import list_checkpoints
 
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]  # the last K=2 kept

@@ -83,10 +83,20 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _shutdown() -> None:
+def _shutdown(device: str = "auto") -> None:
     from .train import distributed
 
-    distributed.shutdown(distributed.init())
+    distributed.shutdown(distributed.init(device))
+
+
+def _placement(cfg: Any) -> tuple[Any, Any]:
+    """The torch device a config's `device` names (TF32 matmuls there on a GPU) and its precision
+    (`dtype`, `master_weights`; float32 for a config without them)."""
+    from .models import Precision, enable_fast_matmul, resolve_device
+
+    device = resolve_device(cfg.device)
+    enable_fast_matmul(device)
+    return device, Precision.of(getattr(cfg, "dtype", "float32"), getattr(cfg, "master_weights", "float32"))
 
 
 def _console() -> Any:
@@ -112,7 +122,7 @@ def _run_reported(cfg: Any, train: Any) -> tuple[Any, Any, int | None]:
     main_rank = _rank() == 0  # under torchrun only rank 0 talks
     with RichReporter(console, cfg, enabled=cfg.progress and main_rank) as reporter:
         result = train(cfg, on_event=reporter.on_event)
-    _shutdown()
+    _shutdown(cfg.device)
     if not main_rank:
         return console, result, 0
     if result.stopped_by:
@@ -142,9 +152,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from .config import SFTConfig, load_config, to_yaml
     from .data import answer_checker, data_alphabet, get_task, load_prompts, require_answers, sft_rows
     from .models import save_policy
-    from .train import common
     from .train.evaluation import evaluate
     from .train.grpo import correctness_reward
+    from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
     from .train.sft import run_sft
 
     path, overrides = _split_args(args.items)
@@ -179,11 +189,15 @@ def _cmd_sft(args: argparse.Namespace) -> int:
             alphabet = data_alphabet(
                 rows, eval_rows, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column
             )
-    common.seed_everything(cfg.seed)
-    model, tokenizer = common.policy_and_tokenizer(cfg, alphabet, 4 * sum(lengths))
+    seed_everything(cfg.seed)
+    device, precision = _placement(cfg)
+    # trained: stored in the master dtype (float32 unless master_weights=dtype), computing under autocast
+    stored = cfg.model_copy(update={"dtype": "float32"}) if precision.mixed else cfg
+    model, tokenizer = policy_and_tokenizer(stored, alphabet, 4 * sum(lengths))
+    model = model.to(device=device, dtype=precision.master)
     columns = [cfg.prompt_column, cfg.answer_column]  # the warm start encodes both
-    common.check_known_characters(tokenizer, cfg.model, [(source, rows)], columns)
-    common.check_known_characters(tokenizer, cfg.model, [(eval_source, eval_rows)], [cfg.prompt_column])
+    check_known_characters(tokenizer, cfg.model, [(source, rows)], columns)
+    check_known_characters(tokenizer, cfg.model, [(eval_source, eval_rows)], [cfg.prompt_column])
     console = _console()
     run_sft(
         model,
@@ -194,6 +208,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         learning_rate=cfg.learning_rate,
         seed=cfg.seed,
         on_step=lambda s, loss: s % 100 == 0 and console.print(f"sft step {s}: loss {loss:.4f}"),
+        precision=precision,
     )
     out = Path(cfg.output_dir) / "final"
     save_policy(model, tokenizer, out)
@@ -210,6 +225,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         prompt_column=cfg.prompt_column,
         max_prompt_length=lengths[0] if cfg.task else None,
         max_completion_length=lengths[1],
+        precision=precision,
     )
     console.print(f"held-out greedy accuracy {100 * metrics['accuracy']:.1f}%; saved to {out}")
     return 0
@@ -223,9 +239,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from .data import load_prompts
-    from .train import common
     from .train.evaluation import evaluate
     from .train.grpo import resolve_data
+    from .train.run import check_known_characters, policy_and_tokenizer
 
     cfg = _train_config(args.items)
     cfg = cfg.model_copy(update={"sft_steps": 0})  # evaluation trains nothing: no answers required
@@ -240,13 +256,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     data = resolve_data(cfg, [] if rows is not None else None, rows, None, None, require_rewards=False)
     if source is not None:
         data = replace(data, eval_source=str(source))
-    model, tokenizer = common.policy_and_tokenizer(
+    model, tokenizer = policy_and_tokenizer(
         cfg, data.alphabet, 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
     )
+    model = model.to(_placement(cfg)[0])  # inference only: stored in the compute dtype, no autocast
     # a checkpoint's character tokenizer would read characters it never learned as <unk>
-    common.check_known_characters(
-        tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column]
-    )
+    check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
     metrics = evaluate(
         model,
         tokenizer,
@@ -307,6 +322,7 @@ def _cmd_eval_reward(args: argparse.Namespace) -> int:
     if not eval_pairs:
         raise ValueError("no evaluation pairs: set task, or eval_dataset to a preference file.")
     model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
+    model = model.to(_placement(cfg)[0])  # inference only: stored in the compute dtype, no autocast
     print(
         json.dumps(
             evaluate_reward_model(
@@ -481,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .data import DataError
     from .rewards import RewardFunctionError
-    from .train.common import TooManySkips
+    from .train.run import TooManySkips
 
     try:
         return args.handler(args)

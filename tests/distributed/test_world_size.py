@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def torchrun(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # no GPU for the ranks: these runs are gloo on the CPU by design (float64 parity), and on a machine
+    # with one GPU two ranks must not both start NCCL on it (the commands also get device=cpu)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     # --standalone: torchrun picks a free local port itself (no race between choosing and binding)
     cmd = [
         sys.executable,
@@ -87,6 +89,7 @@ def test_fsdp_cpu_offload_trains(updates):
 
 def _train(nproc: int, out: Path, *overrides: str) -> None:
     tiny = [
+        "device=cpu",
         "tiny_hidden_size=16",
         "tiny_num_layers=1",
         "tiny_num_heads=2",
@@ -129,6 +132,7 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
     from safetensors.torch import load_file
 
     tiny = [
+        "device=cpu",
         "tiny_hidden_size=16",
         "tiny_num_layers=1",
         "tiny_num_heads=2",

@@ -58,6 +58,7 @@ def shard(batch: Batch, rows: slice) -> Batch:
 
 def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offload: bool = False) -> None:
     cfg = GRPOConfig(
+        device="cpu",  # where `main` put this rank (gloo): the policy must not go to a GPU
         loss_type=loss_type,
         strategy=strategy,
         fsdp_cpu_offload=offload,
@@ -111,7 +112,12 @@ def reward_case(d: distributed.Dist, strategy: str, out: str) -> None:
         {"prompt": f"{i}+{i}=", "chosen": str(2 * i), "rejected": str(2 * i + 1 + i % 3)} for i in range(8)
     ]
     cfg = RewardConfig(
-        batch_size=8 // d.world_size, micro_batch_size=2, learning_rate=1e-2, max_length=32, strategy=strategy
+        device="cpu",
+        batch_size=8 // d.world_size,
+        micro_batch_size=2,
+        learning_rate=1e-2,
+        max_length=32,
+        strategy=strategy,
     )
     model = build_reward_model(
         hidden_size=16,
@@ -134,7 +140,10 @@ def reward_case(d: distributed.Dist, strategy: str, out: str) -> None:
 
 def main() -> None:
     out = sys.argv[1]
-    d = distributed.init()
+    # gloo on the CPU whatever the machine: the models here are built on the CPU in float64; on a machine
+    # with a GPU, device=auto would start NCCL on it (and with more ranks than GPUs fall back to the CPU
+    # only because NCCL cannot hold two ranks on one GPU), so which backend ran would depend on the machine
+    d = distributed.init(device="cpu")
     for strategy in ("ddp", "fsdp"):
         for loss_type in ("dapo", "grpo", "dr_grpo"):
             grpo_case(d, loss_type, strategy, out)

@@ -42,6 +42,6 @@ def tiny_config(tmp_path, **overrides: Any) -> GRPOConfig:
 def weights(output_dir) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from grpokit.train.common import list_checkpoints
+    from grpokit.train.checkpoint import list_checkpoints
 
     return load_file(list_checkpoints(output_dir)[-1] / "model.safetensors")

@@ -124,10 +124,10 @@ def test_print_config_shows_the_preset_with_overrides(capsys):
 
 def test_bad_config_fails_before_any_model_is_loaded(capsys, monkeypatch):
     """The error is one line naming the key; no model is built (building would fail here)."""
-    import grpokit.train.common as common
+    import grpokit.train.grpo as grpo
 
     monkeypatch.setattr(
-        common, "policy_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
+        grpo, "policy_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
     )
     assert main(["train", "num_generations=1"]) == 2
     err = capsys.readouterr().err

@@ -268,7 +268,7 @@ def test_progress_can_be_switched_off():
 
 
 def test_gradient_checkpointing_is_switched_on(tmp_path):
-    from grpokit.train.common import policy_and_tokenizer
+    from grpokit.train.run import policy_and_tokenizer
 
     for flag in (False, True):
         model, _ = policy_and_tokenizer(tiny_config(tmp_path, gradient_checkpointing=flag), "0123", 16)

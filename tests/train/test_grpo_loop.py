@@ -129,7 +129,7 @@ def test_clip_grad_norm_equals_torch_bit_for_bit(max_norm):
     """grpokit's clipping skips torch's per-call grouping of tensors; its norm and its clipped
     gradients must be torch's exactly, clipped (small max_norm) or not; parameters without a
     gradient are left alone, and mixed dtypes fall back to torch's function."""
-    from grpokit.train.common import clip_grad_norm
+    from grpokit.train.optim import clip_grad_norm
 
     def model_with_grads(seed, mixed=False):
         torch.manual_seed(seed)

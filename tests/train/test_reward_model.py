@@ -194,6 +194,39 @@ def test_train_reward_writes_metrics_checkpoints_calibration_and_resumes_bitwise
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "stored"),
+    [
+        ({"device": "cpu"}, torch.float32),
+        ({"device": "auto"}, torch.float32),
+        ({"dtype": "bfloat16"}, torch.float32),  # float32 master weights, bf16 autocast
+        ({"dtype": "bfloat16", "master_weights": "dtype"}, torch.bfloat16),
+    ],
+)
+def test_train_reward_places_the_model_and_keeps_the_master_dtype(tmp_path, overrides, stored):
+    """The model trains on the resolved device in the master dtype (forward passes under autocast,
+    the loss in float32); metrics are plain numbers and checkpoints are on the host."""
+    cfg = reward_cfg(tmp_path, max_steps=2, **overrides)
+    rows = []
+
+    def on_event(kind, step, data):
+        if kind == "step":
+            rows.append(data)
+
+    result = train_reward(cfg, on_event=on_event)
+    assert result.steps == 2 and all(isinstance(r["loss"], float) and r["loss"] == r["loss"] for r in rows)
+    from tests.train.helpers import weights
+
+    assert {w.dtype for w in weights(tmp_path / "rm").values()} == {stored}
+    state = torch.load(tmp_path / "rm" / "checkpoint-2" / "state.pt", weights_only=True)
+    moments = [v for s in state["optimizer"]["state"].values() for v in s.values()]
+    assert moments and all(v.device.type == "cpu" for v in moments)
+    model = tiny_rm().to(stored)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    metrics = reward_step(cfg, model, TOK, PAIRS, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+    assert metrics["loss"].dtype == torch.float32
+
+
 def test_reward_trainer_facade_and_evaluation(tmp_path):
     from grpokit import RewardTrainer
 
@@ -238,7 +271,7 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
 
 def test_cli_reward_and_eval_reward(tmp_path):
     out = tmp_path / "rm"
-    common = [
+    shared = [
         "tiny_hidden_size=16",
         "tiny_num_layers=1",
         "tiny_num_heads=2",
@@ -256,7 +289,7 @@ def test_cli_reward_and_eval_reward(tmp_path):
             f"output_dir={out}",
             "max_steps=2",
             "progress=false",
-            *common,
+            *shared,
         ],
         capture_output=True,
         text=True,
@@ -265,7 +298,7 @@ def test_cli_reward_and_eval_reward(tmp_path):
     assert train.returncode == 0, train.stderr
     assert "held-out pairwise accuracy" in train.stdout
     evaluation = subprocess.run(
-        [sys.executable, "-m", "grpokit", "eval-reward", f"model={out / 'checkpoint-2'}", *common],
+        [sys.executable, "-m", "grpokit", "eval-reward", f"model={out / 'checkpoint-2'}", *shared],
         capture_output=True,
         text=True,
         timeout=300,

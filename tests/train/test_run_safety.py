@@ -13,8 +13,10 @@ import sys
 import pytest
 
 from grpokit import GRPOTrainer
-from grpokit.train.common import ZeroSpreadWatch, claim_output_dir, clear_earlier_run, lr_factor
+from grpokit.train.checkpoint import claim_output_dir, clear_earlier_run
 from grpokit.train.grpo import train_grpo
+from grpokit.train.metrics import ZeroSpreadWatch
+from grpokit.train.optim import lr_factor
 from grpokit.train.sft import run_sft
 
 from .helpers import ones_reward, tiny_config, weights
@@ -116,7 +118,7 @@ def test_the_reward_trainer_refuses_an_earlier_run_too(tmp_path):
 
 
 def test_sft_schedule_warms_up_then_decays_to_zero():
-    """The warm start's schedule (common.lr_factor, cosine): hand-computed values."""
+    """The warm start's schedule (optim.lr_factor, cosine): hand-computed values."""
     factors = [round(lr_factor(s, kind="cosine", warmup_steps=2, max_steps=10), 3) for s in (0, 1, 2, 6, 10)]
     assert factors == [0.5, 1.0, 1.0, 0.5, 0.0]
 

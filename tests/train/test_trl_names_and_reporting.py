@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, load_config, trl_names
-from grpokit.train.common import MetricsWriter, check_reporters, wandb_settings
+from grpokit.train.metrics import MetricsWriter, check_reporters, wandb_settings
 
 CONFIGS = (GRPOConfig, RewardConfig, SFTConfig)
 
@@ -258,11 +258,11 @@ def test_a_missing_tensorboard_is_one_line_naming_the_fix(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("command", ["train", "reward"])
 def test_a_missing_wandb_stops_the_run_before_any_model_is_loaded(command, tmp_path, monkeypatch, capsys):
-    import grpokit.train.common as common
+    import grpokit.train.grpo as grpo
     import grpokit.train.reward as reward
 
     boom = lambda *a, **k: (_ for _ in ()).throw(AssertionError("a model was loaded"))  # noqa: E731
-    monkeypatch.setattr(common, "policy_and_tokenizer", boom)
+    monkeypatch.setattr(grpo, "policy_and_tokenizer", boom)
     monkeypatch.setattr(reward, "reward_model_and_tokenizer", boom)
     monkeypatch.setitem(sys.modules, "wandb", None)
     assert main([command, f"output_dir={tmp_path / 'run'}", "report_to=[tensorboard, wandb]"]) == 2

@@ -38,7 +38,9 @@ def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.d
     index = int(name.split(":", 1)[1]) if ":" in name else (local_rank or 0)
     count = torch.cuda.device_count()
     if index >= count:
-        raise RuntimeError(f"device=cuda:{index} but this machine has {count} GPU(s) (cuda:0..cuda:{count - 1}).")
+        raise RuntimeError(
+            f"device=cuda:{index} but this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})."
+        )
     return torch.device("cuda", index)
 
 

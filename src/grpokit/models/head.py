@@ -59,6 +59,10 @@ def _has_hooks(module: Any) -> bool:
 def last_hidden_states(
     head: LMHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int
 ) -> torch.Tensor:
-    """The decoder's final hidden states at the last `keep` positions. [b, L] -> [b, keep, H]"""
-    out = head.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    """The decoder's final hidden states at the last `keep` positions, on the model's device (inputs
+    are moved there). [b, L] -> [b, keep, H]"""
+    device = head.weight.device
+    out = head.decoder(
+        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
+    )
     return out.last_hidden_state[:, -keep:]  # [b, keep, H]

@@ -113,11 +113,24 @@ class LeanLlamaDecoder:
             table = self._rotary = torch.cat([cos[0], signed], dim=1).to(hidden.dtype)  # [size, 2·head_dim]
         return table[position_ids].chunk(2, dim=-1)
 
-    def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are: inputs are moved here, and what is made here lives here."""
+        return self.llama.embed_tokens.weight.device
+
+    def new_cache(self, batch: int, capacity: int, like: torch.Tensor | None = None) -> KVCache:
+        """An empty cache on the model's device, in the dtype the key and value projections produce:
+        `like`'s (default: the embedding's), or under autocast for that device its dtype (the
+        projections then return it while the weights stay wider; keys and values rounded to it are
+        exactly what attention, cast by autocast, reads, at half the memory of a float32 cache)."""
+        like = self.llama.embed_tokens.weight if like is None else like
+        device = self.device
+        dtype = like.dtype
+        if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
         shape = (len(self.llama.layers), batch, self.num_kv_heads, capacity, self.head_dim)
         return KVCache(
-            torch.empty(shape, dtype=like.dtype, device=like.device),
-            torch.empty(shape, dtype=like.dtype, device=like.device),
+            torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
         )
 
     def __call__(
@@ -132,15 +145,20 @@ class LeanLlamaDecoder:
         """input_ids [b, L]; attention_mask [b, L] (1/True = a real token), or with a cache,
         key_mask [b, cache.length + L] over every position attended to; position_ids, if given, must
         be below cache.length + L (left padding only lowers them). -> hidden [b, L, H]"""
+        device = self.device  # inputs may come from the host: everything runs where the weights are
+        input_ids = input_ids.to(device)
         b, L = input_ids.shape
         start = cache.length if cache is not None else 0
         if key_mask is None:
             key_mask = (
-                attention_mask.bool()
+                attention_mask
                 if attention_mask is not None
-                else torch.ones(b, start + L, dtype=torch.bool, device=input_ids.device)
+                else torch.ones(b, start + L, dtype=torch.bool, device=device)
             )
-        hidden, _ = self._run(input_ids, key_mask.bool(), position_ids, start, cache=cache)
+        if position_ids is not None:
+            position_ids = position_ids.to(device)
+        key_mask = key_mask.to(device=device, dtype=torch.bool)
+        hidden, _ = self._run(input_ids, key_mask, position_ids, start, cache=cache)
         if cache is not None:
             cache.length = start + L
         return LeanOutput(hidden)
@@ -162,9 +180,12 @@ class LeanLlamaDecoder:
         Returns [P·G, T, H]: row r, position t is the state after prefix + suffix[r, :t], the one
         that scores suffix[r, t].
         """
+        device = self.device  # inputs may come from the host: everything runs where the weights are
+        prefix_ids, suffix_ids = prefix_ids.to(device), suffix_ids.to(device)
+        prefix_mask = prefix_mask.to(device=device, dtype=torch.bool)
+        suffix_mask = suffix_mask.to(device)
         P, Lp = prefix_ids.shape
         B, T = suffix_ids.shape
-        prefix_mask = prefix_mask.bool()
         if T > 1 and _packing_pays(Lp, T, group_size):
             return self._packed_groups(prefix_ids, prefix_mask, suffix_ids, group_size)
         prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, 0, keep_kv=True)  # [P, Lp, H]

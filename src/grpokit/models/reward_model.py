@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .device import model_device
+
 
 def encode_for_reward(tokenizer: Any, prompt: str, completion: str) -> list[int]:
     """Token ids a reward model scores: prompt + completion + EOS (TRL appends EOS to text pairs)."""
@@ -31,8 +33,11 @@ def pad_left(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 
 
 def reward_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """One scalar per sequence, read at its last attended token. [n, L], [n, L] bool -> [n]"""
-    mask = attention_mask.long()
+    """One scalar per sequence, read at its last attended token. [n, L], [n, L] bool -> [n], on the
+    model's device (the inputs are moved there; differentiable: reward training takes its gradient)."""
+    device = model_device(model)
+    input_ids = input_ids.to(device)
+    mask = attention_mask.to(device=device, dtype=torch.long)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L] padding does not shift positions
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, output_hidden_states=False)
     logits = out.logits  # [n, 1] pooled by transformers at the last non-pad token

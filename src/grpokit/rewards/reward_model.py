@@ -4,13 +4,32 @@ its own device. The text it scores is built exactly as in reward-model training
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..models import encode_for_reward, load_reward_model, pad_left, reward_scores
+from ..models import (
+    encode_for_reward,
+    load_reward_model,
+    model_device,
+    pad_left,
+    resolve_device,
+    reward_scores,
+)
+
+
+def placement(name: str) -> torch.device:
+    """The device a reward model's `device` names: `models.resolve_device` with torchrun's LOCAL_RANK,
+    except that "auto" on a rank without a GPU of its own (more ranks than GPUs) is the CPU, as for
+    the policy (`train.distributed.choose_backend`)."""
+    rank = os.environ.get("LOCAL_RANK")
+    local = int(rank) if rank is not None else None
+    if name == "auto" and local is not None and local >= torch.cuda.device_count():
+        return torch.device("cpu")
+    return resolve_device(name, local)
 
 
 class RewardModelFunction:
@@ -23,15 +42,27 @@ class RewardModelFunction:
         self.__name__ = name or "reward_model"
 
     @classmethod
-    def from_path(cls, path: str | Path, *, batch_size: int = 64, device: str = "cpu") -> RewardModelFunction:
-        loaded = load_reward_model(path, device=device)
+    def from_path(
+        cls,
+        path: str | Path,
+        *,
+        batch_size: int = 64,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = torch.float32,
+    ) -> RewardModelFunction:
+        """The reward model saved in `path`, on `device`: a torch.device as it is, or a config's name
+        (auto = CUDA when available, under torchrun cuda:LOCAL_RANK; see `models.resolve_device`).
+        dtype: its storage (frozen: nothing updates it, so the compute dtype serves)."""
+        if not isinstance(device, torch.device):
+            device = placement(device)
+        loaded = load_reward_model(path, device=device, dtype=dtype)
         return cls(
             loaded.model, loaded.tokenizer, batch_size=batch_size, name=f"reward_model:{Path(path).name}"
         )
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
-        device = next(self.model.parameters()).device
+        device = model_device(self.model)  # batches go to the model; the scores come back to the host
         sequences = [
             encode_for_reward(self.tokenizer, str(p), c) for p, c in zip(prompts, completions, strict=True)
         ]

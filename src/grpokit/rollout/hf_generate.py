@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..models.device import model_device
 from .types import Rollout, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -102,10 +103,13 @@ def completion_mask_from_ids(
     by max_completion_length: all its tokens count and it is flagged truncated.
     """
     B, T = completion_ids.shape
-    positions = torch.arange(T).expand(B, T)  # [B, T]
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids))  # [B, T]
+    device = completion_ids.device
+    positions = torch.arange(T, device=device).expand(B, T)  # [B, T]
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=device))  # [B, T]
     end = torch.where(is_eos, positions + 1, T).amin(-1)  # [B] exclusive; T when no EOS
-    stopped = torch.zeros(B, dtype=torch.bool) if stop_ends is None else stop_ends >= 0  # [B]
+    if stop_ends is not None:
+        stop_ends = stop_ends.to(device)
+    stopped = torch.zeros(B, dtype=torch.bool, device=device) if stop_ends is None else stop_ends >= 0  # [B]
     if stop_ends is not None:
         end = torch.where(stopped, torch.minimum(end, stop_ends), end)
     mask = positions < end[:, None]  # [B, T]
@@ -212,7 +216,7 @@ class HFGenerateSampler:
         if not prompts:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
         batch, num_truncated = _tokenize_prompts(self.tokenizer, prompts, params)
-        device = next(self.model.parameters()).device
+        device = model_device(self.model)  # inputs go to the model; the Rollout comes back on the host
         G = params.num_generations
         # the one place prompts are repeated: rows p·G … p·G+G−1 are prompt p's completions
         input_ids = batch["input_ids"].repeat_interleave(G, dim=0).to(device)  # [B, Lp]

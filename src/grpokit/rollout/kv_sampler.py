@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..models import LeanLlamaDecoder, lm_head_of
+from ..models import LeanLlamaDecoder, lm_head_of, model_device
 from .hf_generate import _StopStringEnds, _tokenize_prompts, build_rollout, eos_and_pad
 from .types import Rollout, SamplingParams
 
@@ -180,7 +180,7 @@ class KVCacheSampler:
         if not prompts:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
         batch, num_truncated = _tokenize_prompts(self.tokenizer, prompts, params)
-        device = next(self.model.parameters()).device
+        device = model_device(self.model)  # inputs go to the model; the Rollout comes back on the host
         G = params.num_generations
         prompt_ids = batch["input_ids"].to(device)  # [P, Lp]
         prompt_mask = batch["attention_mask"].to(device)  # [P, Lp]

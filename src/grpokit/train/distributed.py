@@ -1,8 +1,9 @@
 """The one module that talks to torch.distributed.
 
-`torchrun --nproc_per_node N -m grpokit train ...` sets RANK / WORLD_SIZE / LOCAL_RANK; `init()`
-reads them and starts a process group (gloo on CPU, nccl on GPU). With one process everything here
-is a no-op, so the loops call it unconditionally.
+`torchrun --nproc_per_node N -m grpokit train ...` sets RANK / WORLD_SIZE / LOCAL_RANK; `init(device)`
+reads them and starts a process group: gloo on the CPU (device=cpu, or no GPU), nccl with rank r on
+cuda:r (device=auto or cuda), never two NCCL ranks on one GPU (`choose_backend`). With one process
+everything here is a no-op, so the loops call it unconditionally.
 
 Strategies:
 * ddp: every rank holds the whole model; gradients are averaged in backward.
@@ -14,12 +15,18 @@ token count) are divided by the world size (`loss_scale`).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..models.device import resolve_device
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,19 +45,65 @@ class Dist:
         return self.rank == 0
 
 
-def init() -> Dist:
-    """Join the process group torchrun describes (once), or run alone."""
+def choose_backend(
+    device: str, cuda_count: int, local_rank: int, local_world_size: int
+) -> tuple[str, torch.device]:
+    """The process-group backend and the device of rank `local_rank` of the `local_world_size` ranks
+    of a node with `cuda_count` visible GPUs, for a config's `device` (auto | cpu | cuda | cuda:N).
+
+    cpu, or auto without a GPU: gloo on the CPU. auto or cuda: nccl, rank r on cuda:r. NCCL cannot
+    run two ranks on one GPU, so with more ranks than GPUs on the node, cuda is an error and auto is
+    gloo on the CPU (with a warning). The decision depends on the node, not the rank, so that every
+    rank takes the same backend. cuda:N, one GPU for every rank of the node, is refused with more
+    than one rank. Pure (no torch.cuda call): tested with any counts."""
+    if device == "cpu" or (device == "auto" and cuda_count == 0):
+        return "gloo", torch.device("cpu")
+    if re.fullmatch(r"auto|cuda(:[0-9]+)?", device) is None:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}.")
+    if cuda_count == 0:
+        raise RuntimeError(f"device={device} but torch sees no CUDA GPU; use device=cpu or device=auto.")
+    if device.startswith("cuda:"):
+        index = int(device.split(":", 1)[1])
+        if local_world_size > 1:
+            raise ValueError(
+                f"device={device} puts all {local_world_size} ranks of this node on one GPU, and NCCL runs "
+                "one rank per GPU; use device=cuda (rank r takes cuda:r) or device=cpu."
+            )
+        if index >= cuda_count:
+            raise RuntimeError(f"device={device} but this machine has {cuda_count} GPU(s).")
+        return "nccl", torch.device("cuda", index)
+    if local_world_size <= cuda_count:
+        return "nccl", torch.device("cuda", local_rank)
+    if device == "cuda":
+        raise RuntimeError(
+            f"device=cuda with {local_world_size} ranks on a node with {cuda_count} GPU(s): NCCL runs one "
+            f"rank per GPU; start at most {cuda_count} (torchrun --nproc_per_node) or use device=cpu."
+        )
+    logger.warning(
+        "device=auto with %d ranks on a node with %d GPU(s) (NCCL runs one rank per GPU): all ranks run "
+        "on the CPU with gloo; start at most %d per node to use the GPUs",
+        local_world_size,
+        cuda_count,
+        cuda_count,
+    )
+    return "gloo", torch.device("cpu")
+
+
+def init(device: str = "auto") -> Dist:
+    """Join the process group torchrun describes (once), or run alone. `device` is the config's (auto |
+    cpu | cuda | cuda:N): alone, the device it resolves to; under torchrun, as `choose_backend` says."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return Dist()
+        return Dist(device=resolve_device(device))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend, placed = choose_backend(device, cuda_count, local, local_world)
     if not dist.is_initialized():
-        if cuda:
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo")
-    return Dist(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device)
+        if placed.type == "cuda":
+            torch.cuda.set_device(placed)
+        dist.init_process_group(backend)
+    return Dist(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=placed)
 
 
 def shutdown(d: Dist) -> None:

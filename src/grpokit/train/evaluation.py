@@ -8,8 +8,9 @@ from typing import Any
 import torch
 
 from ..data import columns_of, render_prompt
+from ..models.device import Precision, model_device
 from ..rewards import score_completions
-from ..rollout import HFGenerateSampler, Sampler, SamplingParams
+from ..rollout import HFGenerateSampler, Rollout, Sampler, SamplingParams
 
 
 def evaluate(
@@ -27,15 +28,22 @@ def evaluate(
     seed: int = 0,
     on_reward_error: str = "raise",
     batch_size: int | None = None,
+    precision: Precision | None = None,
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
     `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt.
-    batch_size: completions sampled per call (None: all at once); bounds evaluation's memory."""
+    batch_size: completions sampled per call (None: all at once); bounds evaluation's memory.
+    The model samples where it is (prompts go to its device; completions, rewards and metrics come
+    back to the host); precision: sampling runs under its autocast (a model stored wider than it
+    computes), None: as the model is stored."""
     sampler: Sampler = (
         model_or_sampler
         if hasattr(model_or_sampler, "sample")
         else HFGenerateSampler(model_or_sampler, tokenizer)
     )
+    if precision is not None:
+        device = model_device(getattr(sampler, "model", model_or_sampler))
+        sampler = _Autocast(sampler, lambda: precision.autocast(device))
     prompts = [render_prompt(r[prompt_column], tokenizer) for r in rows]
     greedy = SamplingParams(
         num_generations=1,
@@ -77,6 +85,17 @@ def evaluate(
             per_prompt = [any(hits[i * pass_at_k : (i + 1) * pass_at_k]) for i in range(len(rows))]
             metrics[f"pass@{pass_at_k}"] = sum(per_prompt) / len(rows)
     return metrics
+
+
+class _Autocast:
+    """A sampler whose every call runs in `context()` (autocast)."""
+
+    def __init__(self, sampler: Sampler, context: Callable[[], Any]) -> None:
+        self.sampler, self.context = sampler, context
+
+    def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
+        with self.context():
+            return self.sampler.sample(prompts, params)
 
 
 def _sample_in_chunks(

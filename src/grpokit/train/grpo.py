@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..config import GRPOConfig, load_config, to_yaml
+from ..config import GRPOConfig, to_yaml
 from ..data import (
     PromptSampler,
     answer_checker,
@@ -60,8 +60,22 @@ from ..ops import (
 )
 from ..rewards import score_completions
 from ..rollout import SAMPLERS, Sampler, SamplingParams
-from . import common, distributed
+from . import distributed
+from .checkpoint import claim_output_dir, restore_distributed, save_distributed
 from .evaluation import evaluate
+from .metrics import ZeroSpreadWatch, check_reporters, warn, write_sft_metrics
+from .optim import apply_update, make_optimizer, make_scheduler
+from .run import (
+    Run,
+    RunResult,
+    StopSignals,
+    check_known_characters,
+    latest_checkpoint,
+    lora_from_config,
+    policy_and_tokenizer,
+    prepare_output_dir,
+    seed_everything,
+)
 from .sft import run_sft
 
 
@@ -80,12 +94,7 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class TrainResult:
-    output_dir: Path
-    steps: int
-    eval_before: dict[str, float]
-    eval_after: dict[str, float]
-    stopped_by: str | None = None  # the signal that ended the run early, if any
+class TrainResult(RunResult):
     phase: str = "grpo"  # where it ended: "grpo", or before any checkpoint: "set-up", "warm start"
 
 
@@ -314,7 +323,7 @@ def optimizer_step(
         totals["loss"] = totals.get("loss", 0.0) + loss.detach()
         for key, value in out.metrics.items():
             totals[key] = totals.get(key, 0.0) + value / n_micro
-    return totals | common.apply_update(
+    return totals | apply_update(
         ctx.model, ctx.optimizer, ctx.scheduler, totals["loss"], cfg.max_grad_norm, ctx.dist
     )
 
@@ -501,7 +510,7 @@ def make_context(
     model = distributed.wrap(d, model, cfg.strategy, cpu_offload=cfg.fsdp_cpu_offload)
     if reference is not None and cfg.strategy == "fsdp":
         reference = distributed.wrap(d, reference, "fsdp", cpu_offload=cfg.fsdp_cpu_offload, trainable=False)
-    optimizer = common.make_optimizer(model.parameters(), cfg)
+    optimizer = make_optimizer(model.parameters(), cfg)
     sharded = d.enabled and cfg.strategy == "fsdp"
     # DDP generates with the plain module (no communication); FSDP must run every rank's forward
     # passes in lockstep, so the sampler's early exit becomes a collective decision
@@ -525,7 +534,7 @@ def make_context(
         tokenizer=tokenizer,
         reference=reference,
         optimizer=optimizer,
-        scheduler=common.make_scheduler(optimizer, cfg, cfg.max_steps * cfg.num_iterations),
+        scheduler=make_scheduler(optimizer, cfg, cfg.max_steps * cfg.num_iterations),
         prompts=PromptSampler(data.train_rows, cfg.prompts_per_step, seed=cfg.seed),
         sampler=sampler,
         sampling=sampling,
@@ -607,7 +616,7 @@ def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float
     extra = {}
     if ctx.reference is not None and cfg.sync_ref_model:
         extra["reference"] = distributed.full_state_dict(ctx.dist, ctx.reference)
-    common.save_distributed(
+    save_distributed(
         ctx.dist,
         cfg.strategy,
         Path(cfg.output_dir),
@@ -626,7 +635,7 @@ def save(cfg: GRPOConfig, ctx: _Context, step: int, eval_before: dict[str, float
 
 def restore(cfg: GRPOConfig, ctx: _Context, checkpoint: Path) -> tuple[int, dict[str, float]]:
     """Weights, optimizer, schedule, data position and RNG from `checkpoint`: (step, eval_before)."""
-    state = common.restore_distributed(
+    state = restore_distributed(
         ctx.dist, cfg.strategy, checkpoint, ctx.model, ctx.optimizer, ctx.scheduler, ctx.prompts
     )
     if ctx.reference is not None and "reference" in state:
@@ -634,7 +643,7 @@ def restore(cfg: GRPOConfig, ctx: _Context, checkpoint: Path) -> tuple[int, dict
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
 
-def _stopped_early(emit: Any, stop: common.StopSignals, output_dir: Path, phase: str) -> TrainResult:
+def _stopped_early(emit: Any, stop: StopSignals, output_dir: Path, phase: str) -> TrainResult:
     """A signal arrived before the first GRPO step: nothing to checkpoint, the same command starts over."""
     emit(
         "stopped",
@@ -660,7 +669,7 @@ def train_grpo(
     SIGINT and SIGTERM never cut a run short silently: during the warm start it stops after the
     current supervised step and says so (no checkpoint exists yet; the same command starts again);
     during GRPO it finishes the current update, saves a checkpoint and says how to resume."""
-    with common.StopSignals() as stop:
+    with StopSignals() as stop:
         return _train_grpo(
             cfg,
             stop,
@@ -676,7 +685,7 @@ def train_grpo(
 
 def _train_grpo(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
     cfg: GRPOConfig,
-    stop: common.StopSignals,
+    stop: StopSignals,
     *,
     model: Any,
     tokenizer: Any,
@@ -693,19 +702,19 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             f"prompts_per_step={cfg.prompts_per_step} must be divisible by the world size {d.world_size}: "
             "each rank samples complete groups of its own prompts."
         )
-    common.check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
+    check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
     # ------------------------------------------------------------------ set-up
     if cfg.use_peft:
         require_peft()
     output_dir = Path(cfg.output_dir)
-    replacing = common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+    replacing = claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     data = resolve_data(cfg, train_rows, eval_rows, reward_funcs, is_correct)
-    common.seed_everything(cfg.seed)
+    seed_everything(cfg.seed)
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
-        model, tokenizer = common.policy_and_tokenizer(cfg, data.alphabet, max_len)
+        model, tokenizer = policy_and_tokenizer(cfg, data.alphabet, max_len)
     check_context(cfg, model, tokenizer, data)
-    common.check_known_characters(  # a character tokenizer would read an unknown character as <unk>
+    check_known_characters(  # a character tokenizer would read an unknown character as <unk>
         tokenizer,
         cfg.model,
         [(data.train_source, data.train_rows), (data.eval_source, data.eval_rows)],
@@ -713,15 +722,9 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     )
     if cfg.use_peft and cfg.lora_target_modules:
         check_lora_targets(model, cfg.lora_target_modules)
-    distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
-    if d.is_main:
-        if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
-            common.clear_earlier_run(output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(to_yaml(cfg))
-    distributed.barrier(d)
-    checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
-    if cfg.sft_steps and not checkpoints:  # a supervised warm start (identical on every rank)
+    prepare_output_dir(d, cfg, replacing)  # every rank's input is valid: clear an earlier run, config.yaml
+    resume_from = latest_checkpoint(cfg)  # resume=true: the newest checkpoint (its config validated)
+    if cfg.sft_steps and resume_from is None:  # a supervised warm start (identical on every rank)
         emit("sft_start", 0, {})
         probed: list[float] = []
         goal = warm_start_goal(cfg, model, tokenizer, data, probed)
@@ -739,33 +742,24 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             done=None if goal is None else lambda s: distributed.any_rank(d, goal(s)),  # ranks agree
         )
         if d.is_main:
-            common.write_sft_metrics(output_dir, warm.losses)
+            write_sft_metrics(output_dir, warm.losses)
         if probed:
             emit("sft_done", len(warm.losses), {"probe_accuracy": probed[-1], "reached": warm.reached})
         if warm.stopped:
             return _stopped_early(emit, stop, output_dir, "warm start")
     if cfg.use_peft:  # LoRA on the warm-started weights: only the adapters train (reference: adapters off)
-        model = common.lora_from_config(cfg, model)
+        model = lora_from_config(cfg, model)
     ctx = make_context(cfg, model, tokenizer, data, d)  # reference copy, DDP/FSDP wrapping, optimizer
-    evaluate_now = evaluator(cfg, ctx, data)
-    if checkpoints:
-        load_config(GRPOConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
-    if stop.signal is not None and not checkpoints:  # Ctrl-C while loading or warming up, before step 1
+    if stop.signal is not None and resume_from is None:  # Ctrl-C while loading or warming up, before step 1
         return _stopped_early(emit, stop, output_dir, "set-up")
-    start, eval_before, writer = common.begin(
-        d,
-        output_dir,
-        checkpoints[-1] if checkpoints else None,
-        lambda path: restore(cfg, ctx, path),
-        evaluate_now,
-        emit,
-        cfg,
+    run = Run.open(
+        cfg, d, emit, stop, resume_from, lambda path: restore(cfg, ctx, path), evaluator(cfg, ctx, data)
     )
 
     # ------------------------------------------------------------------ the loop
-    skips, step, zero_spread = 0, start, common.ZeroSpreadWatch()
-    try:
-        for step in range(start + 1, cfg.max_steps + 1):
+    step, zero_spread = run.start, ZeroSpreadWatch()
+    with run:  # the metrics writer is closed however the loop ends
+        for step in range(run.start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
             if not ctx.model.training:  # (a walk over every module: only when needed)
                 ctx.model.train()
@@ -816,13 +810,12 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 "tokens_per_second": batch.completion_mask.sum().item() / seconds,
             }
             metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
-            if step % cfg.logging_steps == 0 or step == cfg.max_steps:
-                emit("step", step, writer.write(step, metrics))
+            run.log(step, metrics)
             cannot_learn = not cfg.dynamic_sampling and zero_spread.update(
                 float(metrics["frac_reward_zero_std"]), float(metrics["reward"])
             )
             if cannot_learn and d.is_main:
-                common.warn(on_event, step, cannot_learn)
+                warn(on_event, step, cannot_learn)
             if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
                 emit(
                     "completions",
@@ -833,30 +826,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                         "rewards": batch.rewards.tolist(),
                     },
                 )
-            if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
-                emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
-            stopping = distributed.any_rank(d, stop.signal is not None)  # SIGINT / SIGTERM, on any rank
-            if (
-                step == cfg.max_steps
-                or (cfg.save_steps and step % cfg.save_steps == 0)
-                or stopping
-                or (skips + 1 >= cfg.max_consecutive_skips and skipped)
-            ):
-                save(cfg, ctx, step, eval_before)
-            skips = common.skip_guard(skips, skipped > 0, cfg.max_consecutive_skips, step)
-            if stopping:
-                emit(
-                    "stopped",
-                    step,
-                    {"signal": stop.signal or "a signal on another rank", "output_dir": str(output_dir)},
-                )
+            run.evaluate_if_due(step)
+            # a checkpoint where due; a stop signal (on any rank) ends the run after it
+            if run.finish_step(step, skipped > 0, lambda s: save(cfg, ctx, s, run.eval_before)):
                 break
-    finally:
-        writer.close()
-    return TrainResult(
-        output_dir=output_dir,
-        steps=step,
-        stopped_by=stop.signal,
-        eval_before=eval_before,
-        eval_after={k[len("eval/") :]: v for k, v in writer.last_eval.items() if k.startswith("eval/")},
-    )
+    return run.result(TrainResult, step)

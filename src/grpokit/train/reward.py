@@ -4,7 +4,10 @@ One step: take `batch_size` preference pairs -> in micro-batches, score chosen a
 sequences in one forward pass each (stacked: 2n rows) -> `ops.bradley_terry_loss`, weighted by the
 micro-batch's share of the pairs so the accumulated gradient is the batch mean -> clip -> AdamW ->
 metrics, evaluation (pairwise accuracy, margins, a calibration table), checkpoints.
-Optimizer, schedule, checkpoints, metrics and resume are the GRPO trainer's (train/common.py).
+The model trains on the config's device (under torchrun, the rank's), its weights and AdamW state in
+the master dtype, its forward passes under autocast in `dtype`, the loss in float32; metrics and
+checkpoints are on the host. Optimizer and schedule (train/optim.py), checkpoints (train/checkpoint.py),
+metrics (train/metrics.py) and the run around the loop (train/run.py) are the GRPO trainer's.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import RewardConfig, load_config, to_yaml
+from ..config import RewardConfig, to_yaml
 from ..data import (
+    PreferenceBatch,
     PromptSampler,
     collate_preferences,
     get_task,
@@ -28,25 +32,39 @@ from ..data import (
     preference_pairs,
     pretokenize,
 )
-from ..models import build_reward_model, char_tokenizer, load_reward_model, reward_scores
+from ..models import (
+    Precision,
+    build_reward_model,
+    char_tokenizer,
+    enable_fast_matmul,
+    load_reward_model,
+    model_device,
+    resolve_device,
+    reward_scores,
+)
 from ..ops import bradley_terry_loss
-from . import common, distributed
+from . import distributed
+from .checkpoint import claim_output_dir, restore_distributed, save_distributed
+from .metrics import check_reporters
+from .optim import apply_update, make_optimizer, make_scheduler
+from .run import Run, RunResult, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
 
 CALIBRATION_EDGES = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)  # buckets of |r_chosen − r_rejected|
 
 
 @dataclass(frozen=True)
-class RewardResult:
-    output_dir: Path
-    steps: int
-    eval_before: dict[str, float]
-    eval_after: dict[str, float]
-    stopped_by: str | None = None
+class RewardResult(RunResult):
+    """What `train_reward` returns."""
 
 
-def reward_model_and_tokenizer(cfg: RewardConfig, alphabet: str | None) -> tuple[Any, Any]:
+def reward_model_and_tokenizer(
+    cfg: RewardConfig, alphabet: str | None, dtype: torch.dtype | None = None
+) -> tuple[Any, Any]:
+    """`cfg.model` and its tokenizer, on the CPU, its weights in `dtype` (default: `cfg.dtype`;
+    training stores them in its master dtype)."""
+    dtype = dtype or getattr(torch, cfg.dtype)
     if cfg.model != "tiny":
-        loaded = load_reward_model(cfg.model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        loaded = load_reward_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
         return loaded.model, loaded.tokenizer
     if alphabet is None:
         raise ValueError(
@@ -63,7 +81,18 @@ def reward_model_and_tokenizer(cfg: RewardConfig, alphabet: str | None) -> tuple
         intermediate_size=cfg.tiny_intermediate_size,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return model.to(getattr(torch, cfg.dtype)), tokenizer
+    return model.to(dtype), tokenizer
+
+
+def on_device(batch: PreferenceBatch, device: torch.device) -> PreferenceBatch:
+    """The batch's tensors on `device` (its counts stay plain numbers)."""
+    margin = None if batch.margin is None else batch.margin.to(device)
+    return replace(
+        batch,
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        margin=margin,
+    )
 
 
 @torch.no_grad()
@@ -75,16 +104,22 @@ def evaluate_reward_model(
     max_length: int,
     batch_size: int = 64,
     long_pairs: str = "truncate",
+    precision: Precision | None = None,
 ) -> dict[str, float]:
     """Pairwise accuracy (strict r_c > r_r), mean margin, mean chosen and rejected reward, and
     accuracy per bucket of |margin| (the calibration table: a calibrated model is right more
-    often where it is more confident)."""
+    often where it is more confident). The model scores on its device, under `precision`'s autocast
+    (None: as stored)."""
     was_training = model.training
     model.eval()
+    device, precision = model_device(model), precision or Precision()
     chosen, rejected = [], []
     for start in range(0, len(rows), batch_size):
         batch = collate_preferences(tokenizer, rows[start : start + batch_size], max_length, long_pairs)  # type: ignore[arg-type]
-        scores = reward_scores(model, batch.input_ids, batch.attention_mask).float()
+        batch = on_device(batch, device)
+        with precision.autocast(device):
+            scores = reward_scores(model, batch.input_ids, batch.attention_mask)
+        scores = scores.float()
         chosen.append(scores[: batch.num_pairs])
         rejected.append(scores[batch.num_pairs :])
     model.train(was_training)
@@ -115,15 +150,22 @@ def reward_step(
     scheduler: Any,
     d: Any = None,
 ) -> dict[str, Any]:
-    """One optimizer step over `rows`, accumulating micro-batches weighted by their pair counts."""
+    """One optimizer step over `rows`, accumulating micro-batches weighted by their pair counts. The
+    batches go to the model's device; its forward passes run under autocast in `cfg.dtype` (with
+    wider master weights), the loss in float32."""
     optimizer.zero_grad(set_to_none=True)
+    device, precision = model_device(model), Precision.of(cfg.dtype, cfg.master_weights)
     totals: dict[str, Any] = {"num_truncated": 0, "num_dropped": 0}
     kept = 0
     micro = [rows[s : s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
-    batches = [collate_preferences(tokenizer, m, cfg.max_length, cfg.long_pairs) for m in micro]
+    batches = [
+        on_device(collate_preferences(tokenizer, m, cfg.max_length, cfg.long_pairs), device) for m in micro
+    ]
     total_pairs = sum(b.num_pairs for b in batches)
     for batch in batches:
-        scores = reward_scores(model, batch.input_ids, batch.attention_mask)  # [2n]
+        with precision.autocast(device):
+            scores = reward_scores(model, batch.input_ids, batch.attention_mask)  # [2n]
+        scores = scores.float()  # the loss in float32 whatever the compute dtype
         n = batch.num_pairs
         out = bradley_terry_loss(
             scores[:n],
@@ -140,7 +182,7 @@ def reward_step(
         kept += n
     return (
         totals
-        | common.apply_update(model, optimizer, scheduler, totals["loss"], cfg.max_grad_norm, d)
+        | apply_update(model, optimizer, scheduler, totals["loss"], cfg.max_grad_norm, d)
         | {"num_pairs": kept}
     )
 
@@ -168,7 +210,7 @@ def _pairs(
     return list(train_rows), list(eval_rows)[: cfg.num_eval_pairs], task.alphabet if task else None
 
 
-def train_reward(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
+def train_reward(
     cfg: RewardConfig,
     *,
     model: Any = None,
@@ -181,24 +223,21 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
     emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
     if cfg.batch_size % d.world_size != 0:
         raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the world size {d.world_size}.")
-    common.check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
+    check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
+    device = d.device if d.enabled else resolve_device(cfg.device)  # under torchrun, the rank's
+    precision = Precision.of(cfg.dtype, cfg.master_weights)
+    enable_fast_matmul(device)
     # ------------------------------------------------------------------ set-up
     output_dir = Path(cfg.output_dir)
-    replacing = common.claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+    replacing = claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     train_pairs, eval_pairs, alphabet = _pairs(cfg, train_rows, eval_rows)
-    common.seed_everything(cfg.seed)
+    seed_everything(cfg.seed)
     if model is None:
-        model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
-    distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
-    if d.is_main:
-        if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
-            common.clear_earlier_run(output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(to_yaml(cfg))
-    distributed.barrier(d)
-    model = distributed.wrap(d, model, cfg.strategy)
-    optimizer = common.make_optimizer(model.parameters(), cfg)
-    scheduler = common.make_scheduler(optimizer, cfg, cfg.max_steps)
+        model, tokenizer = reward_model_and_tokenizer(cfg, alphabet, dtype=precision.master)
+    prepare_output_dir(d, cfg, replacing)  # every rank's input is valid: clear an earlier run, config.yaml
+    model = distributed.wrap(d, model.to(device=device, dtype=precision.master), cfg.strategy)
+    optimizer = make_optimizer(model.parameters(), cfg)
+    scheduler = make_scheduler(optimizer, cfg, cfg.max_steps)
     sampler = PromptSampler(pretokenize(tokenizer, train_pairs), cfg.batch_size, seed=cfg.seed)
     share = cfg.batch_size // d.world_size  # pairs per rank and step
 
@@ -206,78 +245,52 @@ def train_reward(  # noqa: C901 - the loop is deliberately one function that rea
         if not eval_pairs:
             return {}
         metrics = evaluate_reward_model(
-            model, tokenizer, eval_pairs, max_length=cfg.max_length, batch_size=cfg.micro_batch_size
+            model,
+            tokenizer,
+            eval_pairs,
+            max_length=cfg.max_length,
+            batch_size=cfg.micro_batch_size,
+            precision=precision,
         )
         if d.is_main:
             (output_dir / "calibration.json").write_text(json.dumps(metrics, indent=1))
         return metrics
 
-    checkpoints = common.list_checkpoints(output_dir) if cfg.resume else []
-
     def restore(path: Path) -> tuple[int, dict[str, float]]:
-        state = common.restore_distributed(d, cfg.strategy, path, model, optimizer, scheduler, sampler)
+        state = restore_distributed(d, cfg.strategy, path, model, optimizer, scheduler, sampler)
         return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
-    if checkpoints:
-        load_config(RewardConfig, checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
-    start, eval_before, writer = common.begin(
-        d, output_dir, checkpoints[-1] if checkpoints else None, restore, evaluate_now, emit, cfg
-    )
+    def save(step: int) -> None:
+        save_distributed(
+            d,
+            cfg.strategy,
+            output_dir,
+            step,
+            model,
+            tokenizer,
+            optimizer,
+            scheduler,
+            sampler,
+            run.eval_before,
+            to_yaml(cfg),
+            cfg.save_total_limit,
+        )
+
+    stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
+    run = Run.open(cfg, d, emit, stop, latest_checkpoint(cfg), restore, evaluate_now)
 
     # ------------------------------------------------------------------ the loop
-    stop, skips, step = common.StopSignals(), 0, start
-    try:
-        stop.__enter__()
-        for step in range(start + 1, cfg.max_steps + 1):
+    step = run.start
+    with run, stop:  # the signal handlers are restored, then the metrics writer closed
+        for step in range(run.start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
             model.train()
             rows = sampler.next_batch()[d.rank * share : (d.rank + 1) * share]  # this rank's pairs
             metrics = reward_step(cfg, model, tokenizer, rows, optimizer, scheduler, d)
             metrics["step_time"] = time.perf_counter() - began
             metrics = distributed.mean_metrics(d, metrics)
-            if step % cfg.logging_steps == 0 or step == cfg.max_steps:
-                emit("step", step, writer.write(step, metrics))
-            if step == cfg.max_steps or (cfg.eval_steps and step % cfg.eval_steps == 0):
-                emit("eval", step, writer.write(step, evaluate_now(), prefix="eval/"))
-            stopping = distributed.any_rank(d, stop.signal is not None)
-            skipped = metrics["skipped_update"] > 0
-            last_chance = skipped and skips + 1 >= cfg.max_consecutive_skips
-            if (
-                step == cfg.max_steps
-                or (cfg.save_steps and step % cfg.save_steps == 0)
-                or stopping
-                or last_chance
-            ):
-                common.save_distributed(
-                    d,
-                    cfg.strategy,
-                    output_dir,
-                    step,
-                    model,
-                    tokenizer,
-                    optimizer,
-                    scheduler,
-                    sampler,
-                    eval_before,
-                    to_yaml(cfg),
-                    cfg.save_total_limit,
-                )
-            skips = common.skip_guard(skips, skipped, cfg.max_consecutive_skips, step)
-            if stopping:
-                emit(
-                    "stopped",
-                    step,
-                    {"signal": stop.signal or "a signal on another rank", "output_dir": str(output_dir)},
-                )
+            run.log(step, metrics)
+            run.evaluate_if_due(step)
+            if run.finish_step(step, metrics["skipped_update"] > 0, save):
                 break
-    finally:
-        stop.__exit__(None, None, None)
-        writer.close()
-    eval_after = {k[len("eval/") :]: v for k, v in writer.last_eval.items()} if writer.last_eval else {}
-    return RewardResult(
-        output_dir=output_dir,
-        steps=step,
-        stopped_by=stop.signal,
-        eval_before=eval_before,
-        eval_after=eval_after,
-    )
+    return run.result(RewardResult, step)

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import lr_factor
+from ..models.device import Precision, model_device
+from .optim import lr_factor
 
 
 def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -37,7 +38,10 @@ def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch
 
 
 def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy of the target tokens: logits[:, t] predicts ids[:, t + 1]."""
+    """Mean cross-entropy (float32) of the target tokens: logits[:, t] predicts ids[:, t + 1]. The
+    batch is moved to the model's device; the loss is a 0-d tensor there."""
+    device = model_device(model)
+    batch = {name: value.to(device) for name, value in batch.items()}
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits[:, :-1]
     targets = batch["input_ids"][:, 1:]  # [n, L-1]
     mask = batch["target_mask"][:, 1:]  # [n, L-1]
@@ -69,10 +73,19 @@ def run_sft(
     on_step: Callable[[int, float], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     done: Callable[[int], bool] | None = None,
+    precision: Precision | None = None,
 ) -> SFTResult:
     """Up to `steps` AdamW steps on random batches of `rows` (warm-up then cosine decay, gradients
     clipped to `max_grad_norm`). After each step, `done(step)` True ends the warm start as complete
-    (its goal reached); `should_stop()` True ends it as interrupted (a signal)."""
+    (its goal reached); `should_stop()` True ends it as interrupted (a signal).
+
+    The model trains where it is (`model_device`): batches go there, losses come back to the host.
+    precision: the model is stored in `precision.master` and its forward passes run under autocast
+    in `precision.compute` (float16 with wider weights: with a gradient scaler); None: as stored."""
+    device = model_device(model)
+    precision = precision or Precision(compute=torch.float32, master=torch.float32)
+    # float16 gradients of float32 weights underflow without scaling; bfloat16's range needs none
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.mixed and precision.compute == torch.float16)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     # warm-up, then cosine decay to 0: a warm start that ends settled, not half-way down a steep stretch
@@ -84,12 +97,15 @@ def run_sft(
     losses: list[float] = []
     for step in range(1, steps + 1):
         batch = sft_batch(tokenizer, rng.sample(rows, min(batch_size, len(rows))))
-        loss = sft_loss(model, batch)
+        with precision.autocast(device):
+            loss = sft_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if max_grad_norm is not None:
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         schedule.step()
         losses.append(loss.item())
         if on_step is not None:

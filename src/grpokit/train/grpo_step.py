@@ -1,0 +1,374 @@
+"""One GRPO step, on tensors: sample -> score -> advantages -> log-probs -> loss -> update.
+
+`grpo_step(engine, update, prompts, rewards, params, step)` does all of it for one generation batch
+and returns the batch and its metrics; the loop around it (train/grpo.py) only reports, evaluates and
+saves. Everything the step needs from the config is in `StepParams`, built once (`StepParams.of`).
+
+Deliberate choices, where TRL differs or is silent:
+* one generation batch per step, consumed by num_iterations (μ) optimizer steps;
+* old-policy log-probs exist only when μ > 1 (with μ = 1 the ratio is 1 by construction, and the loss
+  uses the detached current log-probs); they are the sampler's own when that is exactly the right
+  quantity (`old_logps_source`), else a no-grad pass;
+* loss normalisers are right across micro-batches and ranks: dapo/cispo/vespo divide by the token
+  count of the whole batch on every rank (num_items_in_batch), the per-batch means (grpo, bnpo,
+  dr_grpo, luspo, sapo) are averaged over the micro-batches;
+* every sampling seed derives from (seed, step, attempt, rank), so a resumed run draws exactly what an
+  uninterrupted one would;
+* DAPO dynamic sampling is bounded (max_resample_batches) and reports how many batches it drew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from ..data import PromptSampler, columns_of, render_prompt
+from ..models import PolicyEngine, should_sync, sync_reference
+from ..ops import LOSS_TYPES, group_advantages, grpo_loss
+from ..rewards import score_completions
+from ..rollout import SamplingParams
+from . import distributed, optim
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One generation batch, B = P·G rows; rows p·G … p·G+G−1 share a prompt."""
+
+    prompt_ids: torch.Tensor  # [B, Lp] left-padded
+    prompt_mask: torch.Tensor  # [B, Lp] bool
+    completion_ids: torch.Tensor  # [B, T]
+    completion_mask: torch.Tensor  # [B, T] bool (after mask_truncated_completions)
+    advantages: torch.Tensor  # [B]
+    sampling_logps: torch.Tensor  # [B, T] float32: log-probs of the sampled tokens as drawn
+    prompts: list[str]  # [B]
+    completions: list[str]  # [B]
+    rewards: torch.Tensor  # [B]
+
+    def to(self, device: torch.device) -> Batch:
+        """The tensors on `device` (texts stay as they are; rewards stay on the host for metrics)."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if f.name != "rewards" and isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """`ops.grpo_loss`'s semantic choices, as the config sets them."""
+
+    loss_type: str
+    beta: float
+    epsilon: float
+    epsilon_high: float | None
+    delta: float | None
+    importance_sampling_level: str
+    top_entropy_quantile: float
+    use_bias_correction_kl: bool
+    max_completion_length: int
+
+    @property
+    def global_normaliser(self) -> bool:
+        """Whether the loss divides by the whole batch's token count (else a mean per micro-batch)."""
+        return LOSS_TYPES[self.loss_type].aggregation == "global_token_mean"
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """What one step needs from the config, built once by `StepParams.of`."""
+
+    prompts_per_rank: int  # P on this rank (prompts_per_step / world size): whole groups
+    micro_batch_size: int  # rows per forward/backward
+    num_iterations: int  # μ
+    sampling: SamplingParams  # G, lengths, temperature, filters (the seed is set per step)
+    loss: LossParams
+    prompt_column: str
+    scale_rewards: str
+    reward_weights: list[float] | None
+    on_reward_error: str
+    mask_truncated_completions: bool
+    dynamic_sampling: bool
+    max_resample_batches: int
+    seed: int
+    max_grad_norm: float
+    reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
+
+    @classmethod
+    def of(cls, cfg: Any, sampling: SamplingParams, world_size: int = 1) -> StepParams:
+        return cls(
+            prompts_per_rank=cfg.prompts_per_step // world_size,
+            micro_batch_size=cfg.micro_batch_size,
+            num_iterations=cfg.num_iterations,
+            sampling=sampling,
+            loss=LossParams(
+                loss_type=cfg.loss_type,
+                beta=cfg.beta,
+                epsilon=cfg.epsilon,
+                epsilon_high=cfg.epsilon_high,
+                delta=cfg.delta,
+                importance_sampling_level=cfg.importance_sampling_level,
+                top_entropy_quantile=cfg.top_entropy_quantile,
+                use_bias_correction_kl=cfg.use_bias_correction_kl,
+                max_completion_length=sampling.max_completion_length,
+            ),
+            prompt_column=cfg.prompt_column,
+            scale_rewards=cfg.scale_rewards,
+            reward_weights=cfg.reward_weights,
+            on_reward_error=cfg.on_reward_error,
+            mask_truncated_completions=cfg.mask_truncated_completions,
+            dynamic_sampling=cfg.dynamic_sampling,
+            max_resample_batches=cfg.max_resample_batches,
+            seed=cfg.seed,
+            max_grad_norm=cfg.max_grad_norm,
+            reference_sync=(cfg.ref_model_sync_steps, cfg.ref_model_mixup_alpha)
+            if cfg.sync_ref_model
+            else None,
+        )
+
+
+@dataclass(frozen=True)
+class Update:
+    """What applies gradients: the optimizer and its schedule."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+
+
+@dataclass(frozen=True)
+class StepResult:
+    batch: Batch
+    metrics: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- 1. sample and score
+
+
+def _pad_cat(tensors: Sequence[torch.Tensor], value: float | bool, left: bool) -> torch.Tensor:
+    """Concatenate [n_i, L_i] tensors along rows, padding the width to the largest L."""
+    width = max(t.shape[1] for t in tensors)
+    padded = []
+    for t in tensors:
+        pad = t.new_full((t.shape[0], width - t.shape[1]), value)
+        padded.append(torch.cat([pad, t] if left else [t, pad], dim=1))
+    return torch.cat(padded, dim=0)
+
+
+def merge_groups(parts: Sequence[tuple[Batch, list[int]]], G: int, pad_id: int) -> Batch:
+    """The chosen groups of several generation batches, as one batch."""
+    rows = [[g * G + i for g in groups for i in range(G)] for _, groups in parts]
+    pick = [(b, r) for (b, _), r in zip(parts, rows, strict=True) if r]
+    if len(pick) == 1 and pick[0][1] == list(range(len(pick[0][0].prompts))):
+        return pick[0][0]  # one whole batch (no dynamic sampling): nothing to merge
+    return Batch(
+        prompt_ids=_pad_cat([b.prompt_ids[r] for b, r in pick], pad_id, left=True),
+        prompt_mask=_pad_cat([b.prompt_mask[r] for b, r in pick], False, left=True),
+        completion_ids=_pad_cat([b.completion_ids[r] for b, r in pick], pad_id, left=False),
+        completion_mask=_pad_cat([b.completion_mask[r] for b, r in pick], False, left=False),
+        advantages=torch.cat([b.advantages[r] for b, r in pick]),
+        sampling_logps=_pad_cat([b.sampling_logps[r] for b, r in pick], 0.0, left=False),
+        prompts=[b.prompts[i] for b, r in pick for i in r],
+        completions=[b.completions[i] for b, r in pick for i in r],
+        rewards=torch.cat([b.rewards[r] for b, r in pick]),
+    )
+
+
+def generate_and_score(
+    engine: PolicyEngine,
+    prompts: PromptSampler,
+    reward_funcs: Sequence[Callable[..., Any]],
+    params: StepParams,
+    step: int,
+    d: distributed.Dist,
+) -> tuple[Batch, dict[str, Any]]:
+    """Sample, score and compute advantages, on the host; with dynamic sampling, keep drawing batches
+    until P groups with differing rewards are collected (or the bound is hit, then fill with the rest)."""
+    G, P = params.sampling.num_generations, params.prompts_per_rank
+    informative: list[tuple[Batch, list[int]]] = []
+    leftovers: list[tuple[Batch, list[int]]] = []
+    metrics: dict[str, Any] = {}
+    attempts = params.max_resample_batches if params.dynamic_sampling else 1
+    for attempt in range(attempts):
+        rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
+        texts = [render_prompt(r[params.prompt_column], engine.tokenizer) for r in rows]
+        seed = params.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
+        rollout = engine.generate(texts, replace(params.sampling, seed=seed))
+        mask = rollout.completion_mask  # [B, T]
+        if params.mask_truncated_completions:
+            mask = mask & ~rollout.truncated[:, None]
+        repeated = [p for p in texts for _ in range(G)]  # [B]
+        scores = score_completions(
+            reward_funcs,
+            repeated,
+            rollout.completions,
+            columns=columns_of(rows, params.prompt_column, repeat=G),
+            completion_ids=[
+                ids[m].tolist()
+                for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
+            ],
+            weights=params.reward_weights,
+            on_error=params.on_reward_error,
+        )
+        adv = group_advantages(scores.rewards, G, scale=params.scale_rewards)
+        batch = Batch(
+            prompt_ids=rollout.prompt_ids,
+            prompt_mask=rollout.prompt_mask,
+            completion_ids=rollout.completion_ids,
+            completion_mask=mask,
+            advantages=adv.advantages,
+            sampling_logps=rollout.sampling_logps,
+            prompts=repeated,
+            completions=rollout.completions,
+            rewards=scores.rewards,
+        )
+        if attempt == 0:  # TRL's metric names, on the first (unfiltered) generation batch
+            lengths = rollout.completion_mask.sum(-1).float()  # [B]
+            metrics |= {
+                "reward": torch.nanmean(scores.rewards),
+                "reward_std": scores.rewards[~scores.rewards.isnan()].std(),
+                "frac_reward_zero_std": adv.is_std_zero.float().mean(),
+                "completions/mean_length": lengths.mean(),
+                "completions/min_length": lengths.min(),
+                "completions/max_length": lengths.max(),
+                "completions/clipped_ratio": rollout.truncated.float().mean(),
+                "num_truncated_prompts": rollout.num_truncated_prompts,
+                "reward_errors": scores.num_failed,
+            } | scores.metrics()
+        zero = adv.is_std_zero.reshape(-1, G)[:, 0].tolist()  # [B] -> [P, G] -> [P]
+        informative.append((batch, [g for g in range(P) if not zero[g] or not params.dynamic_sampling]))
+        leftovers.append((batch, [g for g in range(P) if zero[g] and params.dynamic_sampling]))
+        enough = sum(len(g) for _, g in informative) >= P
+        if not distributed.any_rank(d, not enough):  # all ranks draw the same number of batches
+            break
+    metrics["num_generation_batches"] = attempt + 1
+    chosen, need = [], P
+    for batch, groups in informative + leftovers:
+        chosen.append((batch, groups[:need]))
+        need -= len(chosen[-1][1])
+    return merge_groups(chosen, G, engine.tokenizer.pad_token_id), metrics
+
+
+# ----------------------------------------------------------------------------- 2. old and reference log-probs
+
+
+def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
+    """Where the old policy's log-probs come from:
+
+    * "none": μ = 1, so the policy does not move within the step; the loss uses the detached current
+      log-probs (ratio exactly 1 in value, the right gradient);
+    * "rollout": the sampler's own log-probs of the tokens it drew. Exactly the right quantity when the
+      sampler is the training policy itself, in float32 (no autocast, whose reduced-precision matmuls
+      differ between the decode loop and a batched forward), not wrapped for data parallelism, and the
+      drawn-from distribution is the loss's one: softmax(logits / temperature) with no top-k, top-p,
+      min-p or repetition penalty reshaping it. Saves a forward pass over the batch;
+    * "forward": a no-grad pass of the policy over the batch before the first update, otherwise.
+    """
+    if params.num_iterations == 1:
+        return "none"
+    s = params.sampling
+    unfiltered = not s.top_k and s.top_p == 1.0 and not s.min_p and s.repetition_penalty == 1.0
+    same_policy = engine.train_module is engine.module and not engine.precision.mixed
+    if unfiltered and same_policy and engine.precision.compute == torch.float32:
+        return "rollout"
+    return "forward"
+
+
+def old_and_reference_logps(
+    engine: PolicyEngine, batch: Batch, params: StepParams
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The old policy's log-probs (None when μ = 1) and the reference's (None when beta = 0). [B, T]"""
+    source = old_logps_source(engine, params)
+    old = None
+    if source == "rollout":
+        old = batch.sampling_logps
+    elif source == "forward":
+        old = engine.frozen_logps(batch, params.micro_batch_size)
+    ref = None
+    if params.loss.beta != 0.0:
+        ref = engine.frozen_logps(batch, params.micro_batch_size, reference=True)
+    return old, ref
+
+
+# ----------------------------------------------------------------------------- 3. update
+
+
+def optimizer_step(
+    engine: PolicyEngine,
+    update: Update,
+    batch: Batch,
+    old: torch.Tensor | None,
+    ref: torch.Tensor | None,
+    params: StepParams,
+    d: distributed.Dist,
+) -> dict[str, Any]:
+    """One optimizer step over the whole batch, accumulating gradients over micro-batches."""
+    B, micro = batch.completion_ids.shape[0], params.micro_batch_size
+    n_micro = B // micro
+    lp = params.loss
+    num_items = distributed.all_reduce_sum(d, batch.completion_mask.sum())  # tokens on all ranks
+    scale = distributed.loss_scale(d, global_normaliser=lp.global_normaliser)
+    update.optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, torch.Tensor] = {}
+    for start in range(0, B, micro):
+        rows = slice(start, start + micro)
+        stats = engine.logps(batch, rows, entropy=True)  # [b, T]
+        out = grpo_loss(
+            stats.logps,
+            batch.advantages[rows],
+            batch.completion_mask[rows],
+            old_logps=None if old is None else old[rows],
+            ref_logps=None if ref is None else ref[rows],
+            entropies=stats.entropy.detach(),
+            loss_type=lp.loss_type,
+            beta=lp.beta,
+            epsilon=lp.epsilon,
+            epsilon_high=lp.epsilon_high,
+            delta=lp.delta,
+            importance_sampling_level=lp.importance_sampling_level,
+            top_entropy_quantile=lp.top_entropy_quantile,
+            max_completion_length=lp.max_completion_length,
+            num_items_in_batch=num_items,
+            use_bias_correction_kl=lp.use_bias_correction_kl,
+        )
+        loss = out.loss if lp.global_normaliser else out.loss / n_micro
+        (loss * scale).backward()  # ranks' gradients are averaged: scale undoes it for global counts
+        # the objective is the sum of what was back-propagated; metrics are micro-batch means
+        totals["loss"] = totals.get("loss", 0.0) + loss.detach()
+        for key, value in out.metrics.items():
+            totals[key] = totals.get(key, 0.0) + value / n_micro
+    return totals | optim.apply_update(
+        engine.train_module, update.optimizer, update.scheduler, totals["loss"], params.max_grad_norm, d
+    )
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def grpo_step(
+    engine: PolicyEngine,
+    update: Update,
+    prompts: PromptSampler,
+    reward_funcs: Sequence[Callable[..., Any]],
+    params: StepParams,
+    step: int,
+    d: distributed.Dist | None = None,
+) -> StepResult:
+    """Sample G completions for each of P prompts, score them, group-relative advantages, then μ
+    optimizer steps on the batch; the reference moves toward the policy when its sync is due."""
+    d = d or distributed.Dist()
+    if not engine.train_module.training:  # (a walk over every module: only when needed)
+        engine.train_module.train()
+    host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d)
+    batch = host_batch.to(engine.device)
+    old, ref = old_and_reference_logps(engine, batch, params)
+    skipped = 0.0
+    for _ in range(params.num_iterations):
+        metrics |= optimizer_step(engine, update, batch, old, ref, params, d)
+        skipped += metrics["skipped_update"]
+    metrics["skipped_update"] = skipped  # updates of this step skipped for a non-finite loss
+    if params.reference_sync and engine.reference is not None and should_sync(step, params.reference_sync[0]):
+        sync_reference(engine.reference, engine.module, params.reference_sync[1])
+    return StepResult(batch=host_batch, metrics=metrics)

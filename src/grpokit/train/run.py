@@ -1,0 +1,332 @@
+"""The scaffold every training loop runs in (GRPO, reward model), and the set-up they share.
+
+A run, in order:
+
+    replacing = claim_output_dir(...)          # before any work: refuse to mix with an earlier run
+    ... load and validate the input, build the model ...
+    prepare_output_dir(d, cfg, replacing)      # only now: clear the earlier run, write config.yaml
+    checkpoint = latest_checkpoint(cfg)        # resume=true: where to continue from (else None)
+    run = Run.open(cfg, d, emit, stop, checkpoint, restore, evaluate)   # resume or evaluate
+    step = run.start
+    with run:                                  # the metrics writer is closed however the loop ends
+        for step in range(run.start + 1, cfg.max_steps + 1):
+            ... one update ...
+            run.log(step, metrics)             # every logging_steps
+            run.evaluate_if_due(step)          # every eval_steps, and at the last step
+            if run.finish_step(step, skipped, save):   # checkpoint, skip guard, stop signal
+                break
+    return run.result(TrainResult, step)       # a RunResult
+
+Also here: seeding, the policy and tokenizer a config names, LoRA from the config, SIGINT/SIGTERM
+handling and the guard against runs of non-finite updates.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from ..config import load_config, to_yaml
+from ..models import build_policy, char_tokenizer, load_policy
+from . import distributed
+from .checkpoint import clear_earlier_run, list_checkpoints
+from .metrics import MetricsWriter, NullWriter, truncate_metrics_after
+
+Emit = Callable[[str, int, dict[str, Any]], None]  # on_event(kind, step, data)
+Result = TypeVar("Result", bound="RunResult")
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
+    """Load `cfg.model` from a local directory, or build the tiny Llama over the task's alphabet."""
+    if cfg.model != "tiny":
+        loaded = load_policy(
+            cfg.model,
+            dtype=getattr(cfg, "dtype", "float32"),
+            gradient_checkpointing=getattr(cfg, "gradient_checkpointing", False),
+            trust_remote_code=getattr(cfg, "trust_remote_code", False),
+        )
+        return loaded.model, loaded.tokenizer
+    if alphabet is None:
+        raise ValueError(
+            "model='tiny' needs a built-in task or a dataset (their characters make the tokenizer); "
+            "set task, dataset or model."
+        )
+    tokenizer = char_tokenizer(alphabet)
+    model = build_policy(
+        hidden_size=cfg.tiny_hidden_size,
+        num_layers=cfg.tiny_num_layers,
+        num_heads=cfg.tiny_num_heads,
+        vocab_size=len(tokenizer),
+        dropout=0.0,
+        max_seq_len=max_seq_len,
+        seed=cfg.seed,
+        intermediate_size=cfg.tiny_intermediate_size,
+    ).to(getattr(torch, getattr(cfg, "dtype", "float32")))
+    if getattr(cfg, "gradient_checkpointing", False):
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def check_known_characters(
+    tokenizer: Any, model_name: str, parts: list[tuple[str, Any]], columns: list[str]
+) -> None:
+    """With a character tokenizer, every character of `columns` of every (source, rows) part must be
+    in its vocabulary (else it would silently become <unk>): one DataError naming the first one."""
+    from ..data import check_characters
+    from ..models import char_vocabulary
+
+    known = char_vocabulary(tokenizer)
+    if known is None:
+        return
+    model = "model: tiny" if model_name == "tiny" else repr(str(model_name))
+    for source, rows in parts:
+        check_characters(rows, known, columns=columns, source=source, model=model)
+
+
+def lora_from_config(cfg: Any, model: Any) -> Any:
+    """`model` with LoRA adapters as the config says (use_peft, lora_r, lora_alpha, lora_dropout,
+    lora_target_modules; None = every linear projection except the LM head)."""
+    from ..models import apply_lora
+
+    return apply_lora(
+        model,
+        r=cfg.lora_r,
+        alpha=cfg.lora_alpha,
+        dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_target_modules or "all-linear",
+    )
+
+
+# ----------------------------------------------------------------------------- signals and skipped updates
+
+
+class TooManySkips(RuntimeError):
+    """Training stopped: too many consecutive updates had a non-finite loss or gradient."""
+
+
+class StopSignals:
+    """SIGINT / SIGTERM become a request that the loop honours once the current update is done
+    (it then saves a checkpoint and stops). A second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def skip_guard(consecutive: int, skipped: bool, limit: int, step: int) -> int:
+    """Count consecutive skipped updates; past `limit`, say why training cannot go on."""
+    consecutive = consecutive + 1 if skipped else 0
+    if consecutive >= limit:
+        raise TooManySkips(
+            f"{consecutive} consecutive updates had a non-finite loss or gradient norm "
+            f"(the last at step {step}); "
+            f"training stopped and checkpoint-{step} holds the last good weights. Lower learning_rate or "
+            "max_grad_norm, check the reward functions for extreme values, or raise max_consecutive_skips."
+        )
+    return consecutive
+
+
+def begin(
+    d: Any,
+    output_dir: Path,
+    checkpoint: Path | None,
+    restore: Callable[[Path], tuple[int, dict[str, float]]],
+    evaluate: Callable[[], dict[str, float]],
+    emit: Callable[[str, int, dict[str, Any]], None],
+    cfg: Any = None,
+) -> tuple[int, dict[str, float], Any]:
+    """Resume from `checkpoint` (dropping metric rows written after it) or evaluate the starting
+    policy; open the metrics writer (rank 0 only) with `cfg.report_to`. Returns (start step, eval
+    before, writer)."""
+    if checkpoint is not None:
+        start, eval_before = restore(checkpoint)
+        if d.is_main:
+            truncate_metrics_after(output_dir, start)
+        emit("resumed", start, {"checkpoint": str(checkpoint)})
+    else:
+        start, eval_before = 0, evaluate()
+        if d.is_main:  # a fresh start (resume found no checkpoint): earlier rows are not this run's
+            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
+    writer = (
+        MetricsWriter(
+            output_dir,
+            report_to=getattr(cfg, "report_to", ()),
+            config=cfg.model_dump(mode="json") if cfg is not None else None,
+            start_step=start,
+        )
+        if d.is_main
+        else NullWriter()
+    )
+    if start == 0:
+        writer.write(0, eval_before, prefix="eval/")
+    emit("start", start, eval_before)
+    return start, eval_before, writer
+
+
+# ----------------------------------------------------------------------------- the run scaffold
+
+
+def prepare_output_dir(d: Any, cfg: Any, replacing: bool) -> None:
+    """Once every rank has validated its input: delete the earlier run that `overwrite=true` replaces
+    (`replacing`, from `claim_output_dir`), create `cfg.output_dir` and write its config.yaml."""
+    output_dir = Path(cfg.output_dir)
+    distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
+    if d.is_main:
+        if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
+            clear_earlier_run(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    distributed.barrier(d)
+
+
+def latest_checkpoint(cfg: Any) -> Path | None:
+    """With `resume=true`, the newest complete checkpoint of `cfg.output_dir` (its config.yaml is
+    validated too), else None: the run starts fresh."""
+    checkpoints = list_checkpoints(Path(cfg.output_dir)) if cfg.resume else []
+    if not checkpoints:
+        return None
+    load_config(type(cfg), checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
+    return checkpoints[-1]
+
+
+def should_save(step: int, cfg: Any, stopping: bool, skips: int, skipped: bool) -> bool:
+    """Whether step `step` ends with a checkpoint: the last step, every `save_steps`, a stop signal
+    (on any rank), or a skipped update about to trip the skip guard (`skips` consecutive ones
+    before it), so the checkpoint holds the last good weights."""
+    return bool(
+        step == cfg.max_steps
+        or (cfg.save_steps and step % cfg.save_steps == 0)
+        or stopping
+        or (skipped and skips + 1 >= cfg.max_consecutive_skips)
+    )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended (each trainer's result adds its own fields)."""
+
+    output_dir: Path
+    steps: int
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    stopped_by: str | None = None  # the signal that ended the run early, if any
+
+
+@dataclass
+class Run:
+    """A started run, as the loop sees it: where it started (`start`, `eval_before`), its metrics
+    `writer` (closed on leaving `with run:`), the stop request and the count of consecutive skipped
+    updates. Its methods are the ends of a step every loop shares; the step itself is the loop's."""
+
+    cfg: Any  # output_dir, max_steps, logging_steps, eval_steps, save_steps, max_consecutive_skips
+    d: Any  # distributed.Dist
+    emit: Emit  # on_event on rank 0, a no-op elsewhere
+    stop: StopSignals
+    evaluate: Callable[[], dict[str, float]]
+    writer: Any  # MetricsWriter on rank 0, NullWriter elsewhere
+    start: int  # the step the run starts after (0, or the checkpoint's)
+    eval_before: dict[str, float]
+    skips: int = 0  # consecutive skipped updates
+
+    @classmethod
+    def open(
+        cls,
+        cfg: Any,
+        d: Any,
+        emit: Emit,
+        stop: StopSignals,
+        checkpoint: Path | None,
+        restore: Callable[[Path], tuple[int, dict[str, float]]],
+        evaluate: Callable[[], dict[str, float]],
+    ) -> Run:
+        """Resume from `checkpoint` or evaluate the starting model, and open the metrics (`begin`)."""
+        start, eval_before, writer = begin(d, Path(cfg.output_dir), checkpoint, restore, evaluate, emit, cfg)
+        return cls(cfg, d, emit, stop, evaluate, writer, start, eval_before)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.writer.close()
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """The step's metrics, every `logging_steps` steps and at the last."""
+        if step % self.cfg.logging_steps == 0 or step == self.cfg.max_steps:
+            self.emit("step", step, self.writer.write(step, metrics))
+
+    def evaluate_if_due(self, step: int) -> None:
+        """Evaluate every `eval_steps` steps and at the last."""
+        if step == self.cfg.max_steps or (self.cfg.eval_steps and step % self.cfg.eval_steps == 0):
+            self.emit("eval", step, self.writer.write(step, self.evaluate(), prefix="eval/"))
+
+    def finish_step(self, step: int, skipped: bool, save: Callable[[int], None]) -> bool:
+        """After the step's metrics and evaluation: `save(step)` where `should_save`, count a skipped
+        update (TooManySkips once too many in a row) and, on a stop signal on any rank, say so.
+        Returns whether the loop stops here."""
+        stopping = distributed.any_rank(self.d, self.stop.signal is not None)  # SIGINT / SIGTERM, any rank
+        if should_save(step, self.cfg, stopping, self.skips, skipped):
+            save(step)
+        self.skips = skip_guard(self.skips, skipped, self.cfg.max_consecutive_skips, step)
+        if stopping:
+            self.emit(
+                "stopped",
+                step,
+                {"signal": self.stop.signal or "a signal on another rank", "output_dir": self.output_dir},
+            )
+        return stopping
+
+    def result(self, kind: type[Result], steps: int) -> Result:
+        """The run's outcome after `steps` steps, as a `kind` (a RunResult)."""
+        return kind(
+            output_dir=Path(self.cfg.output_dir),
+            steps=steps,
+            eval_before=self.eval_before,
+            eval_after=self.eval_after,
+            stopped_by=self.stop.signal,
+        )
+
+    @property
+    def output_dir(self) -> str:
+        return str(Path(self.cfg.output_dir))
+
+    @property
+    def eval_after(self) -> dict[str, float]:
+        """The last evaluation's metrics, without their "eval/" prefix ({} when there was none)."""
+        last = self.writer.last_eval
+        return {k[len("eval/") :]: v for k, v in last.items() if k.startswith("eval/")}
