@@ -65,10 +65,10 @@ def timed(fn: Any, repeats: int, sync: Any) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from grpokit.models import build_policy, char_tokenizer
+    from grpokit.models import PolicyEngine, Precision, build_policy, char_tokenizer, enable_fast_matmul
     from grpokit.ops import grpo_loss
-    from grpokit.rollout import KVCacheSampler, SamplingParams
-    from grpokit.train.grpo import Batch, completion_stats, frozen_logps
+    from grpokit.rollout import SamplingParams
+    from grpokit.train.grpo_step import Batch
     from grpokit.train.optim import clip_grad_norm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    # as the trainer runs: float32 master weights, bf16 autocast on a GPU (TF32 where autocast does not reach)
+    precision = Precision.of("bfloat16" if cuda else "float32")
+    dtype = precision.compute
+    enable_fast_matmul(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     hidden, layers, heads, intermediate, vocab = SIZES[args.size]
     alphabet = "".join(chr(0x4E00 + i) for i in range(vocab - 4))  # + <pad> <bos> <eos> <unk>
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         max_seq_len=args.prompt_tokens + args.tokens + 8,
         seed=0,
         intermediate_size=intermediate,
-    ).to(device=device, dtype=dtype)
+    ).to(device=device)
     reference = copy.deepcopy(model)  # the frozen reference policy, as the trainer keeps one
     reference.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
@@ -111,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     G, T = args.generations, args.tokens
     params = SamplingParams(num_generations=G, max_completion_length=T, seed=1)
-    sampler = KVCacheSampler(model, tokenizer)
-    rollout = sampler.sample(prompts, params)
+    engine = PolicyEngine.create(
+        model, tokenizer, device=device, precision=precision, reference=reference, group_size=G
+    )
+    rollout = engine.generate(prompts, params)
     B = rollout.completion_ids.shape[0]
     batch = Batch(
         prompt_ids=rollout.prompt_ids.to(device),
@@ -120,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         completion_ids=rollout.completion_ids.to(device),
         completion_mask=rollout.completion_mask.to(device),
         advantages=torch.randn(B, generator=g).to(device),
+        sampling_logps=rollout.sampling_logps.to(device),
         prompts=[p for p in prompts for _ in range(G)],
         completions=rollout.completions,
         rewards=torch.zeros(B),
     )
-    ref = frozen_logps(reference, batch, args.micro_batch, 1.0, True, G)
+    ref = engine.frozen_logps(batch, args.micro_batch, reference=True)
     micro = args.micro_batch
 
     def update() -> None:
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         n_micro = B // micro
         for start in range(0, B, micro):
             rows = slice(start, start + micro)
-            stats = completion_stats(model, batch, rows, 1.0, fused=True, with_entropy=True, group_size=G)
+            stats = engine.logps(batch, rows, entropy=True)
             out = grpo_loss(
                 stats.logps,
                 batch.advantages[rows],
@@ -152,12 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     width = rollout.prompt_ids.shape[1]
     pieces = {
         "sampling": (
-            lambda: sampler.sample(prompts, params),
+            lambda: engine.generate(prompts, params),
             generated,
             model_flops_per_token(model, width + T / 2, train=False),
         ),
         "reference_pass": (
-            lambda: frozen_logps(reference, batch, micro, 1.0, True, G),
+            lambda: engine.frozen_logps(batch, micro, reference=True),
             tokens,
             model_flops_per_token(model, width + T / 2, train=False),
         ),

@@ -286,7 +286,7 @@ def test_trust_remote_code_is_off_unless_set(tmp_path, monkeypatch):
 
 def _nan_at(calls: set[int], monkeypatch):
     """Make grpo_loss return a NaN loss on the given call numbers (1-based)."""
-    import grpokit.train.grpo as grpo_module
+    import grpokit.train.grpo_step as grpo_module
     from grpokit.ops import LossOutput
 
     real = grpo_module.grpo_loss

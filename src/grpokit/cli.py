@@ -153,7 +153,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from .data import answer_checker, data_alphabet, get_task, load_prompts, require_answers, sft_rows
     from .models import save_policy
     from .train.evaluation import evaluate
-    from .train.grpo import correctness_reward
+    from .train.grpo_setup import correctness_reward
     from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
     from .train.sft import run_sft
 
@@ -239,8 +239,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from .data import load_prompts
-    from .train.evaluation import evaluate
-    from .train.grpo import resolve_data
+    from .models import place
+    from .train.grpo_setup import held_out_metrics, resolve_data
     from .train.run import check_known_characters, policy_and_tokenizer
 
     cfg = _train_config(args.items)
@@ -259,23 +259,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model, tokenizer = policy_and_tokenizer(
         cfg, data.alphabet, 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
     )
-    model = model.to(_placement(cfg)[0])  # inference only: stored in the compute dtype, no autocast
+    device, precision = _placement(cfg)
+    model = place(model, device, precision)  # weights as training keeps them; forward under autocast
     # a checkpoint's character tokenizer would read characters it never learned as <unk>
     check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
-    metrics = evaluate(
-        model,
-        tokenizer,
-        data.eval_rows,
-        reward_funcs=data.reward_funcs,
-        is_correct=data.is_correct,
-        prompt_column=cfg.prompt_column,
-        max_prompt_length=data.max_prompt_length,
-        max_completion_length=data.max_completion_length,
-        pass_at_k=cfg.pass_at_k,
-        temperature=cfg.temperature,
-        seed=cfg.seed,
-        on_reward_error=cfg.on_reward_error,
-    )
+    metrics = held_out_metrics(cfg, model, tokenizer, data, precision)
     print(json.dumps(metrics, indent=2))
     return 0
 

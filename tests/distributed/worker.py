@@ -19,7 +19,8 @@ import torch
 from grpokit.config import GRPOConfig, RewardConfig
 from grpokit.models import build_policy, build_reward_model, char_tokenizer
 from grpokit.train import distributed
-from grpokit.train.grpo import Batch, _Data, make_context, optimizer_step
+from grpokit.train.grpo_setup import RunData, build_trainee
+from grpokit.train.grpo_step import Batch, optimizer_step
 from grpokit.train.reward import reward_step
 
 TOK = char_tokenizer("0123456789+=")
@@ -35,6 +36,7 @@ def fixed_batch() -> tuple[Batch, torch.Tensor]:
         completion_ids=torch.randint(4, 16, (B, T), generator=g),
         completion_mask=torch.arange(T)[None] < lengths[:, None],
         advantages=torch.randn(B, generator=g),
+        sampling_logps=torch.zeros(B, T),
         prompts=[""] * B,
         completions=[""] * B,
         rewards=torch.zeros(B),
@@ -50,6 +52,7 @@ def shard(batch: Batch, rows: slice) -> Batch:
         batch.completion_ids[rows],
         batch.completion_mask[rows],
         batch.advantages[rows],
+        batch.sampling_logps[rows],
         batch.prompts[rows],
         batch.completions[rows],
         batch.rewards[rows],
@@ -85,13 +88,17 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
         seed=0,
         intermediate_size=32,
     ).double()
-    data = _Data([], [], [lambda *a, **k: []], None, None, None, T)
-    ctx = make_context(cfg, model, TOK, data, d)
+    data = RunData([], [], [lambda *a, **k: []], None, None, None, T)
+    trainee = build_trainee(cfg, model, TOK, data, d)  # the model stays float64: not placed
     batch, ref = fixed_batch()
     per_rank = B // d.world_size
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
-    optimizer_step(cfg, ctx, shard(batch, rows), None, ref[rows])
-    result = {"weights": distributed.full_state_dict(d, ctx.model), "grads": full_grads(ctx.model)}
+    engine = trainee.engine
+    optimizer_step(engine, trainee.update, shard(batch, rows), None, ref[rows], trainee.params, d)
+    result = {
+        "weights": distributed.full_state_dict(d, engine.train_module),
+        "grads": full_grads(engine.train_module),
+    }
     if d.is_main:
         name = f"{strategy}_offload" if offload else strategy
         torch.save(result, f"{out}/grpo-{loss_type}-{name}-ws{d.world_size}.pt")

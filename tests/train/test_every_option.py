@@ -95,7 +95,11 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "tiny_num_layers": ({"tiny_num_layers": 2}, lambda b, v: len(v["weights"]) > len(b["weights"])),
     "tiny_num_heads": ({"tiny_num_heads": 4}, differ),
     "tiny_intermediate_size": ({"tiny_intermediate_size": 48}, differ),
-    "dtype": ({"dtype": "bfloat16"}, lambda b, v: next(iter(v["weights"].values())).dtype == torch.bfloat16),
+    # bf16 compute: a different trajectory, but the weights (the float32 master copy) stay float32
+    "dtype": (
+        {"dtype": "bfloat16"},
+        lambda b, v: differ(b, v) and all(w.dtype == torch.float32 for w in v["weights"].values()),
+    ),
     "task": (
         {"task": "reverse"},
         lambda b, v: all(
@@ -165,6 +169,13 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
 # options whose effect needs another base run:
 # option -> (overrides of the base, overrides of the variant, reward, check)
 RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
+    # with bf16 compute, master_weights=dtype keeps the weights (and AdamW state) in bf16 too
+    "master_weights": (
+        {"dtype": "bfloat16"},
+        {"master_weights": "dtype"},
+        ones_reward,
+        lambda b, v: all(w.dtype == torch.bfloat16 for w in v["weights"].values()) and differ(b, v),
+    ),
     "sft_batch_size": ({"sft_steps": 2, "sft_batch_size": 8}, {"sft_batch_size": 4}, ones_reward, differ),
     "sft_learning_rate": (
         {"sft_steps": 2, "sft_batch_size": 8},
@@ -214,6 +225,8 @@ ELSEWHERE = {
     "progress": "test_progress_can_be_switched_off (below)",
     "model": "test_grpo_loop.py::test_facade_takes_a_path_or_a_loaded_model; test_dataset_files_and_prompt_column",  # noqa: E501
     "gradient_checkpointing": "test_gradient_checkpointing_is_switched_on (below)",
+    "device": "tests/models/test_device.py (resolution, placement, backend choice); tests/gpu/test_gpu.py "
+    "(pytest -m gpu: train, resume across devices, reward, sampler on CUDA)",
     "fused_logps": "test_fused_logps.py (both paths equal in values and every gradient)",
     "dataset": "test_dataset_files_and_prompt_column (below)",
     "eval_dataset": "test_dataset_files_and_prompt_column (below)",

@@ -8,8 +8,31 @@ import copy
 import pytest
 import torch
 
-from grpokit.models import build_policy, lm_head_of
-from grpokit.train.grpo import Batch, completion_stats, frozen_logps
+from grpokit.models import PolicyEngine, build_policy, char_tokenizer, lm_head_of
+from grpokit.train.grpo_step import Batch
+
+TOKENIZER = char_tokenizer("0123456789+=")
+
+
+def _engine(model, temperature: float, fused: bool, group_size: int = 1) -> PolicyEngine:
+    engine = PolicyEngine.create(
+        model,
+        TOKENIZER,
+        device=torch.device("cpu"),
+        fused_logps=fused,
+        temperature=temperature,
+        group_size=group_size,
+    )
+    assert engine.fused == fused  # the backend asked for is the one used
+    return engine
+
+
+def completion_stats(model, batch, rows, temperature, *, fused, with_entropy, group_size=1):
+    return _engine(model, temperature, fused, group_size).logps(batch, rows, entropy=with_entropy)
+
+
+def frozen_logps(model, batch, micro, temperature, fused):
+    return _engine(model, temperature, fused).frozen_logps(batch, micro)
 
 
 def _batch(V: int, seed: int = 0) -> Batch:
@@ -26,6 +49,7 @@ def _batch(V: int, seed: int = 0) -> Batch:
         completion_ids=torch.randint(3, V, (B, T), generator=g) * completion_mask,
         completion_mask=completion_mask,
         advantages=torch.randn(B, generator=g),
+        sampling_logps=torch.zeros(B, T),
         prompts=[""] * B,
         completions=[""] * B,
         rewards=torch.zeros(B),
@@ -74,7 +98,7 @@ def test_models_that_rescale_their_logits_use_the_logits_path():
 
 def test_lora_policy_exposes_its_base_head():
     pytest.importorskip("peft")
-    from grpokit.models import apply_lora, reference_model
+    from grpokit.models import apply_lora
 
     model = apply_lora(
         build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=20, seed=0, dropout=0.0), r=4
@@ -87,9 +111,9 @@ def test_lora_policy_exposes_its_base_head():
     plain = completion_stats(model, batch, slice(0, 6), 1.0, fused=False, with_entropy=False).logps
     real = batch.completion_mask
     torch.testing.assert_close(fused[real], plain[real], rtol=1e-5, atol=1e-6)
-    with reference_model(model, None) as reference:  # adapters off: the base model's log-probs
-        ref_fused = frozen_logps(reference, batch, 6, 1.0, fused=True)
-        ref_plain = frozen_logps(reference, batch, 6, 1.0, fused=False)
+    # the engine's reference of a LoRA policy: the same model with its adapters off
+    ref_fused = _engine(model, 1.0, fused=True).frozen_logps(batch, 6, reference=True)
+    ref_plain = _engine(model, 1.0, fused=False).frozen_logps(batch, 6, reference=True)
     torch.testing.assert_close(ref_fused[real], ref_plain[real], rtol=1e-5, atol=1e-6)
     assert (ref_fused - fused.detach()).abs().max() > 1e-3  # the adapters were really switched off
 

@@ -249,7 +249,8 @@ def test_reward_trainer_facade_and_evaluation(tmp_path):
 def test_grpo_reward_funcs_from_the_config(tmp_path):
     """{model: DIR} loads a trained reward model as a reward function; {builtin: ...} picks one."""
     from grpokit.models import save_policy
-    from grpokit.train.grpo import configured_rewards, train_grpo
+    from grpokit.train.grpo import train_grpo
+    from grpokit.train.grpo_setup import configured_rewards
     from tests.train.helpers import tiny_config
 
     save_policy(tiny_rm(), TOK, tmp_path / "rm")

@@ -148,8 +148,17 @@ def loss_scale(d: Dist, global_normaliser: bool) -> float:
     return float(d.world_size) if global_normaliser else 1.0
 
 
-def wrap(d: Dist, model: Any, strategy: str, *, cpu_offload: bool = False, trainable: bool = True) -> Any:
-    """DDP or FSDP2 around `model` (unchanged with one process)."""
+def wrap(
+    d: Dist,
+    model: Any,
+    strategy: str,
+    *,
+    cpu_offload: bool = False,
+    trainable: bool = True,
+    compute_dtype: torch.dtype | None = None,
+) -> Any:
+    """DDP or FSDP2 around `model` (unchanged with one process). Under FSDP on a GPU, parameters are
+    gathered in `compute_dtype` (default bf16) and gradients reduced in float32."""
     if not d.enabled:
         return model
     if strategy == "ddp":
@@ -165,7 +174,9 @@ def wrap(d: Dist, model: Any, strategy: str, *, cpu_offload: bool = False, train
         # pinned host memory speeds copies to a GPU; there is none to copy to on a CPU-only machine
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=d.device.type == "cuda")
     if d.device.type == "cuda":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=compute_dtype or torch.bfloat16, reduce_dtype=torch.float32
+        )
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

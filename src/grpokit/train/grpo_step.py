@@ -20,7 +20,7 @@ Deliberate choices, where TRL differs or is silent:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -59,7 +59,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class LossParams:
-    """`ops.grpo_loss`'s semantic choices, as the config sets them."""
+    """`ops.grpo_loss`'s semantic choices, as the config sets them (fields named as its arguments)."""
 
     loss_type: str
     beta: float
@@ -322,16 +322,8 @@ def optimizer_step(
             old_logps=None if old is None else old[rows],
             ref_logps=None if ref is None else ref[rows],
             entropies=stats.entropy.detach(),
-            loss_type=lp.loss_type,
-            beta=lp.beta,
-            epsilon=lp.epsilon,
-            epsilon_high=lp.epsilon_high,
-            delta=lp.delta,
-            importance_sampling_level=lp.importance_sampling_level,
-            top_entropy_quantile=lp.top_entropy_quantile,
-            max_completion_length=lp.max_completion_length,
             num_items_in_batch=num_items,
-            use_bias_correction_kl=lp.use_bias_correction_kl,
+            **asdict(lp),  # loss_type, beta, epsilon, ...: grpo_loss's own names
         )
         loss = out.loss if lp.global_normaliser else out.loss / n_micro
         (loss * scale).backward()  # ranks' gradients are averaged: scale undoes it for global counts

@@ -50,11 +50,17 @@ def seed_everything(seed: int) -> None:
 
 
 def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
-    """Load `cfg.model` from a local directory, or build the tiny Llama over the task's alphabet."""
+    """Load `cfg.model` from a local directory, or build the tiny Llama over the task's alphabet; its
+    weights in the master dtype (float32, or the compute dtype with master_weights=dtype)."""
+    stored = (
+        getattr(cfg, "dtype", "float32")
+        if getattr(cfg, "master_weights", "float32") == "dtype"
+        else "float32"
+    )
     if cfg.model != "tiny":
         loaded = load_policy(
             cfg.model,
-            dtype=getattr(cfg, "dtype", "float32"),
+            dtype=stored,
             gradient_checkpointing=getattr(cfg, "gradient_checkpointing", False),
             trust_remote_code=getattr(cfg, "trust_remote_code", False),
         )
@@ -74,7 +80,7 @@ def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tu
         max_seq_len=max_seq_len,
         seed=cfg.seed,
         intermediate_size=cfg.tiny_intermediate_size,
-    ).to(getattr(torch, getattr(cfg, "dtype", "float32")))
+    ).to(getattr(torch, stored))
     if getattr(cfg, "gradient_checkpointing", False):
         model.gradient_checkpointing_enable()
     return model, tokenizer
