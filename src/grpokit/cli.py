@@ -303,10 +303,10 @@ def _cmd_eval_reward(args: argparse.Namespace) -> int:
     import json
 
     from .config import RewardConfig
-    from .train.reward import _pairs, evaluate_reward_model, reward_model_and_tokenizer
+    from .train.reward import evaluate_reward_model, preference_data, reward_model_and_tokenizer
 
     cfg = _config(RewardConfig, REWARD_PRESET, args.items)
-    _, eval_pairs, alphabet = _pairs(cfg, [], None)
+    _, eval_pairs, alphabet = preference_data(cfg, [], None)
     if not eval_pairs:
         raise ValueError("no evaluation pairs: set task, or eval_dataset to a preference file.")
     model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)

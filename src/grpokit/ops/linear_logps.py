@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .logprobs import TokenLogps, _accumulation_dtype, _check_temperature
+from .logprobs import TokenLogps, accumulation_dtype, check_temperature
 
 # Rows (tokens) per chunk: as many as make 2**22 logits (16 MiB of float32), but never fewer than
 # 512. Each chunk reads the whole [V, H] weight three times (forward, recompute, gradients); below a
@@ -66,7 +66,7 @@ class _LinearLogSoftmaxStats(torch.autograd.Function):
         chunk_rows: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_rows = hidden.shape[0]
-        acc = _accumulation_dtype(hidden.dtype)
+        acc = accumulation_dtype(hidden.dtype)
         logps = torch.empty(n_rows, dtype=acc, device=hidden.device)  # [N]
         lse = torch.empty(n_rows, dtype=acc, device=hidden.device)  # [N]
         entropy = torch.zeros(n_rows if with_entropy else 0, dtype=acc, device=hidden.device)  # [N] or [0]
@@ -176,7 +176,7 @@ def linear_logps(
         return_entropy. Differentiable with respect to `hidden`, `weight` and `bias`; equal to
         `token_logps(hidden @ weight.T + bias, ids, temperature)`.
     """
-    _check_temperature(temperature)
+    check_temperature(temperature)
     if hidden.shape[-1] != weight.shape[-1] or weight.dim() != 2:
         raise ValueError(
             f"weight must be [V, H] with H = hidden's last size {hidden.shape[-1]}, "

@@ -41,7 +41,7 @@ class TokenLogps:
     entropy: torch.Tensor  # [...] H(π(· | context)), in nats
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -55,7 +55,7 @@ def _chunks(rows_per_sequence: int, n_sequences: int, vocab_size: int, chunk_ele
 
 def _scaled_chunk(logits: torch.Tensor, b: int, start: int, stop: int, temperature: float) -> torch.Tensor:
     """Rows [start, stop) of sequence b of `logits` [S, N, V], upcast, divided by the temperature. [n, V]"""
-    chunk = logits[b, start:stop].to(_accumulation_dtype(logits.dtype))
+    chunk = logits[b, start:stop].to(accumulation_dtype(logits.dtype))
     return chunk / temperature if temperature != 1.0 else chunk
 
 
@@ -79,7 +79,7 @@ class _ChunkedLogSoftmaxStats(torch.autograd.Function):
         chunk_elements: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_seq, n_rows, vocab = logits.shape
-        acc = _accumulation_dtype(logits.dtype)
+        acc = accumulation_dtype(logits.dtype)
         logps = torch.empty(n_seq, n_rows, dtype=acc, device=logits.device)  # [S, N]
         lse = torch.empty(n_seq, n_rows, dtype=acc, device=logits.device)  # [S, N]
         entropy = torch.zeros((n_seq, n_rows) if with_entropy else (0,), dtype=acc, device=logits.device)
@@ -124,7 +124,7 @@ class _ChunkedLogSoftmaxStats(torch.autograd.Function):
         return grad_logits, None, None, None, None
 
 
-def _check_temperature(temperature: float) -> None:
+def check_temperature(temperature: float) -> None:
     if not temperature > 0.0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
 
@@ -132,7 +132,7 @@ def _check_temperature(temperature: float) -> None:
 def _logps_and_entropy(
     logits: torch.Tensor, ids: torch.Tensor | None, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_temperature(temperature)
+    check_temperature(temperature)
     if logits.dim() < 1:
         raise ValueError("logits must have a vocabulary axis (shape [..., V]).")
     lead = logits.shape[:-1]

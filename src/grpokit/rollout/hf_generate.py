@@ -41,7 +41,7 @@ class _SamplingLogpsRecorder:
         return torch.stack(self.logps, dim=1) if self.logps else torch.zeros(sequences.shape[0], 0)
 
 
-def _tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams) -> tuple[dict, int]:
+def tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams) -> tuple[dict, int]:
     encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     limit = params.max_prompt_length
     too_long = [i for i, ids in enumerate(encoded) if limit is not None and len(ids) > limit]
@@ -65,7 +65,7 @@ def _tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams
     return {"input_ids": input_ids, "attention_mask": attention_mask.long()}, len(too_long)
 
 
-class _StopStringEnds:
+class StopStringEnds:
     """StoppingCriteria: ends a row once its completion contains a stop string, and records where.
 
     Only the last `window` tokens are decoded each step (a match must involve the newest token,
@@ -167,7 +167,7 @@ class HFGenerateSampler:
         self.sync_finished: Any = None  # set under sharded training: generate then runs synced_gpus
 
     def _generation_kwargs(
-        self, params: SamplingParams, recorder: _SamplingLogpsRecorder, stops: _StopStringEnds | None
+        self, params: SamplingParams, recorder: _SamplingLogpsRecorder, stops: StopStringEnds | None
     ) -> dict[str, Any]:
         from transformers import (
             LogitsProcessorList,
@@ -215,7 +215,7 @@ class HFGenerateSampler:
     def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
         if not prompts:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
-        batch, num_truncated = _tokenize_prompts(self.tokenizer, prompts, params)
+        batch, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
         device = model_device(self.model)  # inputs go to the model; the Rollout comes back on the host
         G = params.num_generations
         # the one place prompts are repeated: rows p·G … p·G+G−1 are prompt p's completions
@@ -224,7 +224,7 @@ class HFGenerateSampler:
         recorder = _SamplingLogpsRecorder(input_ids.shape[1])
         stops = None
         if params.stop_strings:
-            stops = _StopStringEnds(
+            stops = StopStringEnds(
                 self.tokenizer, params.stop_strings, input_ids.shape[1], input_ids.shape[0]
             )
         was_training = self.model.training

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import LeanLlamaDecoder, lm_head_of, model_device
-from .hf_generate import _StopStringEnds, _tokenize_prompts, build_rollout, eos_and_pad
+from .hf_generate import StopStringEnds, build_rollout, eos_and_pad, tokenize_prompts
 from .types import Rollout, SamplingParams
 
 
@@ -179,7 +179,7 @@ class KVCacheSampler:
     def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
         if not prompts:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
-        batch, num_truncated = _tokenize_prompts(self.tokenizer, prompts, params)
+        batch, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
         device = model_device(self.model)  # inputs go to the model; the Rollout comes back on the host
         G = params.num_generations
         prompt_ids = batch["input_ids"].to(device)  # [P, Lp]
@@ -206,7 +206,7 @@ class KVCacheSampler:
                 ids_so_far = prompt_ids.repeat_interleave(G, dim=0)  # [B, Lp (+t)]
                 B = ids_so_far.shape[0]
                 stops = (
-                    _StopStringEnds(self.tokenizer, params.stop_strings, prompt_ids.shape[1], B)
+                    StopStringEnds(self.tokenizer, params.stop_strings, prompt_ids.shape[1], B)
                     if params.stop_strings
                     else None
                 )

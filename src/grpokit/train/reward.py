@@ -187,9 +187,11 @@ def reward_step(
     )
 
 
-def _pairs(
+def preference_data(
     cfg: RewardConfig, train_rows: Any, eval_rows: Any
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """(training pairs, held-out pairs, the tiny model's alphabet): the rows given, else the task's
+    built-in pairs or the dataset files the config names."""
     task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_pairs) if cfg.task else None
     if train_rows is None:
         if task is None and cfg.dataset is None:
@@ -230,7 +232,7 @@ def train_reward(
     # ------------------------------------------------------------------ set-up
     output_dir = Path(cfg.output_dir)
     replacing = claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-    train_pairs, eval_pairs, alphabet = _pairs(cfg, train_rows, eval_rows)
+    train_pairs, eval_pairs, alphabet = preference_data(cfg, train_rows, eval_rows)
     seed_everything(cfg.seed)
     if model is None:
         model, tokenizer = reward_model_and_tokenizer(cfg, alphabet, dtype=precision.master)
