@@ -20,7 +20,7 @@ from grpokit.config import GRPOConfig, RewardConfig
 from grpokit.models import build_policy, build_reward_model, char_tokenizer
 from grpokit.train import distributed
 from grpokit.train.grpo_setup import RunData, build_trainee
-from grpokit.train.grpo_step import Batch, optimizer_step
+from grpokit.train.grpo_step import Batch, FrozenLogps, optimizer_step
 from grpokit.train.reward import reward_step
 
 TOK = char_tokenizer("0123456789+=")
@@ -94,7 +94,8 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
     per_rank = B // d.world_size
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
     engine = trainee.engine
-    optimizer_step(engine, trainee.update, shard(batch, rows), None, ref[rows], trainee.params, d)
+    frozen = FrozenLogps(old=None, ref=ref[rows], weights=None)
+    optimizer_step(engine, trainee.update, shard(batch, rows), frozen, trainee.params, d)
     result = {
         "weights": distributed.full_state_dict(d, engine.train_module),
         "grads": full_grads(engine.train_module),

@@ -191,4 +191,7 @@ def test_bf16_autocast_tracks_float32(fused):
     wide_drop, mixed_drop = (t[0] - t[-1] for t in trajectories)
     assert wide_drop > 0.05  # the surrogate really moved (else the comparison says nothing)
     assert abs(wide_drop - mixed_drop) < 0.1 * wide_drop, (wide_drop, mixed_drop)
-    assert (trajectories[0] - trajectories[1]).abs().max() < 0.1 * wide_drop
+    # along the way AdamW's per-coordinate normalisation lets bf16 round-off shift when the steepest
+    # part of the descent happens by a step: over seeds 0-3, both paths, AVX-512 and
+    # ATEN_CPU_CAPABILITY=default the largest gap was 0.10 of the drop (the end points: 0.026)
+    assert (trajectories[0] - trajectories[1]).abs().max() < 0.25 * wide_drop

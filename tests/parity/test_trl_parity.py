@@ -47,7 +47,9 @@ class _OneProcess:
         return tensor
 
 
-def trl_grpo_loss(batch, lp, *, loss_type, level, beta, epsilon, epsilon_high, delta, q, bias_kl, max_len):
+def trl_grpo_loss(
+    batch, lp, *, loss_type, level, beta, epsilon, epsilon_high, delta, q, bias_kl, max_len, is_ratio=None
+):
     args = SimpleNamespace(
         use_bias_correction_kl=bias_kl,
         delta=delta,
@@ -72,8 +74,8 @@ def trl_grpo_loss(batch, lp, *, loss_type, level, beta, epsilon, epsilon_high, d
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1,
         off_policy_mask_threshold=None,
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
+        use_vllm=is_ratio is not None,  # TRL weighs by importance_sampling_ratio only with vLLM
+        vllm_importance_sampling_correction=is_ratio is not None,
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
         _metrics=defaultdict(lambda: defaultdict(list)),
@@ -94,6 +96,8 @@ def trl_grpo_loss(batch, lp, *, loss_type, level, beta, epsilon, epsilon_high, d
         "ref_per_token_logps": batch["ref"],
         "num_items_in_batch": mask.sum(),
     }
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
     loss = GRPOTrainer._compute_loss(me, None, inputs)
     return loss, {name: values[-1] for name, values in me._metrics["train"].items()}
 
@@ -154,6 +158,52 @@ def test_grpo_loss_matches_trl_1_16(loss_type, level, beta, variant):
         torch.testing.assert_close(
             out.metrics[name], torch.tensor(value, dtype=D), rtol=1e-6, atol=1e-12, msg=name
         )
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+@pytest.mark.parametrize("loss_type", [t for t in ALL_LOSS_TYPES if t != "vespo"])
+def test_sampling_weights_weigh_the_loss_as_trls_importance_sampling_correction(loss_type, per_sequence):
+    """`sampling_weights` (π_old/q per token [B, T] or per sequence [B, 1]) enter the loss exactly as
+    TRL's `importance_sampling_ratio`: on the policy term, not the KL term (beta 0.04 here)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"is|{loss_type}|{per_sequence}".encode()))
+    batch = random_batch(gen, B=6, T=7, empty_row=True)
+    shape = (6, 1) if per_sequence else (6, 7)
+    weights = torch.rand(shape, generator=gen, dtype=D) * 2.5  # includes 0-ish and > 1 weights
+    options = dict(epsilon=0.2, epsilon_high=None, delta=None, q=1.0, bias_kl=True)
+    lp_trl = batch["lp"].clone().requires_grad_()
+    trl_loss, trl_metrics = trl_grpo_loss(
+        batch, lp_trl, loss_type=loss_type, level="token", beta=0.04, max_len=9, is_ratio=weights, **options
+    )
+    trl_loss.backward()
+    lp = batch["lp"].clone().requires_grad_()
+    out = grpo_loss(
+        lp,
+        batch["adv"],
+        batch["mask"],
+        old_logps=batch["old"],
+        ref_logps=batch["ref"],
+        entropies=batch["entropies"],
+        sampling_weights=weights,
+        loss_type=loss_type,
+        beta=0.04,
+        max_completion_length=9,
+        sapo_temperature_neg=SAPO_NEG,
+    )
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, trl_loss.detach(), rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(lp.grad, lp_trl.grad, rtol=1e-6, atol=1e-12)
+    unweighted = grpo_loss(
+        batch["lp"],
+        batch["adv"],
+        batch["mask"],
+        old_logps=batch["old"],
+        ref_logps=batch["ref"],
+        loss_type=loss_type,
+        beta=0.04,
+        max_completion_length=9,
+        sapo_temperature_neg=SAPO_NEG,
+    )
+    assert (out.loss - unweighted.loss).abs() > 1e-6  # the weights did something
 
 
 def trl_reward_loss(chosen, rejected, margin, coefficient):

@@ -169,6 +169,27 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
 # options whose effect needs another base run:
 # option -> (overrides of the base, overrides of the variant, reward, check)
 RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
+    # top-k draws from q = π/Z on the k likeliest tokens: the sampled tokens' π_old/q is Z < 1
+    "sampling_correction": (
+        {"top_k": 3},
+        {"sampling_correction": "token_truncate"},
+        ones_reward,
+        lambda b, v: differ(b, v)
+        and 0.0 < v["steps"][0]["sampling/importance_sampling_ratio/mean"] < 1.0
+        and "sampling/importance_sampling_ratio/mean" not in b["steps"][0],
+    ),
+    "sampling_correction_max": (
+        {"top_k": 3, "sampling_correction": "token_truncate"},
+        {"sampling_correction_max": 0.2},
+        ones_reward,
+        differ,
+    ),
+    "sampling_correction_min": (
+        {"top_k": 3, "sampling_correction": "token_mask"},
+        {"sampling_correction_min": 0.9},
+        ones_reward,
+        differ,
+    ),
     # with bf16 compute, master_weights=dtype keeps the weights (and AdamW state) in bf16 too
     "master_weights": (
         {"dtype": "bfloat16"},

@@ -246,6 +246,21 @@ class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
         "group", description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)"
     )
     num_iterations: int = Field(1, ge=1, description="μ: optimizer steps per generation batch")
+    sampling_correction: Literal[
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field(
+        "none",
+        description="weight each token's policy term by pi_old/q when completions are drawn from q other "
+        "than the training policy (top-k/top-p/min-p/repetition penalty, reduced-precision decoding); "
+        "per token or per sequence, out-of-range ratios truncated or masked (TRL's vLLM importance "
+        "sampling modes); none = off",
+    )
+    sampling_correction_max: float | None = Field(
+        3.0, gt=0.0, description="sampling_correction: upper bound C_max of the ratio (None = none)"
+    )
+    sampling_correction_min: float | None = Field(
+        None, ge=0.0, description="sampling_correction: lower bound C_min of the ratio (None = none)"
+    )
     mask_truncated_completions: bool = Field(
         False, description="completions cut at max_completion_length get no loss (DAPO)"
     )
@@ -308,6 +323,11 @@ class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
 
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
+        if self.sampling_correction != "none" and self.loss_type == "vespo":
+            raise ValueError(
+                "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
+                "into its own); use sampling_correction=none or another loss_type"
+            )
         if self.use_peft and self.strategy == "fsdp":
             raise ValueError(
                 "use_peft=true with strategy=fsdp is not supported (a LoRA checkpoint is saved from the "

@@ -116,6 +116,16 @@ REJECTED: dict[str, dict[str, str]] = {
         "GRPOConfig": "grpokit samples with its own KV-cached loop (sampler=kv) or transformers' generate "
         "(sampler=hf); set sampler.",
     },
+    "vllm_importance_sampling_correction": {
+        "GRPOConfig": "grpokit has no vLLM: its sampler is the training policy. To weigh tokens drawn from a "
+        "reshaped distribution (top-k/top-p, bf16 decoding) set sampling_correction.",
+    },
+    "vllm_importance_sampling_mode": {
+        "GRPOConfig": "set sampling_correction (token_truncate, token_mask, sequence_truncate or "
+        "sequence_mask).",
+    },
+    "vllm_importance_sampling_clip_max": {"GRPOConfig": "set sampling_correction_max."},
+    "vllm_importance_sampling_clip_min": {"GRPOConfig": "set sampling_correction_min."},
     "model_init_kwargs": {
         "GRPOConfig": "a model directory is loaded with dtype and trust_remote_code; set those.",
         "RewardConfig": "a model directory is loaded with dtype and trust_remote_code; set those.",

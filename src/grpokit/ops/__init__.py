@@ -43,8 +43,12 @@ from .policy_loss import (
     grpo_loss,
 )
 from .reward_loss import bradley_terry_loss
+from .sampling_correction import SAMPLING_CORRECTIONS, SamplingCorrection, sampling_weights
 
 __all__ = [
+    "SAMPLING_CORRECTIONS",
+    "SamplingCorrection",
+    "sampling_weights",
     "AGGREGATIONS",
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",

@@ -15,6 +15,7 @@ Order of operations (TRL 1.16 `GRPOTrainer._compute_loss`, EasyDeL `grpo_step`):
     kl       = k3(logps, ref) · (r if use_bias_correction_kl)
     ℓ        = surrogate(r, A, logps)                      [B, T] or [B, 1]
     ℓ        = ℓ · 1{H ≥ quantile(H, 1−q)}                 when top_entropy_quantile q < 1
+    ℓ        = ℓ · ρ                                        sampling_weights ρ = π_old/q, when given
     ℓ        = ℓ + β·kl                                     KL on every valid token, after the entropy mask
     loss     = aggregation(ℓ, completion_mask)
 
@@ -363,6 +364,7 @@ def grpo_loss(
     old_logps: torch.Tensor | None = None,
     ref_logps: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
+    sampling_weights: torch.Tensor | None = None,
     loss_type: LossType = "dapo",
     beta: float = 0.0,
     epsilon: float = 0.2,
@@ -393,6 +395,10 @@ def grpo_loss(
         ref_logps: [B, T] log π_ref; required when beta ≠ 0.
         entropies: [B, T] token entropies; required for top_entropy_quantile < 1, and reported
             as the `entropy` metric when given.
+        sampling_weights: [B, T] or [B, 1] constant importance weights π_old / q for completions drawn
+            from a distribution q other than π_old (`ops.sampling_weights`); they multiply the policy
+            term, not the KL term (TRL's vLLM importance-sampling correction). Not with vespo, whose
+            weights would fold them in differently.
         loss_type: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (see LOSS_TYPES).
         beta: KL coefficient.
         epsilon: lower clip ε_low. epsilon_high: upper clip ε_high (None = epsilon); for cispo
@@ -447,6 +453,12 @@ def grpo_loss(
     if top_entropy_quantile < 1.0:
         assert entropies is not None
         per_token_loss = per_token_loss * _top_entropy_mask(entropies.detach(), mask, top_entropy_quantile)
+    if sampling_weights is not None:
+        if loss_type == "vespo":
+            raise ValueError(
+                "sampling_weights with loss_type='vespo' is not supported; use another loss_type."
+            )
+        per_token_loss = per_token_loss * sampling_weights.detach().to(per_token_loss.dtype)
     per_token_kl = None
     if beta != 0.0:
         assert ref_logps is not None

@@ -27,7 +27,7 @@ import torch
 
 from ..data import PromptSampler, columns_of, render_prompt
 from ..models import PolicyEngine, should_sync, sync_reference
-from ..ops import LOSS_TYPES, group_advantages, grpo_loss
+from ..ops import LOSS_TYPES, group_advantages, grpo_loss, sampling_weights
 from ..rewards import score_completions
 from ..rollout import SamplingParams
 from . import distributed, optim
@@ -96,6 +96,8 @@ class StepParams:
     seed: int
     max_grad_norm: float
     reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
+    sampling_correction: str  # "none", or how importance weights π_old/q for the sampler's q are bounded
+    sampling_correction_bounds: tuple[float | None, float | None]  # (C_min, C_max)
 
     @classmethod
     def of(cls, cfg: Any, sampling: SamplingParams, world_size: int = 1) -> StepParams:
@@ -127,6 +129,8 @@ class StepParams:
             reference_sync=(cfg.ref_model_sync_steps, cfg.ref_model_mixup_alpha)
             if cfg.sync_ref_model
             else None,
+            sampling_correction=cfg.sampling_correction,
+            sampling_correction_bounds=(cfg.sampling_correction_min, cfg.sampling_correction_max),
         )
 
 
@@ -264,10 +268,13 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
       differ between the decode loop and a batched forward), not wrapped for data parallelism, and the
       drawn-from distribution is the loss's one: softmax(logits / temperature) with no top-k, top-p,
       min-p or repetition penalty reshaping it. Saves a forward pass over the batch;
-    * "forward": a no-grad pass of the policy over the batch before the first update, otherwise.
+    * "forward": a no-grad pass of the policy over the batch before the first update, otherwise
+      (always with sampling_correction, which weighs exactly that difference).
     """
     if params.num_iterations == 1:
         return "none"
+    if params.sampling_correction != "none":
+        return "forward"  # the correction compares the sampler's log-probs with the training forward's
     s = params.sampling
     unfiltered = not s.top_k and s.top_p == 1.0 and not s.min_p and s.repetition_penalty == 1.0
     same_policy = engine.train_module is engine.module and not engine.precision.mixed
@@ -276,20 +283,46 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
     return "forward"
 
 
-def old_and_reference_logps(
+@dataclass(frozen=True)
+class FrozenLogps:
+    """What the loss compares the policy with, for one generation batch (None where not needed)."""
+
+    old: torch.Tensor | None  # [B, T] log π_old; None when μ = 1 (the detached current log-probs)
+    ref: torch.Tensor | None  # [B, T] log π_ref; None when beta = 0
+    weights: torch.Tensor | None  # [B, T] or [B, 1] π_old/q (sampling_correction), else None
+
+
+def frozen_passes(
     engine: PolicyEngine, batch: Batch, params: StepParams
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The old policy's log-probs (None when μ = 1) and the reference's (None when beta = 0). [B, T]"""
+) -> tuple[FrozenLogps, dict[str, Any]]:
+    """Old-policy log-probs (`old_logps_source`), reference log-probs, and with sampling_correction the
+    importance weights π_old / q of the sampled tokens (which need π_old even when μ = 1). Returns them
+    and the weights' metrics (TRL's names)."""
     source = old_logps_source(engine, params)
-    old = None
-    if source == "rollout":
-        old = batch.sampling_logps
-    elif source == "forward":
-        old = engine.frozen_logps(batch, params.micro_batch_size)
+    correcting = params.sampling_correction != "none"
+    current = None
+    if source == "forward" or correcting:
+        current = engine.frozen_logps(batch, params.micro_batch_size)  # π_old: the policy before updating
+    old = batch.sampling_logps if source == "rollout" else current if source == "forward" else None
     ref = None
     if params.loss.beta != 0.0:
         ref = engine.frozen_logps(batch, params.micro_batch_size, reference=True)
-    return old, ref
+    weights, metrics = None, {}
+    if correcting:
+        assert current is not None
+        low, high = params.sampling_correction_bounds
+        mask = batch.completion_mask
+        weights = sampling_weights(
+            current, batch.sampling_logps, mask, mode=params.sampling_correction, clip_min=low, clip_max=high
+        )
+        diff = (current - batch.sampling_logps)[mask]  # [N]: log π_old − log q of the counted tokens
+        none = diff.new_tensor(float("nan"))  # no counted token: NaN, which rank averaging skips
+        metrics = {  # the ratios before bounds
+            "sampling/importance_sampling_ratio/mean": diff.exp().mean() if diff.numel() else none,
+            "sampling/importance_sampling_ratio/max": diff.exp().max() if diff.numel() else none,
+            "sampling/sampling_logp_difference/mean": diff.abs().mean() if diff.numel() else none,
+        }
+    return FrozenLogps(old=old, ref=ref, weights=weights), metrics
 
 
 # ----------------------------------------------------------------------------- 3. update
@@ -299,8 +332,7 @@ def optimizer_step(
     engine: PolicyEngine,
     update: Update,
     batch: Batch,
-    old: torch.Tensor | None,
-    ref: torch.Tensor | None,
+    frozen: FrozenLogps,
     params: StepParams,
     d: distributed.Dist,
 ) -> dict[str, Any]:
@@ -319,9 +351,10 @@ def optimizer_step(
             stats.logps,
             batch.advantages[rows],
             batch.completion_mask[rows],
-            old_logps=None if old is None else old[rows],
-            ref_logps=None if ref is None else ref[rows],
+            old_logps=None if frozen.old is None else frozen.old[rows],
+            ref_logps=None if frozen.ref is None else frozen.ref[rows],
             entropies=stats.entropy.detach(),
+            sampling_weights=None if frozen.weights is None else frozen.weights[rows],
             num_items_in_batch=num_items,
             **asdict(lp),  # loss_type, beta, epsilon, ...: grpo_loss's own names
         )
@@ -355,10 +388,11 @@ def grpo_step(
         engine.train_module.train()
     host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d)
     batch = host_batch.to(engine.device)
-    old, ref = old_and_reference_logps(engine, batch, params)
+    frozen, correction_metrics = frozen_passes(engine, batch, params)
+    metrics |= correction_metrics
     skipped = 0.0
     for _ in range(params.num_iterations):
-        metrics |= optimizer_step(engine, update, batch, old, ref, params, d)
+        metrics |= optimizer_step(engine, update, batch, frozen, params, d)
         skipped += metrics["skipped_update"]
     metrics["skipped_update"] = skipped  # updates of this step skipped for a non-finite loss
     if params.reference_sync and engine.reference is not None and should_sync(step, params.reference_sync[0]):
