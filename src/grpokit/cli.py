@@ -474,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epsilon-high", type=float, default=0.28)
     demo.add_argument("--learning-rate", type=float, default=0.3)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 

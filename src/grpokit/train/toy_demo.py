@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models import resolve_device
 from ..ops import combine_rewards, group_advantages, grpo_loss, token_logps
 
 DIGITS, T = 10, 4  # vocabulary: the ten digits; completion width: four digits
@@ -34,6 +35,7 @@ class ToyConfig:
     epsilon_high: float = 0.28
     learning_rate: float = 0.3
     seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N; draws come from a CPU generator on any device
 
 
 def answers(num_prompts: int) -> torch.Tensor:
@@ -66,21 +68,21 @@ def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
     """Train; call `on_step(step, metrics)` after each step. Returns accuracy before and after."""
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
     P, G = cfg.num_prompts, cfg.num_generations
-    target = answers(P)  # [P, T]
-    theta = torch.nn.Parameter(0.5 * torch.randn(P, T, DIGITS, generator=gen))  # [P, T, V]
+    target = answers(P).to(device)  # [P, T]
+    theta = torch.nn.Parameter((0.5 * torch.randn(P, T, DIGITS, generator=gen)).to(device))  # [P, T, V]
     ref_theta = theta.detach().clone()  # the reference policy: the initial table
     optimizer = torch.optim.Adam([theta], lr=cfg.learning_rate)
-    weights = torch.tensor([1.0, 0.25])
+    weights = torch.tensor([1.0, 0.25], device=device)
     before = greedy_accuracy(theta.detach(), target)
 
     for step in range(1, cfg.steps + 1):
         # sample G completions per prompt from the current policy
         with torch.no_grad():
             probs = torch.softmax(theta, -1).repeat_interleave(G, dim=0)  # [B, T, V]
-            completions = torch.multinomial(probs.reshape(-1, DIGITS), 1, generator=gen).reshape(
-                P * G, T
-            )  # [B, T]
+            draws = torch.multinomial(probs.reshape(-1, DIGITS).cpu(), 1, generator=gen)  # [B·T, 1]
+            completions = draws.reshape(P * G, T).to(device)  # [B, T]
             row_target = target.repeat_interleave(G, dim=0)  # [B, T]
             rewards_per_func = torch.stack(
                 [digit_reward(completions, row_target), leading_digit_reward(completions, row_target)], dim=1
@@ -89,7 +91,7 @@ def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
             adv = group_advantages(rewards, G)
             old_logps = token_logps(theta.repeat_interleave(G, dim=0), completions)  # [B, T]
             ref_logps = token_logps(ref_theta.repeat_interleave(G, dim=0), completions)  # [B, T]
-        mask = torch.ones(P * G, T, dtype=torch.bool)  # [B, T] every digit counts
+        mask = torch.ones(P * G, T, dtype=torch.bool, device=device)  # [B, T] every digit counts
         for _ in range(cfg.num_iterations):
             logps = token_logps(theta.repeat_interleave(G, dim=0), completions)  # [B, T]
             out = grpo_loss(
