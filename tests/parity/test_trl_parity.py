@@ -102,6 +102,21 @@ def trl_grpo_loss(
     return loss, {name: values[-1] for name, values in me._metrics["train"].items()}
 
 
+def ours(batch, lp, **options):
+    """grpokit's grpo_loss on a parity batch (max_completion_length 9, TRL's float32 SAPO temperature)."""
+    return grpo_loss(
+        lp,
+        batch["adv"],
+        batch["mask"],
+        old_logps=batch["old"],
+        ref_logps=batch["ref"],
+        entropies=batch["entropies"],
+        max_completion_length=9,
+        sapo_temperature_neg=SAPO_NEG,
+        **options,
+    )
+
+
 VARIANTS = {
     "base": {},
     "epsilon_high": {"epsilon_high": 0.28},
@@ -131,13 +146,9 @@ def test_grpo_loss_matches_trl_1_16(loss_type, level, beta, variant):
     trl_loss.backward()
 
     lp = batch["lp"].clone().requires_grad_()
-    out = grpo_loss(
+    out = ours(
+        batch,
         lp,
-        batch["adv"],
-        batch["mask"],
-        old_logps=batch["old"],
-        ref_logps=batch["ref"],
-        entropies=batch["entropies"],
         loss_type=loss_type,
         importance_sampling_level=level,
         beta=beta,
@@ -146,8 +157,6 @@ def test_grpo_loss_matches_trl_1_16(loss_type, level, beta, variant):
         delta=options["delta"],
         top_entropy_quantile=options["q"],
         use_bias_correction_kl=options["bias_kl"],
-        max_completion_length=9,
-        sapo_temperature_neg=SAPO_NEG,
     )
     out.loss.backward()
 
@@ -176,33 +185,11 @@ def test_sampling_weights_weigh_the_loss_as_trls_importance_sampling_correction(
     )
     trl_loss.backward()
     lp = batch["lp"].clone().requires_grad_()
-    out = grpo_loss(
-        lp,
-        batch["adv"],
-        batch["mask"],
-        old_logps=batch["old"],
-        ref_logps=batch["ref"],
-        entropies=batch["entropies"],
-        sampling_weights=weights,
-        loss_type=loss_type,
-        beta=0.04,
-        max_completion_length=9,
-        sapo_temperature_neg=SAPO_NEG,
-    )
+    out = ours(batch, lp, sampling_weights=weights, loss_type=loss_type, beta=0.04)
     out.loss.backward()
     torch.testing.assert_close(out.loss, trl_loss.detach(), rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(lp.grad, lp_trl.grad, rtol=1e-6, atol=1e-12)
-    unweighted = grpo_loss(
-        batch["lp"],
-        batch["adv"],
-        batch["mask"],
-        old_logps=batch["old"],
-        ref_logps=batch["ref"],
-        loss_type=loss_type,
-        beta=0.04,
-        max_completion_length=9,
-        sapo_temperature_neg=SAPO_NEG,
-    )
+    unweighted = ours(batch, batch["lp"], loss_type=loss_type, beta=0.04)
     assert (out.loss - unweighted.loss).abs() > 1e-6  # the weights did something
 
 
