@@ -146,6 +146,35 @@ def test_a_wrapped_policy_never_reuses_the_samplers_log_probs(tmp_path):
     assert old_logps_source(engine, StepParams.of(cfg, SamplingParams(num_generations=4))) == "forward"
 
 
+@pytest.mark.parametrize("case", ["fsdp_in_place", "logits_backend", "dropout", "hf_sampler"])
+def test_the_sampler_stands_in_for_the_forward_only_where_exact(tmp_path, case):
+    """FSDP2 shards the policy in place (no separate wrapper object): still distributed, so frozen
+    passes run under no_grad and the sampler's log-probs are not reused. Nor with the logits backend
+    (positions of left padding are not the sampler's for absolute-position models), an active dropout
+    (sampling in eval mode, training in train mode) or transformers' generate (its generation_config
+    may add processors)."""
+    cfg = tiny_config(tmp_path, num_iterations=2)
+    model, tokenizer = tiny_policy()
+    options: dict = {"device": torch.device("cpu"), "group_size": G}
+    if case == "fsdp_in_place":
+        options |= {"train_module": model, "distributed": True}
+    elif case == "logits_backend":
+        options |= {"fused_logps": False}
+    elif case == "hf_sampler":
+        options |= {"sampler": "hf"}
+    else:
+        model.model.layers[0].mlp.down_proj = torch.nn.Sequential(
+            model.model.layers[0].mlp.down_proj, torch.nn.Dropout(0.1)
+        )
+    engine = PolicyEngine.create(model, tokenizer, **options)
+    assert not engine.sampler_is_forward
+    assert old_logps_source(engine, StepParams.of(cfg, SamplingParams(num_generations=4))) == "forward"
+    if case == "fsdp_in_place":
+        assert engine.frozen_mode is torch.no_grad and not engine.fused
+    plain = engine_of(*tiny_policy())
+    assert plain.sampler_is_forward and plain.frozen_mode is torch.inference_mode
+
+
 def _loss_and_grads(engine: PolicyEngine, batch, advantages: torch.Tensor):
     """A policy-gradient surrogate Σ A·logp over the completion tokens, and its gradients."""
     engine.module.zero_grad(set_to_none=True)

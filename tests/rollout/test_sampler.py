@@ -248,6 +248,26 @@ def test_kv_sampler_is_seeded_and_stops_early(tiny_policy):
     assert first.completion_ids.shape == (2, 1) and first.completion_mask.all() and not first.truncated.any()
 
 
+def test_checking_for_finished_rows_less_often_only_adds_padding(tiny_policy):
+    """On a GPU the loop reads "every row finished?" every FINISH_CHECK_EVERY tokens (each read waits
+    for the GPU): the rows, their masks and log-probs are those of checking every token, with at most
+    that many extra padding columns."""
+    model, _ = tiny_policy
+    kv = _kv(tiny_policy)
+    params = SamplingParams(num_generations=4, max_completion_length=12, seed=3)
+    with biased_logits(model, EOS, 2.0):  # rows end after a few tokens, at different lengths
+        every = kv.sample(["1+2=", "33+4="], params)
+        kv.finish_check_every = 5
+        sparse = kv.sample(["1+2=", "33+4="], params)
+    T = every.completion_ids.shape[1]
+    assert T < 12 and sparse.completion_ids.shape[1] in range(T, min(T + 5, 12) + 1)  # stopped early too
+    assert torch.equal(sparse.completion_ids[:, :T], every.completion_ids)
+    assert torch.equal(sparse.completion_mask[:, :T], every.completion_mask)
+    assert not sparse.completion_mask[:, T:].any() and (sparse.completion_ids[:, T:] == 0).all()  # pad id 0
+    assert torch.equal(sparse.sampling_logps[:, :T], every.sampling_logps)
+    assert sparse.completions == every.completions and torch.equal(sparse.truncated, every.truncated)
+
+
 @pytest.mark.parametrize(
     "kwargs", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.8}, {"min_p": 0.3, "repetition_penalty": 1.5}]
 )

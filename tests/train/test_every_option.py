@@ -174,9 +174,11 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
         {"top_k": 3},
         {"sampling_correction": "token_truncate"},
         ones_reward,
-        lambda b, v: differ(b, v)
-        and 0.0 < v["steps"][0]["sampling/importance_sampling_ratio/mean"] < 1.0
-        and "sampling/importance_sampling_ratio/mean" not in b["steps"][0],
+        lambda b, v: (
+            differ(b, v)
+            and 0.0 < v["steps"][0]["sampling/importance_sampling_ratio/mean"] < 1.0
+            and "sampling/importance_sampling_ratio/mean" not in b["steps"][0]
+        ),
     ),
     "sampling_correction_max": (
         {"top_k": 3, "sampling_correction": "token_truncate"},

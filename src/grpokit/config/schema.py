@@ -323,6 +323,7 @@ class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
 
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
+        _check_training_dtype(self.dtype)
         if self.sampling_correction != "none" and self.loss_type == "vespo":
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
@@ -344,6 +345,17 @@ class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
         for spec in self.reward_funcs or []:
             _check_reward_entry(spec)
         return self
+
+
+def _check_training_dtype(dtype: str) -> None:
+    """float16 training needs loss scaling (its gradients underflow otherwise), which the GRPO and
+    reward trainers do not do: refused, with the way out."""
+    if dtype == "float16":
+        raise ValueError(
+            "dtype=float16 (TRL's fp16=true) is not supported for training: float16 gradients underflow "
+            "without loss scaling, which this trainer does not do; use dtype=bfloat16 (GPUs from Ampere "
+            "on) or dtype=float32"
+        )
 
 
 def _check_reward_entry(spec: dict[str, Any]) -> None:
@@ -463,6 +475,7 @@ class RewardConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RewardConfig:
+        _check_training_dtype(self.dtype)
         if self.batch_size % self.micro_batch_size != 0:
             raise ValueError(
                 f"batch_size={self.batch_size} must be divisible by micro_batch_size={self.micro_batch_size}"

@@ -60,6 +60,7 @@ class PolicyEngine:
     sampler: Any  # a rollout.Sampler over `module`
     reference: torch.nn.Module | None  # frozen π_ref; None when beta = 0 or for LoRA (adapters off)
     train_module: torch.nn.Module  # what training passes go through: `module`, or its DDP/FSDP wrapper
+    distributed: bool = False  # wrapped for data parallelism (DDP, or FSDP2, which wraps in place)
     temperature: float = 1.0  # log-probs are taken at the sampling temperature (1 for greedy)
     group_size: int = 1  # G: rows come in groups sharing a prompt (prefix sharing when checked true)
     frozen_mode: Any = torch.inference_mode  # the gradient-free mode of frozen passes (see `create`)
@@ -77,17 +78,22 @@ class PolicyEngine:
         sampler: str = "kv",
         reference: torch.nn.Module | None = None,
         train_module: torch.nn.Module | None = None,
+        distributed: bool | None = None,
         fused_logps: bool = True,
         temperature: float = 1.0,
         group_size: int = 1,
         lockstep: Any = None,
     ) -> PolicyEngine:
         """`module` (and `reference`) already on `device` in `precision.master`. `train_module`: the
-        DDP/FSDP wrapper, if any (the fused backend is then off). `lockstep(done) -> bool`: under FSDP,
-        the decode loop's early exit decided by every rank together."""
+        DDP wrapper, if any; `distributed`: whether the policy is wrapped for data parallelism (default:
+        a `train_module` other than `module`; say True for FSDP2, which shards `module` in place). The
+        fused backend is then off. `lockstep(done) -> bool`: under FSDP, the decode loop's early exit
+        decided by every rank together."""
         from ..rollout import SAMPLERS
 
-        wrapped = train_module is not None and train_module is not module
+        wrapped = (
+            (train_module is not None and train_module is not module) if distributed is None else distributed
+        )
         sampler_model = train_module if lockstep is not None else module
         engine_sampler = SAMPLERS[sampler](sampler_model, tokenizer)
         # frozen passes: inference mode (cheapest per operation) on a plain module; no_grad through a
@@ -104,6 +110,7 @@ class PolicyEngine:
             sampler=engine_sampler,
             reference=reference,
             train_module=train_module if train_module is not None else module,
+            distributed=wrapped,
             temperature=temperature,
             group_size=group_size,
             frozen_mode=frozen_mode,
@@ -120,6 +127,26 @@ class PolicyEngine:
 
     def autocast(self) -> Any:
         return self.precision.autocast(self.device)
+
+    @property
+    def sampler_is_forward(self) -> bool:
+        """Whether the decode loop's log-probs of its tokens equal this engine's forward pass to float32
+        round-off, so that they can serve as old-policy log-probs. Only where that is tested and holds
+        by construction: grpokit's KV-cached loop over the lean Llama decoder (rotary positions: a
+        left-padding offset changes nothing), on one process, with no active dropout (the sampler runs
+        in eval mode, training in train mode), in float32 without autocast, and no TF32 (a GPU's
+        float32 matmuls then round to 10 bits, differently in the loop and the batched forward)."""
+        head = self._head
+        return (
+            not self.distributed
+            and head is not None
+            and isinstance(head.decoder, LeanLlamaDecoder)
+            and type(self.sampler).__name__ == "KVCacheSampler"
+            and not self.sampler.has_dropout()
+            and not self.precision.mixed
+            and self.precision.compute == torch.float32
+            and not (self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
+        )
 
     # ------------------------------------------------------------------ generation
 

@@ -51,6 +51,9 @@ def process_logits(
     return torch.log_softmax(scores, dim=-1)
 
 
+# Decoded tokens between checks whether every row has finished, on a GPU (see `KVCacheSampler.sample`).
+FINISH_CHECK_EVERY = 8
+
 # Candidates examined before falling back to a full sort of the vocabulary in `top_p_filter`.
 _TOP_P_CANDIDATES = 64
 
@@ -103,9 +106,10 @@ class KVCacheSampler:
         # the gradient-free mode of the decode loop: inference mode (cheaper per operation), which
         # sharded training replaces with no_grad (FSDP must not make its unsharded parameters there)
         self.grad_free: Callable[[], Any] = torch.inference_mode
-        self._dropout: bool | None = None  # `_has_dropout`, once known
+        self.finish_check_every: int | None = None  # tokens between "all finished?" reads; None: by device
+        self._dropout: bool | None = None  # `has_dropout`, once known
 
-    def _has_dropout(self) -> bool:
+    def has_dropout(self) -> bool:
         """Whether the model holds an active dropout module (peft's LoRA dropout, say). Checked once
         per sampler: the modules are fixed once training starts."""
         if self._dropout is None:
@@ -189,13 +193,17 @@ class KVCacheSampler:
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         T = params.max_completion_length
+        # whether every row has finished is read every token on a CPU (nothing to wait for), every
+        # FINISH_CHECK_EVERY tokens on a GPU, where each read stalls the queue of kernels; rows that
+        # finished meanwhile only add padding, which the completion mask excludes
+        check_every = self.finish_check_every or (1 if device.type == "cpu" else FINISH_CHECK_EVERY)
         lean = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)  # generators: not started yet
         # else transformers' forward and DynamicCache
         step_logits = lean or self._hf_steps(prompt_ids, prompt_mask, positions, G)
         # eval mode for dropout; the lean forward of a model without dropout does not depend on the
         # mode, and switching costs two walks over every module (0.2 ms a call on a small model)
         was_training = self.model.training
-        switch = was_training and (lean is None or self._has_dropout())
+        switch = was_training and (lean is None or self.has_dropout())
         if switch:
             self.model.eval()
         # by default inference mode: no version counters or view tracking in the loop (measurably
@@ -225,7 +233,8 @@ class KVCacheSampler:
                     finished = finished | torch.isin(token, eos)
                     if stops is not None:
                         finished = finished | stops(ids_so_far, None)
-                    if self.sync_finished(bool(finished.all())) or step + 1 == params.max_completion_length:
+                    checked = (step + 1) % check_every == 0  # (reading `finished` waits for the GPU)
+                    if (checked and self.sync_finished(bool(finished.all()))) or step + 1 == T:
                         break
                     logits = step_logits.send(token)  # [B, V]
             finally:

@@ -198,16 +198,26 @@ def restore_training(
 
 
 def rng_state() -> dict[str, Any]:
-    return {
+    """The generators a step draws from outside its own seeded ones: torch's CPU generator, Python's,
+    and on a GPU the CUDA generators (dropout there, LoRA's included, draws from them)."""
+    state = {
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
         "python_pos": random.getstate()[2],
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()  # one CPU byte tensor per visible GPU
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore `rng_state`. The CUDA generators are restored when the checkpoint has them and this
+    machine has as many GPUs (a checkpoint written on a GPU may resume on a CPU, and back)."""
     torch.set_rng_state(state["torch"])
     random.setstate((3, tuple(state["python"]), state["python_pos"]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def save_distributed(

@@ -259,6 +259,7 @@ def build_trainee(
         sampler=cfg.sampler,
         reference=reference,
         train_module=wrapped,
+        distributed=d.enabled,  # DDP wraps, FSDP2 shards in place: either way the whole forward runs
         fused_logps=cfg.fused_logps,
         temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
         group_size=cfg.num_generations,

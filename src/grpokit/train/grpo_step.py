@@ -264,10 +264,10 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
     * "none": μ = 1, so the policy does not move within the step; the loss uses the detached current
       log-probs (ratio exactly 1 in value, the right gradient);
     * "rollout": the sampler's own log-probs of the tokens it drew. Exactly the right quantity when the
-      sampler is the training policy itself, in float32 (no autocast, whose reduced-precision matmuls
-      differ between the decode loop and a batched forward), not wrapped for data parallelism, and the
-      drawn-from distribution is the loss's one: softmax(logits / temperature) with no top-k, top-p,
-      min-p or repetition penalty reshaping it. Saves a forward pass over the batch;
+      decode loop computes what the training forward computes (`PolicyEngine.sampler_is_forward`: the
+      lean Llama loop, one process, no dropout, float32 without autocast or TF32) and the drawn-from
+      distribution is the loss's one: softmax(logits / temperature) with no top-k, top-p, min-p or
+      repetition penalty reshaping it. Saves a forward pass over the batch;
     * "forward": a no-grad pass of the policy over the batch before the first update, otherwise
       (always with sampling_correction, which weighs exactly that difference).
     """
@@ -277,8 +277,7 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
         return "forward"  # the correction compares the sampler's log-probs with the training forward's
     s = params.sampling
     unfiltered = not s.top_k and s.top_p == 1.0 and not s.min_p and s.repetition_penalty == 1.0
-    same_policy = engine.train_module is engine.module and not engine.precision.mixed
-    if unfiltered and same_policy and engine.precision.compute == torch.float32:
+    if unfiltered and engine.sampler_is_forward:
         return "rollout"
     return "forward"
 
