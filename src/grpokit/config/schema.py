@@ -78,6 +78,29 @@ class _Placement(_Keys):
     )
 
 
+class _Precision(_Keys):
+    """Compute precision and the precision of what trains (GRPO and reward training)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="compute precision: matmuls run in it under autocast, log-softmax and loss in float32; "
+        "trainable weights and AdamW state stay float32 unless master_weights=dtype "
+        "(TRL's bf16=true / fp16=true map here)",
+    )
+    master_weights: Literal["float32", "dtype"] = Field(
+        "float32",
+        description="precision of the trainable weights and AdamW state: float32 (mixed precision) or "
+        "dtype (everything in dtype: least memory, less exact updates)",
+    )
+
+    @model_validator(mode="after")
+    def _trainable_dtype(self) -> _Precision:
+        _check_training_dtype(self.dtype)
+        return self
+
+
 class _Optimisation(_Keys):
     """AdamW, schedule and clipping, as TRL's defaults (the learning rate is each trainer's own)."""
 
@@ -120,7 +143,7 @@ class _RunControl(_Keys):
         return self
 
 
-class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
+class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     # ---------------------------------------------------------------- run
@@ -139,17 +162,6 @@ class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
 
     # ---------------------------------------------------------------- model
     model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
-        description="compute precision: matmuls run in it under autocast, log-softmax and loss in float32; "
-        "trainable weights and AdamW state stay float32 unless master_weights=dtype "
-        "(TRL's bf16=true / fp16=true map here)",
-    )
-    master_weights: Literal["float32", "dtype"] = Field(
-        "float32",
-        description="precision of the trainable weights and AdamW state: float32 (mixed precision) or "
-        "dtype (everything in dtype: least memory, less exact updates)",
-    )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
     )
@@ -323,7 +335,6 @@ class GRPOConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
 
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
-        _check_training_dtype(self.dtype)
         if self.sampling_correction != "none" and self.loss_type == "vespo":
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
@@ -408,7 +419,7 @@ class SFTConfig(_Placement, _TinyModel):
     answer_column: str = Field("answer", description="the column holding the answer the model learns")
 
 
-class RewardConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
+class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation):
     """Bradley–Terry reward-model training. Names and defaults follow TRL 1.16's RewardConfig where
     TRL has the option (learning_rate 1e-4, max_length 1024, center_rewards_coefficient None)."""
 
@@ -426,17 +437,6 @@ class RewardConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
     # ---------------------------------------------------------------- model
     model: str = Field(
         "tiny", description="a local sequence-classification or causal-LM directory, or 'tiny'"
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
-        description="compute precision: matmuls run in it under autocast, log-softmax and loss in float32; "
-        "trainable weights and AdamW state stay float32 unless master_weights=dtype "
-        "(TRL's bf16=true / fp16=true map here)",
-    )
-    master_weights: Literal["float32", "dtype"] = Field(
-        "float32",
-        description="precision of the trainable weights and AdamW state: float32 (mixed precision) or "
-        "dtype (everything in dtype: least memory, less exact updates)",
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
@@ -475,7 +475,6 @@ class RewardConfig(_RunControl, _Placement, _TinyModel, _Optimisation):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RewardConfig:
-        _check_training_dtype(self.dtype)
         if self.batch_size % self.micro_batch_size != 0:
             raise ValueError(
                 f"batch_size={self.batch_size} must be divisible by micro_batch_size={self.micro_batch_size}"
