@@ -278,25 +278,10 @@ def test_checkpoint_from_one_device_resumes_on_the_other(tmp_path, host_draws, f
 
 
 def _reward_config(tmp_path: Path, **overrides: Any) -> Any:
-    from grpokit.config import RewardConfig
+    """The reward-model tests' tiny config, with micro-batches of 4 (two per step: accumulation too)."""
+    from tests.train.test_reward_model import reward_cfg
 
-    base = dict(
-        output_dir=str(tmp_path / "rm"),
-        tiny_hidden_size=16,
-        tiny_num_layers=1,
-        tiny_num_heads=2,
-        tiny_intermediate_size=32,
-        max_steps=3,
-        batch_size=8,
-        micro_batch_size=4,
-        num_eval_pairs=16,
-        eval_steps=0,
-        save_steps=0,
-        progress=False,
-        learning_rate=1e-3,
-        max_length=32,
-    )
-    return RewardConfig(**(base | overrides))
+    return reward_cfg(tmp_path, **({"micro_batch_size": 4} | overrides))
 
 
 def test_reward_model_on_cuda_equals_the_cpu_run(tmp_path, optimizer_steps):
