@@ -290,7 +290,7 @@ def test_kv_sampler_draws_from_the_same_distribution_as_generate(tiny_policy, kw
 @pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.999])
 @pytest.mark.parametrize("sharpness", [0.3, 3.0])  # flat rows need the full sort, peaked ones do not
 def test_top_p_without_a_full_sort_keeps_exactly_the_same_tokens(top_p, sharpness):
-    from grpokit.rollout.kv_sampler import top_p_filter
+    from grpokit.rollout.processing import top_p_filter
 
     g = torch.Generator().manual_seed(int(top_p * 1000) + int(sharpness * 10))
     scores = torch.randn(16, 1000, generator=g) * sharpness

@@ -250,6 +250,8 @@ ELSEWHERE = {
     "gradient_checkpointing": "test_gradient_checkpointing_is_switched_on (below)",
     "device": "tests/models/test_device.py (resolution, placement, backend choice); tests/gpu/test_gpu.py "
     "(pytest -m gpu: train, resume across devices, reward, sampler on CUDA)",
+    "decode_loop": "tests/rollout/test_static_decode.py (every loop gives the eager loop's tokens and "
+    "log-probs; auto and cuda_graph resolved per device)",
     "fused_logps": "test_fused_logps.py (both paths equal in values and every gradient)",
     "dataset": "test_dataset_files_and_prompt_column (below)",
     "eval_dataset": "test_dataset_files_and_prompt_column (below)",

@@ -15,6 +15,9 @@ def _metrics(output_dir):
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+PHASES = ("timing/sampling", "timing/scoring", "timing/reference", "timing/update")  # of one step
+
+
 def test_one_run_writes_trl_named_metrics_checkpoint_and_config(tmp_path):
     cfg = tiny_config(tmp_path, beta=0.04, max_steps=2)
     result = train_grpo(cfg, reward_funcs=[ones_reward])
@@ -38,8 +41,10 @@ def test_one_run_writes_trl_named_metrics_checkpoint_and_config(tmp_path):
         "step_time",
         "tokens_per_second",
         "num_generation_batches",
-    }
+    } | set(PHASES)
     assert expected <= set(steps[0]), expected - set(steps[0])
+    for row in steps:  # the phases are parts of the step, each timed once
+        assert all(row[k] >= 0 for k in PHASES) and sum(row[k] for k in PHASES) <= row["step_time"]
     assert {"eval/accuracy", "eval/reward"} <= set(rows[0]) and rows[0]["step"] == 0
     checkpoint = result.output_dir / "checkpoint-2"
     assert {"model.safetensors", "state.pt", "config.yaml", "tokenizer.json"} <= {

@@ -216,6 +216,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     sampler: Literal["kv", "hf"] = Field(
         "kv", description="kv: grpokit's KV-cached decode loop (faster); hf: transformers' generate"
     )
+    decode_loop: Literal["auto", "eager", "static", "compiled", "cuda_graph"] = Field(
+        "auto",
+        description="sampler=kv: eager (a loop with growing shapes), static (a static-shape step over "
+        "preallocated buffers, finished rows compacted away), compiled (static + torch.compile), "
+        "cuda_graph (compiled, replayed as CUDA graphs); auto = cuda_graph on a GPU, eager on a CPU "
+        "(measured fastest there: benchmarks/RESULTS.md)",
+    )
     num_generations: int = Field(8, ge=2, description="G, completions per prompt (TRL: 8)")
     prompts_per_step: int = Field(32, ge=1, description="P, prompts per generation batch (B = P·G rows)")
     micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward; gradients accumulate")
@@ -339,6 +346,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
                 "into its own); use sampling_correction=none or another loss_type"
+            )
+        if self.sampler == "hf" and self.decode_loop not in ("auto", "eager"):
+            raise ValueError(
+                f"decode_loop={self.decode_loop} is grpokit's own decode loop; sampler=hf uses transformers' "
+                "generate. Use sampler=kv, or leave decode_loop at auto"
             )
         if self.use_peft and self.strategy == "fsdp":
             raise ValueError(

@@ -83,13 +83,15 @@ class PolicyEngine:
         temperature: float = 1.0,
         group_size: int = 1,
         lockstep: Any = None,
+        decode_loop: str = "auto",
     ) -> PolicyEngine:
         """`module` (and `reference`) already on `device` in `precision.master`. `train_module`: the
         DDP wrapper, if any; `distributed`: whether the policy is wrapped for data parallelism (default:
         a `train_module` other than `module`; say True for FSDP2, which shards `module` in place). The
         fused backend is then off. `lockstep(done) -> bool`: under FSDP, the decode loop's early exit
-        decided by every rank together."""
-        from ..rollout import SAMPLERS
+        decided by every rank together. `decode_loop`: the KV sampler's loop (`resolve_decode_loop`);
+        under FSDP always eager (its forward passes gather shards, which no graph holds)."""
+        from ..rollout import SAMPLERS, resolve_decode_loop
 
         wrapped = (
             (train_module is not None and train_module is not module) if distributed is None else distributed
@@ -102,6 +104,9 @@ class PolicyEngine:
         if lockstep is not None:
             engine_sampler.sync_finished = lockstep
             engine_sampler.grad_free = torch.no_grad
+        if hasattr(engine_sampler, "decode_loop"):
+            loop = resolve_decode_loop(decode_loop, device)
+            engine_sampler.decode_loop = "eager" if lockstep is not None else loop
         return cls(
             module=module,
             tokenizer=tokenizer,

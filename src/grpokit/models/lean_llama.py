@@ -98,20 +98,23 @@ class LeanLlamaDecoder:
         """The model's own rotary embedding, computed once for a range of positions and then looked
         up (cos and signed sin side by side: one lookup a pass); `needed` bounds the positions (no
         device sync to read their maximum). [b, L] -> [b, L, head_dim] each"""
-        table = self._rotary
-        if (
-            table is None
-            or table.shape[0] < needed
-            or table.device != hidden.device
-            or table.dtype != hidden.dtype
-        ):
-            size = max(needed, 2 * (table.shape[0] if table is not None else 0), 256)
-            positions = torch.arange(size, device=hidden.device)[None]  # [1, size]
-            cos, sin = self.llama.rotary_emb(hidden.float(), positions)  # [1, size, head_dim]
-            half = self.head_dim // 2  # sin with its first half negated: rotate_half's sign (`_rope`)
-            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=1)  # [size, head_dim]
-            table = self._rotary = torch.cat([cos[0], signed], dim=1).to(hidden.dtype)  # [size, 2·head_dim]
+        table = self.rotary_table(needed, hidden.dtype, hidden.device)
         return table[position_ids].chunk(2, dim=-1)
+
+    def rotary_table(self, needed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """cos and signed sin (rotate_half's sign folded in, see `_rope`) of positions 0 … ≥ needed−1,
+        side by side, from the model's own rotary embedding; built once and grown by doubling.
+        -> [positions, 2·head_dim]"""
+        table = self._rotary
+        if table is None or table.shape[0] < needed or table.device != device or table.dtype != dtype:
+            size = max(needed, 2 * (table.shape[0] if table is not None else 0), 256)
+            positions = torch.arange(size, device=device)[None]  # [1, size]
+            probe = torch.zeros((), dtype=torch.float32, device=device)  # rotary_emb reads dtype and device
+            cos, sin = self.llama.rotary_emb(probe, positions)  # [1, size, head_dim]
+            half = self.head_dim // 2
+            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=1)  # [size, head_dim]
+            table = self._rotary = torch.cat([cos[0], signed], dim=1).to(dtype)  # [size, 2·head_dim]
+        return table
 
     @property
     def device(self) -> torch.device:

@@ -6,6 +6,7 @@ from typing import Protocol
 
 from .hf_generate import HFGenerateSampler, completion_mask_from_ids
 from .kv_sampler import KVCacheSampler
+from .static_decode import DECODE_LOOPS, StaticDecoder, resolve_decode_loop
 from .types import Rollout, SamplingParams
 
 
@@ -18,7 +19,10 @@ class Sampler(Protocol):
 SAMPLERS = {"hf": HFGenerateSampler, "kv": KVCacheSampler}
 
 __all__ = [
+    "DECODE_LOOPS",
     "SAMPLERS",
+    "StaticDecoder",
+    "resolve_decode_loop",
     "HFGenerateSampler",
     "KVCacheSampler",
     "Rollout",

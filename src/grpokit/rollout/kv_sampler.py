@@ -21,76 +21,12 @@ import torch.nn.functional as F
 
 from ..models import LeanLlamaDecoder, lm_head_of, model_device
 from .hf_generate import StopStringEnds, build_rollout, eos_and_pad, tokenize_prompts
+from .processing import draw, process_logits
+from .static_decode import DrawParams, StaticDecoder, supports_static_decode
 from .types import Rollout, SamplingParams
-
-
-def process_logits(
-    logits: torch.Tensor, generated: torch.Tensor | None, params: SamplingParams
-) -> torch.Tensor:
-    """The distribution tokens are drawn from, as log-probabilities. [B, V] -> [B, V] float32
-
-    Order as in transformers: repetition penalty (on raw logits, over prompt + generated ids),
-    temperature, top-k, top-p, min-p. Greedy (temperature 0) keeps the untempered distribution.
-    """
-    scores = logits.float()
-    if params.repetition_penalty != 1.0 and generated is not None:
-        seen = torch.gather(scores, 1, generated)  # [B, L]
-        seen = torch.where(seen < 0, seen * params.repetition_penalty, seen / params.repetition_penalty)
-        scores = scores.scatter(1, generated, seen)
-    if params.temperature not in (0.0, 1.0):
-        scores = scores / params.temperature
-    if params.temperature > 0.0:
-        if params.top_k:
-            kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
-            scores = scores.masked_fill(scores < kth, -torch.inf)
-        if params.top_p < 1.0:
-            scores = top_p_filter(scores, params.top_p)
-        if params.min_p:
-            probs = torch.softmax(scores, dim=-1)
-            scores = scores.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), -torch.inf)
-    return torch.log_softmax(scores, dim=-1)
-
 
 # Decoded tokens between checks whether every row has finished, on a GPU (see `KVCacheSampler.sample`).
 FINISH_CHECK_EVERY = 8
-
-# Candidates examined before falling back to a full sort of the vocabulary in `top_p_filter`.
-_TOP_P_CANDIDATES = 64
-
-
-def top_p_filter(scores: torch.Tensor, top_p: float, candidates: int = _TOP_P_CANDIDATES) -> torch.Tensor:
-    """Nucleus filtering: keep the most likely tokens whose preceding mass is at most top_p (the
-    first always kept), set the rest to −inf. [B, V] -> [B, V]
-
-    Usually the nucleus lies within the few most likely tokens, so the `candidates` best are taken
-    with `topk` and the vocabulary is sorted only when they hold no more than top_p of the mass in
-    some row. Every token beyond the candidates then has more than top_p before it and is dropped,
-    so both routes keep exactly the same tokens.
-    """
-    V = scores.shape[-1]
-    if candidates < V:
-        values, order = torch.topk(scores, candidates, dim=-1)  # [B, c] in descending order
-        probs = torch.exp(values - torch.logsumexp(scores, dim=-1, keepdim=True))  # [B, c] true probabilities
-        if bool((probs.sum(-1) > top_p).all()):
-            drop = probs.cumsum(-1) - probs > top_p  # mass of the strictly better tokens
-            drop[:, 0] = False  # always keep the most likely token
-            kept = torch.full_like(scores, -torch.inf)
-            return kept.scatter(1, order, values.masked_fill(drop, -torch.inf))
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # [B, V]
-    probs = torch.softmax(sorted_scores, dim=-1)
-    drop = probs.cumsum(-1) - probs > top_p  # [B, V] probability of the strictly better tokens
-    drop[:, 0] = False
-    return scores.scatter(1, order, sorted_scores.masked_fill(drop, -torch.inf))
-
-
-def draw(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row: argmax, or inverse CDF with u ∈ (0, 1] (zero-probability tokens have
-    zero-width intervals and can never be drawn). [B, V] -> [B]"""
-    if greedy:
-        return logprobs.argmax(-1)
-    cdf = logprobs.exp().cumsum(-1)  # [B, V]
-    u = (1.0 - torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)) * cdf[:, -1:]  # [B, 1]
-    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 class KVCacheSampler:
@@ -108,6 +44,10 @@ class KVCacheSampler:
         self.grad_free: Callable[[], Any] = torch.inference_mode
         self.finish_check_every: int | None = None  # tokens between "all finished?" reads; None: by device
         self._dropout: bool | None = None  # `has_dropout`, once known
+        # "eager" (the loop below), or a static-shape step: "static", "compiled", "cuda_graph"
+        # (`static_decode.StaticDecoder`); set from the `decode_loop` option (`resolve_decode_loop`)
+        self.decode_loop = "eager"
+        self._static: StaticDecoder | None = None
 
     def has_dropout(self) -> bool:
         """Whether the model holds an active dropout module (peft's LoRA dropout, say). Checked once
@@ -179,6 +119,52 @@ class KVCacheSampler:
 
         return steps()
 
+    def _static_decoder(self, params: SamplingParams) -> StaticDecoder | None:
+        """The static-shape loop, when chosen and the model and parameters allow it: the lean Llama
+        with plain linear layers, no stop strings (matched on decoded text, outside any graph)."""
+        if self.decode_loop == "eager" or params.stop_strings:
+            return None
+        head = lm_head_of(self.model)
+        if head is None or not isinstance(head.decoder, LeanLlamaDecoder):
+            return None
+        if not supports_static_decode(head.decoder, head.weight) or self.has_dropout():
+            return None
+        static = self._static
+        if static is None or static.decoder is not head.decoder or static.mode != self.decode_loop:
+            static = self._static = StaticDecoder(head.decoder, head, self.decode_loop)
+        return static
+
+    def _sample_static(
+        self,
+        static: StaticDecoder,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        positions: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        check_every: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and log-probs [B, t] from the static-shape loop. Its KV capacity is fixed by
+        max_prompt_length when set, else rounded up to a multiple of 64 (few distinct shapes)."""
+        T, Lp = params.max_completion_length, prompt_ids.shape[1]
+        longest = params.max_prompt_length or -(-Lp // 64) * 64
+        draw = DrawParams(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
+            pad_token_id=self.pad_token_id,
+            eos_token_ids=tuple(self.eos_token_ids),
+        )
+        with self.grad_free():
+            tokens, logps = static.run(
+                prompt_ids, prompt_mask, positions, params.num_generations, T, draw, generator,
+                check_every, self.sync_finished, capacity=longest + T - 1,
+            )  # fmt: skip
+        with torch.no_grad():
+            return tokens.clone(), logps.clone()  # ordinary tensors, outside inference mode
+
     @torch.no_grad()
     def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
         if not prompts:
@@ -197,6 +183,23 @@ class KVCacheSampler:
         # FINISH_CHECK_EVERY tokens on a GPU, where each read stalls the queue of kernels; rows that
         # finished meanwhile only add padding, which the completion mask excludes
         check_every = self.finish_check_every or (1 if device.type == "cpu" else FINISH_CHECK_EVERY)
+        static = self._static_decoder(params)
+        if static is not None:
+            tokens, logps = self._sample_static(
+                static, prompt_ids, prompt_mask, positions, params, generator, check_every
+            )
+            return build_rollout(
+                self.tokenizer,
+                prompt_ids.repeat_interleave(G, dim=0).cpu(),
+                prompt_mask.repeat_interleave(G, dim=0).cpu(),
+                tokens.cpu(),
+                logps.cpu(),
+                self.eos_token_ids,
+                self.pad_token_id,
+                None,
+                G,
+                num_truncated,
+            )
         lean = self._lean_steps(prompt_ids, prompt_mask, positions, G, T)  # generators: not started yet
         # else transformers' forward and DynamicCache
         step_logits = lean or self._hf_steps(prompt_ids, prompt_mask, positions, G)

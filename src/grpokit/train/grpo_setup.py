@@ -257,6 +257,7 @@ def build_trainee(
         device=d.device,
         precision=precision,
         sampler=cfg.sampler,
+        decode_loop=cfg.decode_loop,
         reference=reference,
         train_module=wrapped,
         distributed=d.enabled,  # DDP wraps, FSDP2 shards in place: either way the whole forward runs

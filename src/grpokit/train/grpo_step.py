@@ -19,6 +19,7 @@ Deliberate choices, where TRL differs or is silent:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -195,11 +196,15 @@ def generate_and_score(
     leftovers: list[tuple[Batch, list[int]]] = []
     metrics: dict[str, Any] = {}
     attempts = params.max_resample_batches if params.dynamic_sampling else 1
+    seconds = {"timing/sampling": 0.0, "timing/scoring": 0.0}
     for attempt in range(attempts):
+        began = time.perf_counter()
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
         texts = [render_prompt(r[params.prompt_column], engine.tokenizer) for r in rows]
         seed = params.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
-        rollout = engine.generate(texts, replace(params.sampling, seed=seed))
+        rollout = engine.generate(texts, replace(params.sampling, seed=seed))  # ends on the host: synced
+        sampled = time.perf_counter()
+        seconds["timing/sampling"] += sampled - began
         mask = rollout.completion_mask  # [B, T]
         if params.mask_truncated_completions:
             mask = mask & ~rollout.truncated[:, None]
@@ -217,6 +222,7 @@ def generate_and_score(
             on_error=params.on_reward_error,
         )
         adv = group_advantages(scores.rewards, G, scale=params.scale_rewards)
+        seconds["timing/scoring"] += time.perf_counter() - sampled
         batch = Batch(
             prompt_ids=rollout.prompt_ids,
             prompt_mask=rollout.prompt_mask,
@@ -248,6 +254,7 @@ def generate_and_score(
         if not distributed.any_rank(d, not enough):  # all ranks draw the same number of batches
             break
     metrics["num_generation_batches"] = attempt + 1
+    metrics |= seconds
     chosen, need = [], P
     for batch, groups in informative + leftovers:
         chosen.append((batch, groups[:need]))
@@ -371,6 +378,13 @@ def optimizer_step(
 # ----------------------------------------------------------------------------- the step
 
 
+def synced_clock(device: torch.device) -> float:
+    """time.perf_counter() once the device has finished what was queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def grpo_step(
     engine: PolicyEngine,
     update: Update,
@@ -386,14 +400,20 @@ def grpo_step(
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
     host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d)
+    began = time.perf_counter()
     batch = host_batch.to(engine.device)
     frozen, correction_metrics = frozen_passes(engine, batch, params)
     metrics |= correction_metrics
+    frozen_done = synced_clock(engine.device)
     skipped = 0.0
     for _ in range(params.num_iterations):
         metrics |= optimizer_step(engine, update, batch, frozen, params, d)
         skipped += metrics["skipped_update"]
     metrics["skipped_update"] = skipped  # updates of this step skipped for a non-finite loss
+    # wall-clock seconds of each phase (a GPU is synchronised at the boundaries, so that queued work is
+    # counted in its own phase); veRL's timing_s/* in TRL's slash style
+    metrics["timing/reference"] = frozen_done - began  # old-policy and reference log-probs
+    metrics["timing/update"] = synced_clock(engine.device) - frozen_done
     if params.reference_sync and engine.reference is not None and should_sync(step, params.reference_sync[0]):
         sync_reference(engine.reference, engine.module, params.reference_sync[1])
     return StepResult(batch=host_batch, metrics=metrics)
