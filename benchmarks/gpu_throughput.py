@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--decode-loop", default="auto", help="eager|static|compiled|cuda_graph (auto: by device)"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_throughput_<size>.json")
     args = parser.parse_args(argv)
@@ -115,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     G, T = args.generations, args.tokens
     params = SamplingParams(num_generations=G, max_completion_length=T, seed=1)
     engine = PolicyEngine.create(
-        model, tokenizer, device=device, precision=precision, reference=reference, group_size=G
+        model,
+        tokenizer,
+        device=device,
+        precision=precision,
+        reference=reference,
+        group_size=G,
+        decode_loop=args.decode_loop,
     )
     rollout = engine.generate(prompts, params)
     B = rollout.completion_ids.shape[0]
@@ -177,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": sum(p.numel() for p in model.parameters()),
         "work": f"{args.prompts} prompts x {G} completions x {T} tokens, prompts of {width} tokens",
         "peak_tflops": peak,
+        "decode_loop": engine.sampler.decode_loop,
     }
     for key, (fn, count, flops) in pieces.items():
         t = timed(fn, args.repeats, sync)

@@ -98,6 +98,9 @@ def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu(tmp_path):
         assert result[side]["completion_mean_length"] == [16.0, 16.0, 16.0]
         assert result[side]["peak_rss_bytes"] > 0
     assert result["step_time_ratio"] > 0 and result["peak_memory_measure"] == "peak_rss_bytes"
+    phases = result["grpokit"]["phases"]  # the step split as TRL-like timing/* names
+    assert set(phases) == {"timing/sampling", "timing/scoring", "timing/reference", "timing/update"}
+    assert sum(p["median"] for p in phases.values()) <= result["grpokit"]["own_step_time"]["max"]
     assert result["machine"]["device"] == "cpu" and result["machine"]["trl"] == "1.16.0"
     assert result["markdown_row"].startswith("| 2 prompts x 4 completions x 16 tokens")
 
@@ -111,3 +114,21 @@ def test_gpu_vs_trl_script_needs_cuda_or_smoke(monkeypatch, capsys):
     assert "--smoke" in capsys.readouterr().err
     # steps end at 0, 1, 3 and 6 s: step 2 took 1 s (warm-up), steps 3 and 4 took 2 and 3 s
     assert module.step_times([0.0, 1.0, 3.0, 6.0], warmup=2) == [2.0, 3.0]
+
+
+def test_decode_loops_script_runs_on_a_tiny_model(tmp_path):
+    """benchmarks/decode_loops.py on the tiny setup: every loop and generate timed on the same work, the
+    ratios taken against the eager loop and generate (compiled left out here: it compiles for seconds,
+    and tests/rollout/test_static_decode.py covers it)."""
+    spec = importlib.util.spec_from_file_location("decode_loops", SCRIPT.parent / "decode_loops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "loops.json"
+    assert (
+        module.main(["--setup", "tiny", "--loops", "eager,static", "--repeats", "1", "--out", str(out)]) == 0
+    )
+    result = json.loads(out.read_text())
+    (run,) = result["runs"]
+    assert run["rows"] == 32 and set(run["loops"]) == {"eager", "static", "generate"}
+    assert run["loops"]["eager"]["vs_eager"] == 1.0 and run["loops"]["generate"]["vs_generate"] == 1.0
+    assert all(v["tokens_per_s"] > 0 and "weight_read_floor_fraction" not in v for v in run["loops"].values())
