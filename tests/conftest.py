@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ def pytest_configure(config: pytest.Config) -> None:
     about CUDA) unless the run is `pytest -m gpu`, which selects the tests written for a GPU."""
     if (config.option.markexpr or "").strip() != "gpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    # torch.compile's on-disk cache does not key its C++ kernels by ATEN_CPU_CAPABILITY: a kernel
+    # vectorised for AVX-512 is found again by a run with ATEN_CPU_CAPABILITY=default, whose headers
+    # lack the vector types, and fails to build. One cache per capability.
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "native")
+    cache = Path(tempfile.gettempdir()) / f"grpokit-tests-inductor-{capability}"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
 
 @pytest.fixture(scope="session")
