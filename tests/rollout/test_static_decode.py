@@ -42,6 +42,12 @@ def _sample(model, tok, loop: str, params: SamplingParams, prompts=PROMPTS, chec
     return sampler, sampler.sample(prompts, params)
 
 
+def _steps(sampler) -> dict:
+    """The steps the sampler's static loop made, by bucket of rows (its one shape)."""
+    (buffers,) = sampler._static.buffers.values()  # noqa: SLF001
+    return buffers.steps
+
+
 def _assert_same(ours, eager):
     assert torch.equal(ours.completion_ids, eager.completion_ids)
     assert torch.equal(ours.completion_mask, eager.completion_mask) and torch.equal(
@@ -62,7 +68,7 @@ def _assert_same(ours, eager):
     ],
 )
 def test_static_step_equals_the_eager_loop(tiny_policy, kwargs):
-    """The same uniform numbers in the same order, so even sampled tokens match the eager loop."""
+    """On a CPU the same uniform numbers in the same order, so even sampled tokens match the eager loop."""
     model, tok = tiny_policy
     params = SamplingParams(num_generations=3, max_completion_length=8, **kwargs)
     _, eager = _sample(model, tok, "eager", params)
@@ -82,7 +88,7 @@ def test_finished_rows_are_compacted_away(tiny_policy):
     with eos_bias(model, 1.5):
         _, eager = _sample(model, tok, "eager", params)
         sampler, static = _sample(model, tok, "static", params)
-        ran = sorted(sampler._static.steps)  # noqa: SLF001  the buckets the step ran at
+        ran = sorted(_steps(sampler))  # the buckets the step ran at
     lengths = eager.completion_mask.sum(-1)
     assert lengths.min() < 5 and eager.truncated.any()  # rows end early and late: compaction has work
     assert ran == [8, 16, 32], ran
@@ -106,9 +112,34 @@ def test_compiled_step_is_one_graph_and_equals_the_eager_loop(tiny_policy):
         _, eager = _sample(model, tok, "eager", params)
         sampler, compiled = _sample(model, tok, "compiled", params)
         again = sampler.sample(PROMPTS, params)
-        assert len(sampler._static.steps) > 1  # noqa: SLF001  compacted: more than one bucket compiled
+        assert len(_steps(sampler)) > 1  # compacted: more than one bucket compiled
     _assert_same(compiled, eager)
     _assert_same(again, eager)
+
+
+@pytest.mark.parametrize(("T", "check_every"), [(2, 1), (9, 8), (5, 4)])
+def test_a_graph_warm_up_at_the_last_token_stays_in_bounds_and_changes_nothing(
+    tiny_policy, monkeypatch, T, check_every
+):
+    """A CUDA graph is warmed up by running the step (twice) before it is recorded; a bucket first used
+    at the last token (T = 2, or a compaction at t = T − 1) warms up past it. Emulated on the CPU: the
+    capture replaced by the same warm-up and restore around the plain step; the rollout must equal the
+    eager loop's, and no write may leave the buffers (an IndexError here, a device assert on a GPU)."""
+    from grpokit.rollout import static_decode
+
+    monkeypatch.setattr(
+        static_decode, "_capture", lambda step, state, pool: (static_decode._warm_up(step, state), step)[1]
+    )
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # the step as it is: compiling is tested above
+    model, tok = tiny_policy
+    params = SamplingParams(num_generations=8, max_completion_length=T, seed=4)
+    with eos_bias(model, 2.0):
+        _, eager = _sample(model, tok, "eager", params, check_every=check_every)
+        sampler, graphed = _sample(model, tok, "cuda_graph", params, check_every=check_every)
+    _assert_same(graphed, eager)
+    if T > 2:
+        assert len(_steps(sampler)) > 1  # a bucket was first used after a compaction
 
 
 def test_the_step_follows_the_weights_after_an_update(tiny_policy):
@@ -135,8 +166,8 @@ def test_log_probs_equal_a_forward_pass_under_bfloat16_autocast(tiny_policy):
     params = SamplingParams(num_generations=4, max_completion_length=8, seed=6)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         sampler, r = _sample(model, tok, "static", params)
-    assert sampler._static.state.keys[0].dtype == torch.bfloat16  # noqa: SLF001
-    assert sampler._static.weights.layers[0].qkv.dtype == torch.bfloat16  # noqa: SLF001
+    assert next(iter(sampler._static.buffers.values())).state.keys[0].dtype == torch.bfloat16  # noqa: SLF001
+    assert next(iter(sampler._static.weights.values())).layers[0].qkv.dtype == torch.bfloat16  # noqa: SLF001
     ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
     mask = torch.cat([r.prompt_mask, r.completion_mask], dim=1).long()
     with torch.no_grad():

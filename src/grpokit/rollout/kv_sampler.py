@@ -130,7 +130,8 @@ class KVCacheSampler:
         if not supports_static_decode(head.decoder, head.weight) or self.has_dropout():
             return None
         static = self._static
-        if static is None or static.decoder is not head.decoder or static.mode != self.decode_loop:
+        same = static is not None and static.decoder is head.decoder and static.head.weight is head.weight
+        if not same or static.mode != self.decode_loop or static.head.bias is not head.bias:
             static = self._static = StaticDecoder(head.decoder, head, self.decode_loop)
         return static
 

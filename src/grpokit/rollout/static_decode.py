@@ -12,7 +12,7 @@ KV slot are one-element tensors it advances itself), so a captured graph replays
 3. mark rows that drew an end-of-sequence token finished (they draw padding from then on).
 
 Rows that finish early stop costing work by compaction: the live rows are gathered to the front of
-the buffers and the step then runs on a view of the first b < B rows (`StaticDecoder.compact`), b
+the buffers and the step then runs on a view of the first b < B rows (`DecodeState.compact`), b
 from a few bucket sizes so that few graphs are compiled. Outputs go to full-size [B, T] buffers
 through each slot's original row number.
 
@@ -24,7 +24,7 @@ Norms, embeddings and the residual stream stay in the master dtype, as under aut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -134,7 +134,12 @@ def decode_weights(
         )
 
 
-def refresh_weights(weights: DecodeWeights, decoder: LeanLlamaDecoder, head_weight: torch.Tensor) -> None:
+def refresh_weights(
+    weights: DecodeWeights,
+    decoder: LeanLlamaDecoder,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None,
+) -> None:
     """Copy the model's current parameters into the step's stacked copies, in place (the buffers a
     captured graph reads keep their addresses). Norms and the embedding are the parameters themselves."""
     with torch.no_grad():
@@ -149,6 +154,8 @@ def refresh_weights(weights: DecodeWeights, decoder: LeanLlamaDecoder, head_weig
             _refresh(w.down, [mlp.down_proj.weight])
             _refresh(w.down_bias, [mlp.down_proj.bias])
         weights.head.copy_(head_weight)
+        if weights.head_bias is not None and head_bias is not None:
+            weights.head_bias.copy_(head_bias)
 
 
 def _refresh(target: torch.Tensor | None, sources: list[torch.Tensor | None]) -> None:
@@ -229,13 +236,10 @@ class DecodeState:
             "out_logps": self.out_logps,
         }
 
-    def compact(self, b: int, bucket: int) -> int:
+    def compact(self, b: int, bucket: int) -> None:
         """Gather the unfinished rows among the first b to the front, then pad them to `bucket` rows
-        with finished ones (which draw padding: their writes to the output repeat what is there).
-        Returns how many rows are live. Reads `finished` (a device sync)."""
-        finished = self.finished[:b]
-        order = torch.argsort(finished.to(torch.int8), stable=True)[:bucket]  # live rows first
-        live = int((~finished).sum())
+        with finished ones (which draw padding: their writes to the output repeat what is there)."""
+        order = torch.argsort(self.finished[:b].to(torch.int8), stable=True)[:bucket]  # live rows first
         for buffer in (
             *self.keys,
             *self.values,
@@ -247,7 +251,6 @@ class DecodeState:
             self.row,
         ):
             buffer[:bucket] = buffer[:b].index_select(0, order)
-        return live
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -400,7 +403,7 @@ def buckets_of(B: int) -> list[int]:
 
 @dataclass(frozen=True)
 class _Shape:
-    """What the buffers and compiled steps are made for; a new one reallocates them."""
+    """What the buffers and compiled steps are made for."""
 
     B: int
     S: int  # KV capacity
@@ -409,54 +412,78 @@ class _Shape:
     draw: DrawParams
 
 
+@dataclass
+class _Buffers:
+    """The buffers of one shape and the steps made over them, per bucket of rows."""
+
+    state: DecodeState
+    eos: torch.Tensor  # [E] long
+    steps: dict[int, Any] = field(default_factory=dict)  # bucket rows -> step (compiled or graph replay)
+
+
+# A CUDA graph is warmed up by running the step twice (`_warm_up`), which may happen at the last
+# token: the buffers hold that many extra tokens and slots, never read by a rollout.
+HEADROOM = 2
+# Compiled steps kept per decode_step: one per (shape, bucket), e.g. 6 buckets for training and 4 for
+# evaluation; torch's default of 8 would stop a fullgraph compile with an error.
+RECOMPILE_LIMIT = 64
+KEPT_SHAPES = 2  # training's and evaluation's; a third evicts the oldest
+
+
 class StaticDecoder:
     """Runs `decode_step` over `DecodeState` for a lean Llama: prefill with the lean decoder, the
     first draw, then steps, compacting finished rows away at every `check_every` tokens. `mode`:
     "static" (the step as it is), "compiled" (`torch.compile(fullgraph=True)`), "cuda_graph" (the
     compiled step captured once per bucket and replayed; a CUDA device only). Buffers, weight copies,
-    compiled steps and graphs are kept between calls while the shape stays the same."""
+    compiled steps and graphs are kept between calls for the last KEPT_SHAPES shapes."""
 
     def __init__(self, decoder: LeanLlamaDecoder, head: Any, mode: str) -> None:
         if mode not in ("static", "compiled", "cuda_graph"):
             raise ValueError(f"StaticDecoder mode must be static, compiled or cuda_graph, got {mode!r}")
         self.decoder, self.head, self.mode = decoder, head, mode
-        self.shape: _Shape | None = None
-        self.weights: DecodeWeights | None = None
-        self.state: DecodeState | None = None
-        self.steps: dict[int, Any] = {}  # bucket rows -> callable step (compiled or graph replay)
-        self.copies = False  # whether the weights are copies (refreshed before each rollout)
+        self.weights: dict[tuple[torch.dtype, int], DecodeWeights] = {}  # by (dtype, capacity)
+        self.buffers: dict[_Shape, _Buffers] = {}
         self.pool: Any = None  # the CUDA graphs' memory pool
 
-    def _prepare(self, shape: _Shape) -> None:
-        if shape == self.shape:
-            return
-        self.steps.clear()
-        head_weight = self.head.weight
-        self.weights = decode_weights(self.decoder, head_weight, self.head.bias, shape.dtype, shape.S)
-        self.copies = True
-        layers = len(self.weights.layers)
-        self.state = DecodeState.allocate(self.weights, layers, shape.B, shape.S, shape.T, shape.dtype)
-        with torch.inference_mode(False):
-            self.eos = torch.tensor(shape.draw.eos_token_ids, device=self.weights.embed.device)
-        self.shape = shape
+    def _prepare(self, shape: _Shape) -> tuple[DecodeWeights, _Buffers]:
+        key = (shape.dtype, shape.S)
+        if key not in self.weights:
+            self.weights[key] = decode_weights(
+                self.decoder, self.head.weight, self.head.bias, shape.dtype, shape.S + HEADROOM
+            )
+        weights = self.weights[key]
+        if shape not in self.buffers:
+            if len(self.buffers) >= KEPT_SHAPES:
+                self.buffers.pop(next(iter(self.buffers)))  # the oldest
+            layers = len(weights.layers)
+            state = DecodeState.allocate(
+                weights, layers, shape.B, shape.S + HEADROOM, shape.T + HEADROOM, shape.dtype
+            )
+            with torch.inference_mode(False):
+                eos = torch.tensor(shape.draw.eos_token_ids, device=weights.embed.device)
+            self.buffers[shape] = _Buffers(state, eos)
+        return weights, self.buffers[shape]
 
-    def _step(self, b: int) -> Any:
+    def _step(self, w: DecodeWeights, p: DrawParams, buffers: _Buffers, b: int) -> Any:
         """The step over the first b rows, made on first use."""
-        if b in self.steps:
-            return self.steps[b]
-        assert self.state is not None and self.weights is not None and self.shape is not None
-        args = self.state.rows_view(b) | {"eos": self.eos}
-        w, p = self.weights, self.shape.draw
-        fn = decode_step
-        if self.mode in ("compiled", "cuda_graph"):
-            fn = torch.compile(decode_step, fullgraph=True, dynamic=False)
+        if b in buffers.steps:
+            return buffers.steps[b]
+        args = buffers.state.rows_view(b) | {"eos": buffers.eos}
+        if self.mode == "static":
+            step = lambda: decode_step(w, p, **args)  # noqa: E731
+        else:
+            compiled = torch.compile(decode_step, fullgraph=True, dynamic=False)
+
+            def step() -> None:
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # noqa: SLF001
+                    compiled(w, p, **args)
+
         if self.mode == "cuda_graph":
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            self.steps[b] = _capture(lambda: fn(w, p, **args), self.state, self.pool)
-        else:
-            self.steps[b] = lambda: fn(w, p, **args)
-        return self.steps[b]
+            step = _capture(step, buffers.state, self.pool)
+        buffers.steps[b] = step
+        return step
 
     @torch.no_grad()
     def run(
@@ -480,11 +507,9 @@ class StaticDecoder:
         device = self.decoder.device
         cache = self.decoder.new_cache(P, Lp, self.head.weight)  # the prefill's, in the compute dtype
         hidden = self.decoder(prompt_ids, key_mask=prompt_mask.bool(), position_ids=positions, cache=cache)
-        self._prepare(_Shape(B, max(capacity, Lp + T - 1), T, cache.keys.dtype, draw))
-        state, w = self.state, self.weights
-        assert state is not None and w is not None
-        if self.copies:
-            refresh_weights(w, self.decoder, self.head.weight)
+        w, buffers = self._prepare(_Shape(B, max(capacity, Lp + T - 1), T, cache.keys.dtype, draw))
+        state = buffers.state
+        refresh_weights(w, self.decoder, self.head.weight, self.head.bias)
         for i, (k, v) in enumerate(cache.layers):  # [P, kv, Lp, d] each
             state.keys[i][:, :, :Lp] = k.repeat_interleave(G, dim=0)  # [B, kv, Lp, d]
             state.values[i][:, :, :Lp] = v.repeat_interleave(G, dim=0)
@@ -496,7 +521,8 @@ class StaticDecoder:
         state.position.copy_(positions[:, -1].repeat_interleave(G) + 1)  # [B]
         state.finished.zero_()
         state.row.copy_(torch.arange(B, device=device))
-        state.uniform.copy_(torch.rand(T, B, generator=generator, device=device))  # [T, B] by output row
+        # [T, B] by output row (on a CPU the same numbers, in the same order, as the eager loop's draws)
+        state.uniform[:T] = torch.rand(T, B, generator=generator, device=device)
         state.step.zero_()
         state.slot.fill_(Lp)
         state.out_tokens.fill_(draw.pad_token_id)
@@ -507,7 +533,7 @@ class StaticDecoder:
         view = state.rows_view(B)
         token = draw_and_record(
             logits, draw, view["ids"], view["finished"], view["row"], state.uniform, state.step,
-            state.out_tokens, state.out_logps, self.eos,
+            state.out_tokens, state.out_logps, buffers.eos,
         )  # fmt: skip
         state.token.copy_(token)
         state.step.add_(1)
@@ -522,30 +548,38 @@ class StaticDecoder:
                     if smaller < b:
                         state.compact(b, smaller)
                         b = smaller
-                self._step(b)()
+                self._step(w, draw, buffers, b)()
                 done = t + 1
         return state.out_tokens[:, :done].clone(), state.out_logps[:, :done].clone()
 
 
-def _capture(step: Any, state: DecodeState, pool: Any) -> Any:
-    """`step` captured as a CUDA graph (in memory pool `pool`, shared by the buckets: they never run
-    at once): warmed up on a side stream, which compiles it, then recorded. The warm-up really runs
-    two steps, so every buffer but the KV cache is put back afterwards; the KV slots it wrote are
-    masked again and rewritten before they are read. Returns a function that replays the graph."""
+def _warm_up(step: Any, state: DecodeState, stream: Any = None) -> None:
+    """Run `step` twice (on `stream` if given: a CUDA graph's warm-up, which also compiles it), then put
+    back every buffer but the KV cache: the KV slots it wrote are masked again and rewritten before they
+    are read. The buffers have HEADROOM extra tokens and slots for a warm-up at the last token."""
     kept = {
         name: getattr(state, name).clone()
         for name in ("key_mask", "ids", "position", "token", "finished", "row", "step", "slot")
         + ("out_tokens", "out_logps")
     }
+    for _ in range(HEADROOM):
+        if stream is None:
+            step()
+        else:
+            with torch.cuda.stream(stream):
+                step()
+    for name, value in kept.items():
+        getattr(state, name).copy_(value)
+
+
+def _capture(step: Any, state: DecodeState, pool: Any) -> Any:
+    """`step` captured as a CUDA graph (in memory pool `pool`, shared by the buckets: they never run
+    at once), after `_warm_up` on a side stream. Returns a function that replays the graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
+    _warm_up(step, state, stream)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         step()  # recorded, not run
-    for name, value in kept.items():
-        getattr(state, name).copy_(value)
     return graph.replay
