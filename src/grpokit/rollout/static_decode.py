@@ -75,7 +75,7 @@ def supports_static_decode(decoder: LeanLlamaDecoder, head_weight: Any) -> bool:
         modules = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]
         if not all(_plain(m) for m in [*modules, mlp.down_proj]):
             return False
-        if layer._forward_hooks or mlp._forward_hooks or attn._forward_hooks:  # noqa: SLF001
+        if any(m._forward_hooks or m._forward_pre_hooks for m in (layer, attn, mlp)):  # noqa: SLF001
             return False
     return isinstance(head_weight, torch.Tensor)
 
