@@ -38,6 +38,25 @@ def _report_to(value: Any) -> Any:
     return list(dict.fromkeys(out))
 
 
+BUILTIN_TASKS = ("addition", "countdown", "reverse", "tool_addition")  # data/tasks.py TASKS (tested)
+
+
+def _task_name(value: Any) -> Any:
+    if value is None or not isinstance(value, str):
+        return value
+    if value in BUILTIN_TASKS:
+        return value
+    prefix, _, name = value.partition(":")
+    if prefix == "reasoning_gym" and name:
+        return value
+    raise ValueError(
+        f"{value!r} is not a task; built-in tasks: {', '.join(BUILTIN_TASKS)}, or reasoning_gym:NAME "
+        "(e.g. reasoning_gym:countdown)"
+    )
+
+
+TaskName = Annotated[str, BeforeValidator(_task_name)]
+
 ReportTo = Annotated[list[Literal["tensorboard", "wandb"]], BeforeValidator(_report_to)]
 
 
@@ -178,8 +197,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     )
 
     # ---------------------------------------------------------------- data
-    task: Literal["addition", "countdown", "reverse"] | None = Field(
-        "addition", description="a built-in task (prompts, reward, accuracy); None to use `dataset`"
+    task: TaskName | None = Field(
+        "addition",
+        description="a built-in task (prompts, reward, accuracy): addition, countdown, reverse, "
+        "tool_addition (multi-turn, a calc tool), or reasoning_gym:NAME (a reasoning-gym generator and "
+        "its scorer; pip install reasoning-gym); None to use `dataset`",
     )
     dataset: str | None = Field(
         None, description="prompt file (.jsonl/.json/.csv/.parquet) when task is None"
@@ -243,6 +265,28 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     )
     repetition_penalty: float = Field(
         1.0, gt=0.0, description="penalise tokens already generated, as transformers does (1 = off)"
+    )
+
+    # ---------------------------------------------------------------- multi-turn: tools and environments
+    tools: list[str] | None = Field(
+        None,
+        description="tools the policy may call in multi-turn episodes: built-in names (calc) or your "
+        "functions as FILE.py:NAME | package.module:NAME (their signatures and docstrings describe them); "
+        "None = the task's tools (tool_addition: [calc]), [] = none (single-turn)",
+    )
+    environment: str | None = Field(
+        None,
+        description="your environment as FILE.py:NAME | package.module:NAME: a class or function "
+        "returning a fresh object with reset(row) -> text and step(text) -> (text, reward | None, done)",
+    )
+    max_turns: int = Field(4, ge=1, description="multi-turn: policy turns per episode at most")
+    tool_call_format: Literal["hermes", "brackets"] | None = Field(
+        None,
+        description="how a tool call is written: hermes = <tool_call>…</tool_call> with "
+        "<tool_response>…</tool_response>, brackets = […] with {…}; None = the task's, else hermes",
+    )
+    tool_timeout: float = Field(
+        5.0, gt=0.0, description="seconds a tool may run before the policy is told it timed out"
     )
 
     # ---------------------------------------------------------------- algorithm
@@ -367,6 +411,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             raise ValueError("reward_weights, when given, needs one weight per reward function")
         for spec in self.reward_funcs or []:
             _check_reward_entry(spec)
+        if self.environment is not None and self.tools:
+            raise ValueError(
+                "tools and environment are both set; an environment runs its own tools: give tools as a "
+                "list (tool-calling episodes) or environment (your own episodes), not both"
+            )
+        for reference in [*(self.tools or []), *([self.environment] if self.environment else [])]:
+            _check_reference(reference)
         return self
 
 
@@ -378,6 +429,14 @@ def _check_training_dtype(dtype: str) -> None:
             "dtype=float16 (TRL's fp16=true) is not supported for training: float16 gradients underflow "
             "without loss scaling, which this trainer does not do; use dtype=bfloat16 (GPUs from Ampere "
             "on) or dtype=float32"
+        )
+
+
+def _check_reference(reference: str) -> None:
+    """A tool or environment reference: a built-in tool name, FILE.py:NAME or package.module:NAME."""
+    if ":" not in reference and not reference.isidentifier():
+        raise ValueError(
+            f"{reference!r} is not a built-in tool name nor a reference FILE.py:NAME or package.module:NAME"
         )
 
 

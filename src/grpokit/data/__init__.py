@@ -1,6 +1,14 @@
 """Prompt datasets and the built-in tasks."""
 
-from .custom import answer_checker, check_characters, data_alphabet, has_answers, require_answers, sft_rows
+from .custom import (
+    answer_checker,
+    check_characters,
+    data_alphabet,
+    has_answers,
+    require_answers,
+    require_demonstrations,
+    sft_rows,
+)
 from .preferences import (
     PreferenceBatch,
     collate_preferences,
@@ -25,6 +33,7 @@ __all__ = [
     "data_alphabet",
     "has_answers",
     "require_answers",
+    "require_demonstrations",
     "sft_rows",
     "DataError",
     "PromptSampler",

@@ -88,13 +88,35 @@ def require_answers(
     )
 
 
+def require_demonstrations(rows: Sequence[dict[str, Any]], source: str = "the training rows") -> None:
+    """A multi-turn warm start learns worked episodes: every row needs a "demonstration" column."""
+    missing = [i for i, row in enumerate(rows) if not row.get("demonstration")]
+    if missing:
+        raise DataError(
+            f"{source}: row {missing[0]} has no 'demonstration' column; a multi-turn warm start learns "
+            "whole episodes, [[text, written_by_policy], ...]: add one, or set sft_steps: 0"
+        )
+
+
 def sft_rows(
     rows: Sequence[dict[str, Any]],
     tokenizer: Any,
     prompt_column: str = "prompt",
     answer_column: str = "answer",
-) -> list[dict[str, str]]:
-    """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}."""
+    demonstrations: bool = False,
+) -> list[dict[str, Any]]:
+    """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}; with
+    `demonstrations` (multi-turn training), {"prompt", "segments"} from the row's "demonstration"
+    column: a transcript as [text, written_by_policy] pairs, only the policy's text being learned."""
+    if demonstrations:
+        require_demonstrations(rows)
+        return [
+            {
+                "prompt": render_prompt(row[prompt_column], tokenizer),
+                "segments": [(str(text), bool(policy)) for text, policy in row["demonstration"]],
+            }
+            for row in rows
+        ]
     return [
         {"prompt": render_prompt(row[prompt_column], tokenizer), "answer": str(row[answer_column])}
         for row in rows

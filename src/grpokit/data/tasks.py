@@ -5,17 +5,18 @@ and the tests run without downloading anything.
     addition   "12+34="      -> "46"                         (a, b < 100)
     countdown  "3,5,7;22:"   -> an expression reaching 22    (each given number at most once)
     reverse    "1234>"       -> "4321"                       (3 to 6 digits)
+    tool_addition  "48213+90577=" -> "138790"                (5-digit numbers; with a `calc` tool:
+                   [calc("48213+90577")]{138790}138790        call, the tool's answer, the final answer)
 """
 
 from __future__ import annotations
 
-import ast
-import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
+
+from ..envs.builtin import evaluate_expression
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,19 @@ class Task:
     is_correct: Callable[[str, dict[str, Any]], bool]
     max_prompt_length: int
     max_completion_length: int
+    # multi-turn: the tools its episodes may call (names of envs.BUILTIN_TOOLS) and how calls are written;
+    # its rows then carry a "demonstration" column (a worked episode, for the warm start)
+    tools: tuple[str, ...] = ()
+    tool_call_format: str | None = None
+    max_completion_length_without_tools: int | None = None  # when tools are switched off
+    score: Callable[[str, dict[str, Any]], float] | None = None  # partial credit; None: 1.0 if correct
 
     def reward(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float | None]:
-        """1.0 for a correct completion, else 0.0 (the TRL reward-function convention)."""
+        """The task's score of each completion: by default 1.0 if correct, else 0.0 (the TRL
+        reward-function convention)."""
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
+        if self.score is not None:
+            return [self.score(c, row) for c, row in zip(completions, rows, strict=True)]
         return [1.0 if self.is_correct(c, row) else 0.0 for c, row in zip(completions, rows, strict=True)]
 
     def accuracy(self, completions: list[str], rows: list[dict[str, Any]]) -> float:
@@ -73,37 +83,6 @@ def reverse(seed: int = 0, num_eval: int = 200, size: int = 5000) -> Task:
     )
 
 
-_OPERATORS: dict[type, Callable[[Fraction, Fraction], Fraction]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-}
-
-
-def evaluate_expression(text: str) -> tuple[Fraction, list[int]] | None:
-    """Exact value and the integer literals of an arithmetic expression (+ − × ÷, parentheses),
-    or None if it is anything else (names, calls, powers, division by zero...)."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        return None
-    numbers: list[int] = []
-
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            numbers.append(node.value)
-            return Fraction(node.value)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
-        raise ValueError("not allowed")
-
-    try:
-        return walk(tree), numbers
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
 def _countdown_correct(completion: str, row: dict[str, Any]) -> bool:
     result = evaluate_expression(completion)
     if result is None:
@@ -135,10 +114,61 @@ def countdown(seed: int = 0, num_eval: int = 200, size: int = 5000) -> Task:
     return Task("countdown", "0123456789+-*/(),;:", train, held_out, _countdown_correct, 13, 16)
 
 
-TASKS: dict[str, Callable[..., Task]] = {"addition": addition, "countdown": countdown, "reverse": reverse}
+def final_answer(completion: str, response_end: str = "}") -> str:
+    """The text after the last tool response (a whole completion when there is none), stripped."""
+    return completion.rpartition(response_end)[2].strip()
+
+
+def _tool_answer_is(completion: str, row: dict[str, Any]) -> bool:
+    return final_answer(completion) == row["answer"]
+
+
+# what tool_addition's transcripts may hold: calls, answers and the tool's error messages
+TOOL_ALPHABET = "0123456789+-*/=()[]{}\"'.,:;_ abcdefghijklmnopqrstuvwxyz"
+
+
+def tool_addition(seed: int = 0, num_eval: int = 200, size: int = 20000) -> Task:
+    """Sums of two 5-digit numbers: too long for a tiny model to add reliably, easy with `calc`."""
+    rng = random.Random(seed + 3)
+    rows: dict[str, dict[str, Any]] = {}
+    while len(rows) < size:
+        a, b = rng.randint(10000, 99999), rng.randint(10000, 99999)
+        prompt, answer = f"{a}+{b}=", str(a + b)
+        rows[prompt] = {
+            "prompt": prompt,
+            "answer": answer,
+            "demonstration": [[f'[calc("{a}+{b}")]', True], ["{" + answer + "}", False], [answer, True]],
+        }
+    train, held_out = _split(list(rows.values()), num_eval, seed)
+    return Task(
+        "tool_addition",
+        TOOL_ALPHABET,
+        train,
+        held_out,
+        _tool_answer_is,
+        max_prompt_length=12,
+        max_completion_length=40,  # call (21) + response (8) + answer (6) + EOS, and room for an error
+        tools=("calc",),
+        tool_call_format="brackets",
+        max_completion_length_without_tools=7,
+    )
+
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "addition": addition,
+    "countdown": countdown,
+    "reverse": reverse,
+    "tool_addition": tool_addition,
+}
 
 
 def get_task(name: str, seed: int = 0, num_eval: int = 200) -> Task:
+    """A built-in task, or reasoning_gym:NAME (data/reasoning_gym.py)."""
+    prefix, _, generator = name.partition(":")
+    if prefix == "reasoning_gym" and generator:
+        from .reasoning_gym import reasoning_gym_task
+
+        return reasoning_gym_task(generator, seed=seed, num_eval=num_eval)
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}.")
     return TASKS[name](seed=seed, num_eval=num_eval)

@@ -46,7 +46,9 @@ class Sequences(Protocol):
     prompt_ids: torch.Tensor  # [B, Lp] left-padded
     prompt_mask: torch.Tensor  # [B, Lp] bool
     completion_ids: torch.Tensor  # [B, T]
-    completion_mask: torch.Tensor  # [B, T] bool
+    completion_mask: torch.Tensor  # [B, T] bool: the tokens that carry loss
+    # [B, T] bool: the tokens attended to (policy and environment); None: completion_mask (one turn)
+    completion_attention: torch.Tensor | None
 
 
 @dataclass
@@ -64,6 +66,7 @@ class PolicyEngine:
     temperature: float = 1.0  # log-probs are taken at the sampling temperature (1 for greedy)
     group_size: int = 1  # G: rows come in groups sharing a prompt (prefix sharing when checked true)
     frozen_mode: Any = torch.inference_mode  # the gradient-free mode of frozen passes (see `create`)
+    episodes: Any = None  # a rollout.EpisodeSampler over `module` for multi-turn episodes, else None
     _head: LMHead | None = field(default=None, repr=False)  # the fused backend of the policy, if any
     _reference_head: LMHead | None = field(default=None, repr=False)
 
@@ -84,14 +87,16 @@ class PolicyEngine:
         group_size: int = 1,
         lockstep: Any = None,
         decode_loop: str = "auto",
+        environment: Any = None,
     ) -> PolicyEngine:
         """`module` (and `reference`) already on `device` in `precision.master`. `train_module`: the
         DDP wrapper, if any; `distributed`: whether the policy is wrapped for data parallelism (default:
         a `train_module` other than `module`; say True for FSDP2, which shards `module` in place). The
         fused backend is then off. `lockstep(done) -> bool`: under FSDP, the decode loop's early exit
         decided by every rank together. `decode_loop`: the KV sampler's loop (`resolve_decode_loop`);
-        under FSDP always eager (its forward passes gather shards, which no graph holds)."""
-        from ..rollout import SAMPLERS, resolve_decode_loop
+        under FSDP always eager (its forward passes gather shards, which no graph holds).
+        `environment`: an `envs.EnvironmentSpec`: completions are then multi-turn episodes."""
+        from ..rollout import SAMPLERS, EpisodeSampler, resolve_decode_loop
 
         wrapped = (
             (train_module is not None and train_module is not module) if distributed is None else distributed
@@ -107,6 +112,11 @@ class PolicyEngine:
         if hasattr(engine_sampler, "decode_loop"):
             loop = resolve_decode_loop(decode_loop, device)
             engine_sampler.decode_loop = "eager" if lockstep is not None else loop
+        episodes = None
+        if environment is not None:
+            episodes = EpisodeSampler(sampler_model, tokenizer, environment)
+            if lockstep is not None:
+                episodes.sync_finished, episodes.grad_free = lockstep, torch.no_grad
         return cls(
             module=module,
             tokenizer=tokenizer,
@@ -119,6 +129,7 @@ class PolicyEngine:
             temperature=temperature,
             group_size=group_size,
             frozen_mode=frozen_mode,
+            episodes=episodes,
             _head=None if wrapped or not fused_logps else lm_head_of(module),
             _reference_head=None
             if wrapped or not fused_logps or reference is None
@@ -147,6 +158,7 @@ class PolicyEngine:
             and head is not None
             and isinstance(head.decoder, LeanLlamaDecoder)
             and type(self.sampler).__name__ == "KVCacheSampler"
+            and self.episodes is None  # multi-turn: observations are fed in chunks, another summation order
             and not self.sampler.has_dropout()
             and not self.precision.mixed
             and self.precision.compute == torch.float32
@@ -155,9 +167,14 @@ class PolicyEngine:
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompts: list[str], params: Any) -> Any:
-        """G completions for each prompt (a Rollout, on the host)."""
+    def generate(self, prompts: list[str], params: Any, rows: list[dict[str, Any]] | None = None) -> Any:
+        """G completions for each prompt (a Rollout, on the host); with an environment, G episodes of
+        each prompt, started from its row of `rows`."""
         with self.autocast():
+            if self.episodes is not None:
+                if rows is None:
+                    raise ValueError("multi-turn episodes start from their dataset rows: pass rows=.")
+                return self.episodes.sample(prompts, params, rows)
             return self.sampler.sample(prompts, params)
 
     # ------------------------------------------------------------------ log-probs
@@ -189,11 +206,14 @@ class PolicyEngine:
         self, model: Any, head: LMHead | None, batch: Sequences, rows: slice, entropy: bool
     ) -> TokenLogps:
         prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]  # [b, Lp]
-        targets, target_mask = batch.completion_ids[rows], batch.completion_mask[rows]  # [b, T]
+        targets = batch.completion_ids[rows]  # [b, T]
+        # what the forward attends to: in a multi-turn transcript the environment's tokens too
+        attend = batch.completion_mask if batch.completion_attention is None else batch.completion_attention
+        attended = attend[rows]  # [b, T]
         T = targets.shape[1]
         if head is None:  # the model's own logits
             ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
-            attention = torch.cat([prompt_mask, target_mask], dim=1).long()  # [b, Lp+T]
+            attention = torch.cat([prompt_mask, attended], dim=1).long()  # [b, Lp+T]
             with self.autocast():
                 logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits
             logits = logits[:, :-1]  # [b, T, V]: position t scores targets[:, t]; float32 softmax below
@@ -202,7 +222,7 @@ class PolicyEngine:
             logps = token_logps(logits, targets, self.temperature)
             return TokenLogps(logps=logps, entropy=logps.new_empty(0))
         with self.autocast():
-            hidden = self._hidden(head, prompt_ids, prompt_mask, targets, target_mask)  # [b, T, H]
+            hidden = self._hidden(head, prompt_ids, prompt_mask, targets, attended)  # [b, T, H]
         out = linear_logps(  # outside autocast: the head's product and the softmax in the weight's dtype
             hidden.to(head.weight.dtype),
             head.weight,
@@ -219,14 +239,14 @@ class PolicyEngine:
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
         targets: torch.Tensor,
-        target_mask: torch.Tensor,
+        attended: torch.Tensor,
     ) -> torch.Tensor:
         """The final hidden states that score each target token. [b, T, H]"""
         G, T = self.group_size, targets.shape[1]
         if isinstance(head.decoder, LeanLlamaDecoder) and whole_groups(prompt_ids, prompt_mask, G):
-            return head.decoder.shared_prefix(prompt_ids[::G], prompt_mask[::G], targets, target_mask, G)
+            return head.decoder.shared_prefix(prompt_ids[::G], prompt_mask[::G], targets, attended, G)
         ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
-        attention = torch.cat([prompt_mask, target_mask], dim=1).long()  # [b, Lp+T]
+        attention = torch.cat([prompt_mask, attended], dim=1).long()  # [b, Lp+T]
         return last_hidden_states(head, ids, attention, T + 1)[:, :-1]  # [b, T, H] scores targets
 
 

@@ -1,6 +1,7 @@
 """Reward functions: the TRL convention f(prompts, completions, **columns) -> list[float | None]."""
 
 from .builtin import (
+    env_reward,
     exact_answer,
     extract_math_answer,
     format_tags,
@@ -15,6 +16,7 @@ from .reward_model import RewardModelFunction
 from .scoring import RewardFunctionError, RewardScores, reward_name, score_completions
 
 __all__ = [
+    "env_reward",
     "RewardFunctionError",
     "RewardModelFunction",
     "RewardReferenceError",

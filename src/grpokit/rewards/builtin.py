@@ -159,3 +159,15 @@ def length_penalty(max_completion_length: int, coefficient: float = 1.0) -> Rewa
 
     penalty.__name__ = "length_penalty"
     return penalty
+
+
+def env_reward(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float | None]:
+    """What a multi-turn episode's environment paid: the sum of the rewards its steps returned (None,
+    unscored, when it returned none). Read from the `env_reward` column multi-turn rollouts add."""
+    paid = columns.get("env_reward")
+    if paid is None:
+        raise ValueError(
+            "the env reward reads what an environment paid, and these completions come from no "
+            "environment; set tools or environment, or choose another reward"
+        )
+    return list(paid)

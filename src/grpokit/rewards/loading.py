@@ -27,24 +27,23 @@ class RewardReferenceError(ValueError):
     """A `{python: ...}` reward reference that does not lead to a callable."""
 
 
-def split_reference(reference: str) -> tuple[str, str]:
+def split_reference(reference: str, label: str | None = None) -> tuple[str, str]:
     """'my_rewards.py:f' -> ('my_rewards.py', 'f'); 'pkg.mod:f' and 'pkg.mod.f' -> ('pkg.mod', 'f')."""
+    label = label or _label(reference)
     text = str(reference).strip()
     where, sep, name = text.rpartition(":")
     if not sep and not text.endswith(".py"):
         where, sep, name = text.rpartition(".")
     if not sep or not where or not name.isidentifier():
-        raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: not a reference to a function; write {FORMS}."
-        )
+        raise RewardReferenceError(f"{label}: not a reference to a function; write {FORMS}.")
     return where, name
 
 
-def _load_file(reference: str, where: str) -> Any:
+def _load_file(label: str, where: str) -> Any:
     path = Path(where).expanduser()
     if not path.is_file():
         raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: file {where!r} does not exist (relative paths are read "
+            f"{label}: file {where!r} does not exist (relative paths are read "
             f"from the working directory {str(Path.cwd())!r}); give the path of the .py file."
         )
     resolved = path.resolve()
@@ -54,7 +53,7 @@ def _load_file(reference: str, where: str) -> Any:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, resolved)
     if spec is None or spec.loader is None:
-        raise RewardReferenceError(f"reward_funcs {{python: {reference!r}}}: {where!r} is not a Python file.")
+        raise RewardReferenceError(f"{label}: {where!r} is not a Python file.")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up here
     try:
@@ -62,48 +61,55 @@ def _load_file(reference: str, where: str) -> Any:
     except Exception as error:  # noqa: BLE001 - whatever the user's file raises, say where
         del sys.modules[module_name]
         raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: running {where} raised {type(error).__name__}: "
+            f"{label}: running {where} raised {type(error).__name__}: "
             f"{error}; fix the file (--debug shows the traceback)."
         ) from error
     return module
 
 
-def _import_module(reference: str, where: str) -> Any:
+def _import_module(label: str, where: str) -> Any:
     try:
         return importlib.import_module(where)
     except ModuleNotFoundError as error:
         if error.name and where.startswith(error.name):
             raise RewardReferenceError(
-                f"reward_funcs {{python: {reference!r}}}: no module named {error.name!r}; install the "
+                f"{label}: no module named {error.name!r}; install the "
                 f"package, add its folder to PYTHONPATH, or give a file as {FORMS.split(',')[0]}."
             ) from error
         raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: importing {where} raised ModuleNotFoundError: {error}; "
-            "install what it needs."
+            f"{label}: importing {where} raised ModuleNotFoundError: {error}; install what it needs."
         ) from error
     except Exception as error:  # noqa: BLE001
         raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: importing {where} raised {type(error).__name__}: "
+            f"{label}: importing {where} raised {type(error).__name__}: "
             f"{error}; fix the module (--debug shows the traceback)."
         ) from error
 
 
-def load_reward_reference(reference: str) -> Callable[..., Any]:
-    """The callable a `{python: ...}` reward entry names (see the module docstring for the forms)."""
-    where, name = split_reference(reference)
-    module = _load_file(reference, where) if where.endswith(".py") else _import_module(reference, where)
+def _label(reference: str) -> str:
+    return f"reward_funcs {{python: {reference!r}}}"
+
+
+def load_reward_reference(
+    reference: str,
+    label: str | None = None,
+    signature: str = "f(prompts, completions, **columns) -> list[float | None]",
+) -> Callable[..., Any]:
+    """The callable a `{python: ...}` reward entry names (see the module docstring for the forms); other
+    references (a tool, an environment) say what they are with `label` and what they call `signature`."""
+    label = label or _label(reference)
+    where, name = split_reference(reference, label)
+    module = _load_file(label, where) if where.endswith(".py") else _import_module(label, where)
     if not hasattr(module, name):
         defined = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
         close = difflib.get_close_matches(name, defined, n=1)
         listed = ", ".join(sorted(defined)) or "none"
         hint = f"did you mean {close[0]!r}?" if close else f"it defines: {listed}."
-        raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: {where} has no function {name!r}; {hint}"
-        )
+        raise RewardReferenceError(f"{label}: {where} has no function {name!r}; {hint}")
     function = getattr(module, name)
     if not callable(function):
         raise RewardReferenceError(
-            f"reward_funcs {{python: {reference!r}}}: {where}:{name} is a {type(function).__name__}, not a "
-            "function; name a function f(prompts, completions, **columns) -> list[float | None]."
+            f"{label}: {where}:{name} is a {type(function).__name__}, not a "
+            f"function; name a function {signature}."
         )
     return function

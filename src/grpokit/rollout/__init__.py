@@ -6,6 +6,7 @@ from typing import Protocol
 
 from .hf_generate import HFGenerateSampler, completion_mask_from_ids
 from .kv_sampler import KVCacheSampler
+from .multi_turn import EpisodeSampler
 from .static_decode import DECODE_LOOPS, StaticDecoder, resolve_decode_loop
 from .types import Rollout, SamplingParams
 
@@ -23,6 +24,7 @@ __all__ = [
     "SAMPLERS",
     "StaticDecoder",
     "resolve_decode_loop",
+    "EpisodeSampler",
     "HFGenerateSampler",
     "KVCacheSampler",
     "Rollout",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -57,6 +57,18 @@ class Rollout:
     completions: list[str]  # [B] decoded completion texts (special tokens removed)
     num_generations: int  # G
     num_truncated_prompts: int  # prompts cut to max_prompt_length (counted once per prompt)
+    # multi-turn rollouts (rollout/multi_turn.py) also fill these; a single-turn one leaves the defaults
+    # [B, T] bool: the completion tokens a forward attends to: the policy's and the environment's, not
+    # padding. completion_mask ⊆ it; None: the same as completion_mask (a single turn)
+    completion_attention: torch.Tensor | None = None
+    env_rewards: torch.Tensor | None = None  # [B] float32 sum of the environment's rewards, NaN: none given
+    num_turns: torch.Tensor | None = None  # [B] policy turns written
+    env_metrics: dict[str, float] = field(default_factory=dict)  # summed counts (tool calls, errors...)
+
+    @property
+    def attention(self) -> torch.Tensor:
+        """[B, T] bool: the completion tokens that are real (attended to), whoever wrote them."""
+        return self.completion_mask if self.completion_attention is None else self.completion_attention
 
     @property
     def num_prompts(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from ..data import columns_of, render_prompt
 from ..models.device import Precision, model_device
 from ..rewards import score_completions
-from ..rollout import HFGenerateSampler, Rollout, Sampler, SamplingParams
+from ..rollout import EpisodeSampler, HFGenerateSampler, Rollout, Sampler, SamplingParams
 
 
 def evaluate(
@@ -29,18 +30,23 @@ def evaluate(
     on_reward_error: str = "raise",
     batch_size: int | None = None,
     precision: Precision | None = None,
+    environment: Any = None,
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
     `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt.
     batch_size: completions sampled per call (None: all at once); bounds evaluation's memory.
     The model samples where it is (prompts go to its device; completions, rewards and metrics come
     back to the host); precision: sampling runs under its autocast (a model stored wider than it
-    computes), None: as the model is stored."""
+    computes), None: as the model is stored. environment (an `envs.EnvironmentSpec`): completions are
+    multi-turn episodes, each started from its row."""
     sampler: Sampler = (
         model_or_sampler
         if hasattr(model_or_sampler, "sample")
         else HFGenerateSampler(model_or_sampler, tokenizer)
     )
+    if environment is not None and not isinstance(sampler, EpisodeSampler):
+        sampler = EpisodeSampler(getattr(sampler, "model", model_or_sampler), tokenizer, environment)
+    episodic = isinstance(sampler, EpisodeSampler)
     if precision is not None:
         device = model_device(getattr(sampler, "model", model_or_sampler))
         sampler = _Autocast(sampler, lambda: precision.autocast(device))
@@ -51,12 +57,16 @@ def evaluate(
         temperature=0.0,
         max_prompt_length=max_prompt_length,
     )
-    completions, completion_ids = _sample_in_chunks(sampler, prompts, greedy, batch_size)
+    sampled = _sample_in_chunks(sampler, prompts, greedy, batch_size, list(rows) if episodic else None)
+    completions, completion_ids = sampled.texts, sampled.ids
+    columns = columns_of(rows, prompt_column)
+    if episodic:
+        columns["env_reward"] = sampled.env_rewards
     scores = score_completions(
         reward_funcs,
         prompts,
         completions,
-        columns=columns_of(rows, prompt_column),
+        columns=columns,
         on_error=on_reward_error,  # type: ignore[arg-type]
         completion_ids=completion_ids,
     )
@@ -65,11 +75,13 @@ def evaluate(
         "reward": torch.nanmean(scores.rewards).item(),
         "completions/mean_length": sum(map(len, completion_ids)) / max(len(completion_ids), 1),
     }
+    if episodic:
+        metrics["turns"] = sum(sampled.turns) / max(len(sampled.turns), 1)
     if is_correct is not None:
         right = sum(is_correct(c, r) for c, r in zip(completions, rows, strict=True))
         metrics["accuracy"] = right / len(rows)
         if pass_at_k > 0:
-            sampled, _ = _sample_in_chunks(
+            drawn = _sample_in_chunks(
                 sampler,
                 prompts,
                 SamplingParams(
@@ -80,8 +92,9 @@ def evaluate(
                     max_prompt_length=max_prompt_length,
                 ),
                 batch_size,
+                list(rows) if episodic else None,
             )
-            hits = [is_correct(c, rows[i // pass_at_k]) for i, c in enumerate(sampled)]
+            hits = [is_correct(c, rows[i // pass_at_k]) for i, c in enumerate(drawn.texts)]
             per_prompt = [any(hits[i * pass_at_k : (i + 1) * pass_at_k]) for i in range(len(rows))]
             metrics[f"pass@{pass_at_k}"] = sum(per_prompt) / len(rows)
     return metrics
@@ -93,22 +106,39 @@ class _Autocast:
     def __init__(self, sampler: Sampler, context: Callable[[], Any]) -> None:
         self.sampler, self.context = sampler, context
 
-    def sample(self, prompts: list[str], params: SamplingParams) -> Rollout:
+    def sample(self, prompts: list[str], params: SamplingParams, *rows: Any) -> Rollout:
         with self.context():
-            return self.sampler.sample(prompts, params)
+            return self.sampler.sample(prompts, params, *rows)
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    texts: list[str]  # completions (multi-turn: whole transcripts)
+    ids: list[list[int]]  # the policy's kept token ids of each
+    env_rewards: list[float | None]  # multi-turn: what each episode's environment paid
+    turns: list[int]  # multi-turn: policy turns of each episode
 
 
 def _sample_in_chunks(
-    sampler: Sampler, prompts: list[str], params: SamplingParams, batch_size: int | None
-) -> tuple[list[str], list[list[int]]]:
-    """Completions (text and kept token ids) of every prompt, sampling at most `batch_size`
-    completions per call (whole groups: batch_size // G prompts, at least one)."""
+    sampler: Sampler,
+    prompts: list[str],
+    params: SamplingParams,
+    batch_size: int | None,
+    rows: list[dict[str, Any]] | None = None,
+) -> _Sampled:
+    """Completions of every prompt, sampling at most `batch_size` completions per call (whole groups:
+    batch_size // G prompts, at least one); with rows, episodes started from them."""
     per_call = len(prompts) if batch_size is None else max(1, batch_size // params.num_generations)
-    texts: list[str] = []
-    ids: list[list[int]] = []
+    out = _Sampled([], [], [], [])
     for start in range(0, len(prompts), per_call):
-        rollout = sampler.sample(prompts[start : start + per_call], params)
-        texts.extend(rollout.completions)
+        chunk = slice(start, start + per_call)
+        extra = () if rows is None else (rows[chunk],)
+        rollout = sampler.sample(prompts[chunk], params, *extra)  # type: ignore[call-arg]
+        out.texts.extend(rollout.completions)
         kept = zip(rollout.completion_ids, rollout.completion_mask, strict=True)
-        ids.extend(row[mask].tolist() for row, mask in kept)
-    return texts, ids
+        out.ids.extend(row[mask].tolist() for row, mask in kept)
+        if rollout.env_rewards is not None:
+            out.env_rewards.extend(None if r != r else r for r in rollout.env_rewards.tolist())
+        if rollout.num_turns is not None:
+            out.turns.extend(rollout.num_turns.tolist())
+    return out

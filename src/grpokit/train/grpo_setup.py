@@ -21,8 +21,10 @@ from ..data import (
     load_prompts,
     render_prompt,
     require_answers,
+    require_demonstrations,
     sft_rows,
 )
+from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..models import PolicyEngine, Precision, enable_fast_matmul, make_reference, place
 from ..rollout import SAMPLERS, SamplingParams
 from . import distributed
@@ -48,6 +50,42 @@ class RunData:
     max_completion_length: int
     train_source: str = "the training rows"  # how errors name the data
     eval_source: str = "the held-out rows"
+    environment: EnvironmentSpec | None = None  # multi-turn episodes (tools or your environment), or None
+
+
+def resolve_environment(cfg: GRPOConfig, task: Any) -> EnvironmentSpec | None:
+    """The episodes' environment: `environment` (your factory), else `tools` (None: the task's), else
+    None (single-turn completions)."""
+    from ..rewards import load_reward_reference
+
+    if cfg.environment is not None:
+        factory = load_reward_reference(
+            cfg.environment,
+            label=f"environment {cfg.environment!r}",
+            signature="a class or function returning an object with reset(row) and step(text)",
+        )
+        return EnvironmentSpec(
+            factory,
+            max_turns=cfg.max_turns,
+            stop_strings=tuple(getattr(factory, "stop_strings", ())),  # a class attribute, if any
+            name=getattr(factory, "__name__", cfg.environment),
+        )
+    names = cfg.tools if cfg.tools is not None else list(task.tools if task is not None else ())
+    if not names:
+        return None
+    tools = []
+    for name in names:
+        if name in BUILTIN_TOOLS:
+            tools.append(BUILTIN_TOOLS[name])
+        elif ":" not in name:
+            raise ValueError(
+                f"tools: {name!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}); name your own "
+                "function as FILE.py:NAME or package.module:NAME"
+            )
+        else:
+            tools.append(load_reward_reference(name, label=f"tools entry {name!r}", signature="a function"))
+    fmt = cfg.tool_call_format or (task.tool_call_format if task is not None else None) or "hermes"
+    return tool_environment(tools, fmt, max_turns=cfg.max_turns, timeout=cfg.tool_timeout)
 
 
 def configured_rewards(
@@ -55,11 +93,21 @@ def configured_rewards(
 ) -> list[Callable[..., Any]]:
     """The reward functions the config names (`reward_funcs`), or the task's reward. A reward model
     goes to its entry's `device`, else the policy's (`device`; None: the config's)."""
-    from ..rewards import RewardModelFunction, exact_answer, format_tags, load_reward_reference, math_answer
+    from ..rewards import (
+        RewardModelFunction,
+        env_reward,
+        exact_answer,
+        format_tags,
+        load_reward_reference,
+        math_answer,
+    )
 
     if cfg.reward_funcs is None:
-        return [task.reward] if task else []
+        if task is not None:
+            return [task.reward]
+        return [env_reward] if cfg.environment is not None else []
     builtins: dict[str, Any] = {
+        "env": env_reward,
         "exact_answer": exact_answer,
         "math_answer": math_answer,
         "format_tags": format_tags,
@@ -140,7 +188,10 @@ def resolve_data(
             eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
             eval_source = str(cfg.eval_dataset)
     train_rows, eval_rows = list(train_rows), list(eval_rows)[: cfg.num_eval_prompts]
-    if cfg.sft_steps:  # the warm start learns the answers: say so now, not after loading a model
+    environment = resolve_environment(cfg, task)
+    if cfg.sft_steps and environment is not None:
+        require_demonstrations(train_rows[: cfg.sft_examples], train_source)  # say it now, not after loading
+    elif cfg.sft_steps:  # the warm start learns the answers: say so now, not after loading a model
         require_answers(
             train_rows[: cfg.sft_examples],
             cfg.answer_column,
@@ -164,10 +215,19 @@ def resolve_data(
         is_correct=is_correct or (task.is_correct if task else None),
         alphabet=alphabet,
         max_prompt_length=cfg.max_prompt_length or (task.max_prompt_length if task else None),
-        max_completion_length=cfg.max_completion_length or (task.max_completion_length if task else 256),
+        max_completion_length=cfg.max_completion_length or _task_completion_length(task, environment),
         train_source=train_source,
         eval_source=eval_source,
+        environment=environment,
     )
+
+
+def _task_completion_length(task: Any, environment: EnvironmentSpec | None) -> int:
+    if task is None:
+        return 256
+    if environment is None and task.max_completion_length_without_tools:
+        return task.max_completion_length_without_tools  # a tool task with its tools switched off
+    return task.max_completion_length
 
 
 def check_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: RunData) -> None:
@@ -266,6 +326,7 @@ def build_trainee(
         group_size=cfg.num_generations,
         # FSDP runs every rank's forward passes in lockstep: the decode loop's early exit is collective
         lockstep=(lambda done: not distributed.any_rank(d, not done)) if sharded else None,
+        environment=data.environment,
     )
     optimizer = make_optimizer(wrapped.parameters(), cfg)
     return Trainee(
@@ -316,6 +377,7 @@ def warm_start_goal(
             max_completion_length=data.max_completion_length,
             batch_size=cfg.micro_batch_size,
             precision=precision,
+            environment=data.environment,
         )
         model.train()
         probed.append(metrics["accuracy"])
@@ -342,7 +404,13 @@ def warm_start(
     warm = run_sft(
         model,
         tokenizer,
-        sft_rows(data.train_rows[: cfg.sft_examples], tokenizer, cfg.prompt_column, cfg.answer_column),
+        sft_rows(
+            data.train_rows[: cfg.sft_examples],
+            tokenizer,
+            cfg.prompt_column,
+            cfg.answer_column,
+            demonstrations=data.environment is not None,  # whole episodes, the policy's turns learned
+        ),
         steps=cfg.sft_steps,
         batch_size=cfg.sft_batch_size,
         learning_rate=cfg.sft_learning_rate,
@@ -380,6 +448,7 @@ def held_out_metrics(
         on_reward_error=cfg.on_reward_error,
         batch_size=cfg.micro_batch_size,  # rows per forward pass, as in training
         precision=precision,
+        environment=data.environment,
     )
 
 
@@ -390,7 +459,8 @@ def evaluator(cfg: GRPOConfig, trainee: Trainee, data: RunData) -> Callable[[], 
     def run() -> dict[str, float]:
         if not data.eval_rows:
             return {}
-        return held_out_metrics(cfg, engine.sampler, engine.tokenizer, data, engine.precision)
+        sampler = engine.episodes or engine.sampler
+        return held_out_metrics(cfg, sampler, engine.tokenizer, data, engine.precision)
 
     return run
 

@@ -47,6 +47,8 @@ class Batch:
     prompts: list[str]  # [B]
     completions: list[str]  # [B]
     rewards: torch.Tensor  # [B]
+    # [B, T] bool: the completion tokens attended to (multi-turn: the environment's too); None: the mask
+    completion_attention: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
         """The tensors on `device` (texts stay as they are; rewards stay on the host for metrics)."""
@@ -178,6 +180,9 @@ def merge_groups(parts: Sequence[tuple[Batch, list[int]]], G: int, pad_id: int) 
         prompts=[b.prompts[i] for b, r in pick for i in r],
         completions=[b.completions[i] for b, r in pick for i in r],
         rewards=torch.cat([b.rewards[r] for b, r in pick]),
+        completion_attention=None
+        if pick[0][0].completion_attention is None
+        else _pad_cat([b.completion_attention[r] for b, r in pick], False, left=False),
     )
 
 
@@ -202,18 +207,22 @@ def generate_and_score(
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
         texts = [render_prompt(r[params.prompt_column], engine.tokenizer) for r in rows]
         seed = params.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
-        rollout = engine.generate(texts, replace(params.sampling, seed=seed))  # ends on the host: synced
+        # ends on the host: synced (multi-turn episodes start from their rows)
+        rollout = engine.generate(texts, replace(params.sampling, seed=seed), rows=rows)
         sampled = time.perf_counter()
         seconds["timing/sampling"] += sampled - began
         mask = rollout.completion_mask  # [B, T]
         if params.mask_truncated_completions:
             mask = mask & ~rollout.truncated[:, None]
         repeated = [p for p in texts for _ in range(G)]  # [B]
+        columns = columns_of(rows, params.prompt_column, repeat=G)
+        if rollout.env_rewards is not None:  # multi-turn: what the environment paid (None: nothing)
+            columns["env_reward"] = [None if r != r else r for r in rollout.env_rewards.tolist()]
         scores = score_completions(
             reward_funcs,
             repeated,
             rollout.completions,
-            columns=columns_of(rows, params.prompt_column, repeat=G),
+            columns=columns,
             completion_ids=[
                 ids[m].tolist()
                 for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
@@ -233,20 +242,25 @@ def generate_and_score(
             prompts=repeated,
             completions=rollout.completions,
             rewards=scores.rewards,
+            completion_attention=rollout.completion_attention,
         )
         if attempt == 0:  # TRL's metric names, on the first (unfiltered) generation batch
             lengths = rollout.completion_mask.sum(-1).float()  # [B]
-            metrics |= {
-                "reward": torch.nanmean(scores.rewards),
-                "reward_std": scores.rewards[~scores.rewards.isnan()].std(),
-                "frac_reward_zero_std": adv.is_std_zero.float().mean(),
-                "completions/mean_length": lengths.mean(),
-                "completions/min_length": lengths.min(),
-                "completions/max_length": lengths.max(),
-                "completions/clipped_ratio": rollout.truncated.float().mean(),
-                "num_truncated_prompts": rollout.num_truncated_prompts,
-                "reward_errors": scores.num_failed,
-            } | scores.metrics()
+            metrics |= (
+                {
+                    "reward": torch.nanmean(scores.rewards),
+                    "reward_std": scores.rewards[~scores.rewards.isnan()].std(),
+                    "frac_reward_zero_std": adv.is_std_zero.float().mean(),
+                    "completions/mean_length": lengths.mean(),
+                    "completions/min_length": lengths.min(),
+                    "completions/max_length": lengths.max(),
+                    "completions/clipped_ratio": rollout.truncated.float().mean(),
+                    "num_truncated_prompts": rollout.num_truncated_prompts,
+                    "reward_errors": scores.num_failed,
+                }
+                | scores.metrics()
+                | episode_metrics(rollout)
+            )
         zero = adv.is_std_zero.reshape(-1, G)[:, 0].tolist()  # [B] -> [P, G] -> [P]
         informative.append((batch, [g for g in range(P) if not zero[g] or not params.dynamic_sampling]))
         leftovers.append((batch, [g for g in range(P) if zero[g] and params.dynamic_sampling]))
@@ -260,6 +274,19 @@ def generate_and_score(
         chosen.append((batch, groups[:need]))
         need -= len(chosen[-1][1])
     return merge_groups(chosen, G, engine.tokenizer.pad_token_id), metrics
+
+
+def episode_metrics(rollout: Any) -> dict[str, Any]:
+    """Multi-turn: turns per episode, the environment's reward, and its counts per episode (env/...)."""
+    if rollout.num_turns is None:
+        return {}
+    B = rollout.num_turns.shape[0]
+    metrics: dict[str, Any] = {"env/turns": rollout.num_turns.float().mean()}
+    if rollout.env_rewards is not None and not rollout.env_rewards.isnan().all():
+        metrics["env/reward"] = torch.nanmean(rollout.env_rewards)
+    for name, total in rollout.env_metrics.items():
+        metrics[f"env/{name}"] = total / B  # per episode
+    return metrics
 
 
 # ----------------------------------------------------------------------------- 2. old and reference log-probs

@@ -123,6 +123,7 @@ class RichReporter:
 
     def _on_completions(self, step: int, data: dict[str, Any]) -> None:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title=f"sample completions at step {step}")
         for column in ("prompt", "completion", "reward"):
@@ -130,5 +131,6 @@ class RichReporter:
         for prompt, completion, reward in list(
             zip(data["prompts"], data["completions"], data["rewards"], strict=True)
         )[:: self.cfg.num_generations][:6]:
-            table.add_row(prompt, repr(completion), f"{reward:.2f}")
+            # as plain text: "[calc(...)]" would otherwise be read as rich markup and vanish
+            table.add_row(Text(prompt), Text(repr(completion)), f"{reward:.2f}")
         self.console.print(table)

@@ -18,14 +18,26 @@ from ..models.device import Precision, model_device
 from .optim import lr_factor
 
 
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
 def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Left-padded prompt + answer + EOS, with a bool mask of the tokens to learn. [n, L] each"""
-    sequences, first_target = [], []
+    """Left-padded prompt + answer + EOS, with a bool mask of the tokens to learn. [n, L] each.
+    A row with "segments" ([(text, learned)], a multi-turn episode) instead of "answer" learns the
+    policy's segments and the final EOS, and reads the environment's as context; each segment is
+    tokenized on its own, as a multi-turn rollout tokenizes each turn."""
+    sequences, learned = [], []
     for row in rows:
-        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        answer = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        sequences.append(prompt + answer)
-        first_target.append(len(prompt))
+        prompt = _encode(tokenizer, row["prompt"])
+        segments = row["segments"] if "segments" in row else [(row["answer"], True)]
+        ids, learn = list(prompt), [False] * len(prompt)
+        for text, policy in segments:
+            part = _encode(tokenizer, text)
+            ids += part
+            learn += [bool(policy)] * len(part)
+        sequences.append(ids + [tokenizer.eos_token_id])
+        learned.append(learn + [True])
     width = max(len(s) for s in sequences)
     pad = [width - len(s) for s in sequences]
     ids = torch.tensor(
@@ -33,7 +45,7 @@ def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch
     )  # [n, L]
     positions = torch.arange(width)[None, :]  # [1, L]
     attention = positions >= torch.tensor(pad)[:, None]  # [n, L]
-    target = positions >= (torch.tensor(pad) + torch.tensor(first_target))[:, None]  # [n, L] answer + EOS
+    target = torch.tensor([[False] * p + m for p, m in zip(pad, learned, strict=True)])  # [n, L]
     return {"input_ids": ids, "attention_mask": attention, "target_mask": target}
 
 

@@ -1,0 +1,111 @@
+"""What an environment is to a multi-turn rollout.
+
+An episode starts from a dataset row and alternates turns: the policy writes (until EOS, or until
+one of the environment's `stop_strings`, such as a tool call's closing marker), the environment
+answers with an observation, and so on, until the environment says done or `max_turns` policy turns
+have been written. Only the policy's tokens are trained; the environment's are context.
+
+    env = factory()                  # a fresh environment per episode: no state leaks between them
+    first = env.reset(row)           # text appended after the prompt before the first turn ("" = none)
+    observation, reward, done = env.step(policy_text)   # after every policy turn
+
+`reset` may take `seed` as a keyword (`reset(row, seed=...)`): it is derived from the run's seed, the
+step and the episode, so a resumed run re-creates every episode exactly. `reward` is None when the
+turn earns nothing; an episode's environment reward is the sum of the rewards it returned (None if
+it never returned one). An environment may also have `metrics() -> dict[str, float]` (counts, such as
+tool calls and tool errors), summed over the episodes of a batch and logged as `env/<name>`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+
+class Environment(Protocol):
+    def reset(self, row: dict[str, Any]) -> str: ...
+
+    def step(self, text: str) -> tuple[str, float | None, bool]: ...
+
+
+class EnvStep(NamedTuple):
+    """What the environment answers to one policy turn."""
+
+    observation: str  # appended to the transcript as context (not trained); ignored when done
+    reward: float | None  # None: this turn earns nothing
+    done: bool  # the episode ends here
+
+
+class EnvironmentFailure(RuntimeError):
+    """An environment broke its contract (raised, or returned something else than documented)."""
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """How a rollout runs episodes: a factory of fresh environments, and the turn limit."""
+
+    factory: Callable[[], Any]  # () -> Environment, called once per episode
+    max_turns: int = 4  # policy turns per episode at most
+    stop_strings: tuple[str, ...] = ()  # end a policy turn besides EOS (a tool call's closing marker)
+    name: str = "environment"  # how errors name it
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be ≥ 1, got {self.max_turns}.")
+        if not callable(self.factory):
+            raise TypeError(f"the environment factory must be callable, got {type(self.factory).__name__}.")
+
+
+def reset_episode(env: Any, row: dict[str, Any], seed: int, name: str) -> str:
+    """`env.reset(row)` (with `seed=` when it takes one), checked: the first observation text."""
+    reset = getattr(env, "reset", None)
+    if reset is None or not callable(getattr(env, "step", None)):
+        raise EnvironmentFailure(
+            f"{name}: the factory returned {type(env).__name__}, which lacks reset(row) and step(text)."
+        )
+    try:
+        takes_seed = "seed" in inspect.signature(reset).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        takes_seed = False
+    try:
+        first = reset(row, seed=seed) if takes_seed else reset(row)
+    except Exception as error:
+        raise EnvironmentFailure(f"{name}.reset raised {type(error).__name__}: {error}") from error
+    if first is None:
+        return ""
+    if not isinstance(first, str):
+        raise EnvironmentFailure(f"{name}.reset must return a string (or None), got {type(first).__name__}.")
+    return first
+
+
+def step_episode(env: Any, text: str, name: str) -> EnvStep:
+    """`env.step(text)`, checked: an `EnvStep`."""
+    try:
+        out = env.step(text)
+    except Exception as error:
+        raise EnvironmentFailure(f"{name}.step raised {type(error).__name__}: {error}") from error
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise EnvironmentFailure(
+            f"{name}.step must return (observation, reward or None, done), got {type(out).__name__}."
+        )
+    observation, reward, done = out
+    if not isinstance(observation, str):
+        raise EnvironmentFailure(
+            f"{name}.step's observation must be a string, got {type(observation).__name__}."
+        )
+    if reward is not None:
+        try:
+            reward = float(reward)
+        except (TypeError, ValueError):
+            raise EnvironmentFailure(
+                f"{name}.step's reward must be a number or None, got {reward!r}."
+            ) from None
+    return EnvStep(observation, reward, bool(done))
+
+
+def episode_metrics(env: Any) -> dict[str, float]:
+    """The environment's own counts (`metrics()`), or none."""
+    metrics = getattr(env, "metrics", None)
+    return {k: float(v) for k, v in metrics().items()} if callable(metrics) else {}
