@@ -158,3 +158,22 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
     rows = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     assert len([r for r in rows if '"loss"' in r]) == 4  # one writer: rank 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_multi_turn_episodes_under_torchrun_resume_exactly(tmp_path, strategy):
+    """tool_addition's episodes on 2 ranks (under FSDP every forward of the turn loop in lockstep):
+    stopped after 2 steps and resumed, the run ends where an uninterrupted one does."""
+    from safetensors.torch import load_file
+
+    episodes = ["task=tool_addition", "max_completion_length=null", "max_turns=3", f"strategy={strategy}"]
+    _train(2, tmp_path / "straight", "max_steps=4", *episodes)
+    _train(2, tmp_path / "stopped", "max_steps=2", *episodes)
+    _train(2, tmp_path / "stopped", "max_steps=4", "resume=true", *episodes)
+    a = load_file(tmp_path / "straight" / "checkpoint-4" / "model.safetensors")
+    b = load_file(tmp_path / "stopped" / "checkpoint-4" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    rows = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+    assert any('"env/turns"' in row for row in rows)

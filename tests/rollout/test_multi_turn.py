@@ -16,8 +16,7 @@ import torch
 from grpokit.envs import EnvironmentSpec, calc, tool_environment
 from grpokit.models import LeanLlamaDecoder, PolicyEngine, build_policy, char_tokenizer
 from grpokit.ops import grpo_loss
-from grpokit.rollout import EpisodeSampler, SamplingParams
-from grpokit.rollout import multi_turn
+from grpokit.rollout import EpisodeSampler, SamplingParams, multi_turn
 
 ALPHABET = "0123456789+=[](){}\"calc:;' ertonkwusdbfhimp"
 EOS = 2
