@@ -188,3 +188,41 @@ def test_a_reset_that_returns_no_text_is_named():
     assert reset_episode(Bad(None), {}, 0, "Bad") == ""
     with pytest.raises(EnvironmentFailure, match="lacks reset"):
         reset_episode(object(), {}, 0, "Thing")
+
+
+def test_chat_prompts_carry_the_tools_schemas():
+    """A conversational prompt renders through the chat template with the tools' JSON schemas, as a
+    tool-calling model expects them; a text prompt stays as it is."""
+    from grpokit.data import render_prompt
+    from grpokit.models import char_tokenizer
+
+    tok = char_tokenizer("abcdefghijklmnopqrstuvwxyz:;| ")
+    tok.chat_template = (
+        "{% if tools %}tools:{% for t in tools %}"
+        "{{ t.function.name }}|{{ t.function.parameters.required[0] }};{% endfor %}"
+        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    schemas = tool_environment([calc], "hermes").tool_schemas
+    conversation = [{"role": "user", "content": "add"}]
+    assert render_prompt(conversation, tok, schemas) == "tools:calc|expression;add"
+    assert render_prompt(conversation, tok) == "add"
+    assert render_prompt("plain", tok, schemas) == "plain"
+
+
+def test_the_envs_layer_imports_only_the_standard_library():
+    """Environments know nothing of models or training: no torch, no other grpokit layer."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    import grpokit.envs
+
+    for path in Path(grpokit.envs.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] in sys.stdlib_module_names, (path.name, node.module)
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 1, (path.name, node.module)  # within envs only
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name.split(".")[0] in sys.stdlib_module_names, (path.name, alias.name)

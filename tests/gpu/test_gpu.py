@@ -398,3 +398,35 @@ def test_bfloat16_on_cuda_keeps_float32_master_weights(tmp_path, engines, optimi
     for row in _step_rows(tmp_path / "run"):
         for key in ("loss", "grad_norm", "entropy", "kl", "reward"):
             assert torch.isfinite(torch.tensor(row[key])), (row["step"], key)
+
+
+# ----------------------------------------------------------------------------- 6. multi-turn episodes
+
+
+def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
+    """Greedy tool episodes of a GPU model: the same transcripts, masks and turns as the CPU model's,
+    returned on the host; then a tool_addition GRPO run on cuda trains with its episode metrics."""
+    from grpokit.data.tasks import TOOL_ALPHABET
+    from grpokit.envs import calc, tool_environment
+    from grpokit.models import build_policy, char_tokenizer
+    from grpokit.rollout import EpisodeSampler, SamplingParams
+
+    tok = char_tokenizer(TOOL_ALPHABET)
+    model = build_policy(
+        hidden_size=64, num_layers=2, num_heads=4, vocab_size=len(tok), dropout=0.0, max_seq_len=128, seed=0
+    ).eval()
+    spec = tool_environment([calc], "brackets", max_turns=3)
+    prompts = ["1+2=", "12+34=", "999+1="]
+    rows = [{"prompt": p} for p in prompts]
+    params = SamplingParams(num_generations=2, max_completion_length=24, temperature=0.0)
+    on_cpu = EpisodeSampler(model, tok, spec).sample(prompts, params, rows)
+    on_gpu = EpisodeSampler(copy.deepcopy(model).to(CUDA), tok, spec).sample(prompts, params, rows)
+    for name in ("completion_ids", "completion_mask", "completion_attention", "num_turns", "truncated"):
+        assert getattr(on_gpu, name).device.type == "cpu", name
+        assert torch.equal(getattr(on_gpu, name), getattr(on_cpu, name)), name
+    assert on_gpu.completions == on_cpu.completions
+    torch.testing.assert_close(on_gpu.sampling_logps, on_cpu.sampling_logps, rtol=0, atol=1e-4)
+    cfg = tiny_config(tmp_path, device="cuda", task="tool_addition", max_completion_length=None, max_turns=3)
+    result = train_grpo(cfg)
+    rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all("env/turns" in r for r in rows if "loss" in r)

@@ -104,6 +104,7 @@ def sft_rows(
     prompt_column: str = "prompt",
     answer_column: str = "answer",
     demonstrations: bool = False,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}; with
     `demonstrations` (multi-turn training), {"prompt", "segments"} from the row's "demonstration"
@@ -112,7 +113,7 @@ def sft_rows(
         require_demonstrations(rows)
         return [
             {
-                "prompt": render_prompt(row[prompt_column], tokenizer),
+                "prompt": render_prompt(row[prompt_column], tokenizer, tools),
                 "segments": [(str(text), bool(policy)) for text, policy in row["demonstration"]],
             }
             for row in rows

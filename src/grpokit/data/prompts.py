@@ -111,8 +111,10 @@ def load_prompts(source: Any, *, prompt_column: str = "prompt") -> list[dict[str
     return rows
 
 
-def render_prompt(prompt: Any, tokenizer: Any = None) -> str:
-    """A text prompt as is; a conversation (list of {"role", "content"}) through the chat template."""
+def render_prompt(prompt: Any, tokenizer: Any = None, tools: Sequence[dict[str, Any]] | None = None) -> str:
+    """A text prompt as is; a conversation (list of {"role", "content"}) through the chat template,
+    which also receives the JSON schemas of the episode's `tools` (`envs.tool_schema`), if any, as a
+    tool-calling model expects them."""
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and all(
@@ -122,7 +124,8 @@ def render_prompt(prompt: Any, tokenizer: Any = None) -> str:
             raise DataError(
                 "a conversational prompt needs a tokenizer with a chat template; this one has none."
             )
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        extra = {"tools": list(tools)} if tools else {}
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **extra)
     raise DataError(
         f"a prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}."
     )

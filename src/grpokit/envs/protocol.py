@@ -50,6 +50,7 @@ class EnvironmentSpec:
     max_turns: int = 4  # policy turns per episode at most
     stop_strings: tuple[str, ...] = ()  # end a policy turn besides EOS (a tool call's closing marker)
     name: str = "environment"  # how errors name it
+    tool_schemas: tuple[dict[str, Any], ...] = ()  # JSON schemas of its tools, for chat templates
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:

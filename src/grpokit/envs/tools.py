@@ -241,4 +241,5 @@ def tool_environment(
         max_turns=max_turns,
         stop_strings=(style.call_end,),
         name=f"tools [{', '.join(map(str, names))}]",
+        tool_schemas=tuple(tool_schema(t) for t in tools),
     )

@@ -50,7 +50,8 @@ def evaluate(
     if precision is not None:
         device = model_device(getattr(sampler, "model", model_or_sampler))
         sampler = _Autocast(sampler, lambda: precision.autocast(device))
-    prompts = [render_prompt(r[prompt_column], tokenizer) for r in rows]
+    tools = environment.tool_schemas if environment is not None else None
+    prompts = [render_prompt(r[prompt_column], tokenizer, tools) for r in rows]
     greedy = SamplingParams(
         num_generations=1,
         max_completion_length=max_completion_length,

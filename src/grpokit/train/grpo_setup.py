@@ -235,16 +235,10 @@ def check_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: RunData) ->
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if context is None:
         return
+    tools = data.environment.tool_schemas if data.environment is not None else None
+    rendered = (render_prompt(r[cfg.prompt_column], tokenizer, tools) for r in data.train_rows[:2000])
     longest = data.max_prompt_length or max(
-        (
-            len(
-                tokenizer(render_prompt(r[cfg.prompt_column], tokenizer), add_special_tokens=False)[
-                    "input_ids"
-                ]
-            )
-            for r in data.train_rows[:2000]
-        ),
-        default=0,
+        (len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered), default=0
     )
     if longest + data.max_completion_length > context:
         raise ValueError(
@@ -410,6 +404,7 @@ def warm_start(
             cfg.prompt_column,
             cfg.answer_column,
             demonstrations=data.environment is not None,  # whole episodes, the policy's turns learned
+            tools=data.environment.tool_schemas if data.environment is not None else None,
         ),
         steps=cfg.sft_steps,
         batch_size=cfg.sft_batch_size,
