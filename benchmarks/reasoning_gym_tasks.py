@@ -1,6 +1,7 @@
 """reasoning-gym tasks (`task: reasoning_gym:NAME`) learned by the tiny Llama of the main job: the main
-job's recipe (a supervised warm start on the generator's answers that stops at 35% of a training
-probe, then GRPO with the generator's own score as the reward) with 100 GRPO steps, per task and seed.
+job's recipe (a supervised warm start on the generator's answers, at most 400 steps, that stops at 35%
+of a training probe, then GRPO with the generator's own score as the reward) with 60 GRPO steps of 8
+prompts, per task and seed.
 
     python benchmarks/reasoning_gym_tasks.py [--tasks chain_sum countdown] [--seeds 0]
         [--runs /tmp/reasoning_gym] [--out benchmarks/results/reasoning_gym.json] [--collect]
@@ -20,7 +21,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from main_job_spread import summarise  # noqa: E402 - a sibling script, not a package
 
-RECIPE = ["max_steps=100", "num_eval_prompts=200", "eval_steps=50", "save_steps=100", "progress=false"]
+# the main job's recipe, made smaller: these prompts are 20-60 times longer than "12+34=" (2 CPU cores)
+RECIPE = [
+    "sft_steps=400",
+    "sft_batch_size=32",
+    "max_steps=60",
+    "prompts_per_step=8",
+    "micro_batch_size=64",
+    "num_eval_prompts=100",
+    "eval_steps=30",
+    "save_steps=60",
+    "progress=false",
+]
 
 
 def main() -> int:

@@ -226,3 +226,20 @@ def test_the_envs_layer_imports_only_the_standard_library():
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert alias.name.split(".")[0] in sys.stdlib_module_names, (path.name, alias.name)
+
+
+def test_degenerate_calls_are_malformed_not_crashes():
+    """What a degenerate policy writes (deep nesting, huge literals, endless calls) is an observation."""
+    _, env = _env()
+    for call in [
+        "[calc(" + "+".join(["1"] * 400) + ")]",
+        "[calc(" + "-" * 400 + "1)]",
+        '[{"name": "calc", "arguments": {"expression": ' + "1" * 5000 + "}}]",
+        '[{"name": "calc", "arguments": {"e": ' + "[" * 1000 + "}}]",
+        "[calc(" + '"1",' * 6000 + ")]",
+    ]:
+        observation, _, done = env.step(call)
+        assert observation.startswith("{error: ") and not done
+    assert env.metrics()["malformed_calls"] == 5 and env.metrics()["tool_calls"] == 0
+    # a closing marker merged with what follows it (a BPE token "]\n"): still a call
+    assert env.step('[calc("1+2")]\n') == ("{3}", None, False)

@@ -277,3 +277,14 @@ def test_rows_must_match_prompts(policy):
     spec = tool_environment([calc], "brackets")
     with pytest.raises(ValueError, match="an episode needs its row"):
         EpisodeSampler(*policy, spec).sample(["1="], SamplingParams(num_generations=2), [])
+
+
+def test_a_stop_string_merged_with_what_follows_still_ends_the_turn():
+    """BPE tokenizers merge a closing marker with a newline ("</tool_call>\\n"): the turn still ends."""
+    pieces = {0: "<tool_call>", 1: 'calc("1+2")', 2: "</tool_call>\n", 3: "</tool_", 4: "call>"}
+    stub = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, **_: "".join(pieces[i] for i in ids)))
+    stops = ("</tool_call>",)
+    assert EpisodeSampler._stopped(stub, [0, 1, 2], stops)
+    assert EpisodeSampler._stopped(stub, [0, 1, 3, 4], stops)  # split over two tokens
+    assert not EpisodeSampler._stopped(stub, [0, 1, 3], stops)
+    assert not EpisodeSampler._stopped(stub, [0, 1], ())

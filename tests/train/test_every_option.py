@@ -252,6 +252,14 @@ ELSEWHERE = {
     "(pytest -m gpu: train, resume across devices, reward, sampler on CUDA)",
     "decode_loop": "tests/rollout/test_static_decode.py (every loop gives the eager loop's tokens and "
     "log-probs; auto and cuda_graph resolved per device)",
+    "tools": "test_multi_turn_training.py (tool_addition with and without its tool; your tool by "
+    "reference: test_the_episode_options_reach_the_environment)",
+    "environment": "test_multi_turn_training.py::test_your_own_environment_by_reference_with_its_reward",
+    "max_turns": "test_multi_turn_training.py::test_the_episode_options_reach_the_environment; "
+    "tests/rollout/test_multi_turn.py (turns bounded)",
+    "tool_call_format": "test_multi_turn_training.py::test_the_episode_options_reach_the_environment",
+    "tool_timeout": "test_multi_turn_training.py::test_the_episode_options_reach_the_environment; "
+    "tests/envs/test_tools.py (a hang answered after the timeout)",
     "fused_logps": "test_fused_logps.py (both paths equal in values and every gradient)",
     "dataset": "test_dataset_files_and_prompt_column (below)",
     "eval_dataset": "test_dataset_files_and_prompt_column (below)",

@@ -167,3 +167,55 @@ def test_a_reasoning_gym_task_trains_end_to_end(tmp_path):
     rows = _metrics(result.output_dir)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert any("eval/accuracy" in r for r in rows)
+
+
+SLOW_TOOL = '''
+import time
+
+
+def nap(seconds: float) -> str:
+    """Sleep, then say so."""
+    time.sleep(seconds)
+    return "awake"
+'''
+
+
+def test_the_episode_options_reach_the_environment(tmp_path):
+    """tools (built-in and by reference), tool_call_format, tool_timeout and max_turns make the spec
+    episodes run in; a task's own format cannot be swapped."""
+    from grpokit.train.grpo_setup import resolve_environment
+
+    (tmp_path / "naps.py").write_text(SLOW_TOOL)
+    cfg = GRPOConfig(
+        task=None,
+        dataset="x.jsonl",
+        tools=["calc", f"{tmp_path / 'naps.py'}:nap"],
+        tool_call_format="brackets",
+        tool_timeout=0.1,
+        max_turns=2,
+    )
+    spec = resolve_environment(cfg, None)
+    assert spec.max_turns == 2 and spec.stop_strings == ("]",)
+    assert [s["function"]["name"] for s in spec.tool_schemas] == ["calc", "nap"]
+    env = spec.factory()
+    assert env.step("[nap(1)]")[0] == "{error: nap timed out after 0.1s}"
+    assert env.step('[calc("2*21")]')[0] == "{42}"
+    hermes = resolve_environment(cfg.model_copy(update={"tool_call_format": None}), None)
+    assert hermes.stop_strings == ("</tool_call>",)  # the default format
+    assert resolve_environment(cfg.model_copy(update={"tools": []}), None) is None
+    task = get_task("tool_addition", num_eval=10)
+    assert resolve_environment(GRPOConfig(task="tool_addition"), task).stop_strings == ("]",)
+    with pytest.raises(ValueError, match="writes its tool calls as brackets"):
+        resolve_environment(GRPOConfig(task="tool_addition", tool_call_format="hermes"), task)
+    with pytest.raises(ValueError, match="set task: null and dataset"):
+        GRPOConfig(environment="env.py:Env")  # the default task is addition
+
+
+def test_accuracy_on_your_rows_judges_the_final_answer_after_the_tools():
+    from grpokit.train.grpo_setup import resolve_data
+
+    rows = [{"prompt": "2*21=", "answer": "42"}]
+    cfg = GRPOConfig(task=None, tools=["calc"], tool_call_format="brackets", model="tiny")
+    data = resolve_data(cfg, rows, rows, [lambda p, c, **_: [0.0] * len(c)], None)
+    assert data.is_correct('[calc("2*21")]{42}42', rows[0]) and not data.is_correct("{42}41", rows[0])
+    assert set("[]{}") <= set(data.alphabet)  # the tiny tokenizer can write a call and read its answer

@@ -416,6 +416,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 "tools and environment are both set; an environment runs its own tools: give tools as a "
                 "list (tool-calling episodes) or environment (your own episodes), not both"
             )
+        if self.environment is not None and self.task is not None:
+            raise ValueError(
+                f"environment is set with task={self.task}: your environment runs on your own rows and "
+                "pays its own reward; set task: null and dataset (a built-in task brings its own)"
+            )
         for reference in [*(self.tools or []), *([self.environment] if self.environment else [])]:
             _check_reference(reference)
         return self

@@ -21,16 +21,22 @@ def _texts(value: Any) -> list[str]:
 
 
 def data_alphabet(
-    *row_lists: Sequence[dict[str, Any]], prompt_column: str = "prompt", answer_column: str = "answer"
+    *row_lists: Sequence[dict[str, Any]],
+    prompt_column: str = "prompt",
+    answer_column: str = "answer",
+    extra: str = "",
 ) -> str:
-    """The sorted set of characters of every prompt and answer of the given rows: the alphabet of the
-    character tokenizer that `model: tiny` builds for a dataset of the user's own."""
-    chars: set[str] = set()
+    """The sorted set of characters of every prompt, answer and worked episode ("demonstration") of the
+    given rows, and of `extra` (a tool-call format's markers): the alphabet of the character tokenizer
+    that `model: tiny` builds for a dataset of the user's own."""
+    chars: set[str] = set(extra)
     for rows in row_lists:
         for row in rows:
             for column in (prompt_column, answer_column):
                 for text in _texts(row.get(column)):
                     chars.update(text)
+            for segment in row.get("demonstration") or ():
+                chars.update(str(segment[0]))
     if not chars:
         raise DataError("the data has no characters to build a tokenizer from: its prompts are empty.")
     return "".join(sorted(chars))

@@ -9,11 +9,15 @@ have been written. Only the policy's tokens are trained; the environment's are c
     first = env.reset(row)           # text appended after the prompt before the first turn ("" = none)
     observation, reward, done = env.step(policy_text)   # after every policy turn
 
-`reset` may take `seed` as a keyword (`reset(row, seed=...)`): it is derived from the run's seed, the
-step and the episode, so a resumed run re-creates every episode exactly. `reward` is None when the
-turn earns nothing; an episode's environment reward is the sum of the rewards it returned (None if
-it never returned one). An environment may also have `metrics() -> dict[str, float]` (counts, such as
-tool calls and tool errors), summed over the episodes of a batch and logged as `env/<name>`.
+`reset` may take `seed` as a keyword (`reset(row, seed=...)`): a 31-bit number derived from the run's
+seed, the step, the prompt and the episode's place in its group, so a resumed run re-creates every
+episode exactly (as long as the environment is deterministic given it: a tool that times out depends
+on the clock), and an evaluation gives each held-out row the same seed whatever the batch size.
+`step` may run on a worker thread, concurrently with other episodes' steps (each its own object).
+`reward` is None when the turn earns nothing; an episode's environment reward is the sum of the
+rewards it returned (None if it never returned one). An environment may also have
+`metrics() -> dict[str, float]` (counts, such as tool calls and tool errors; the same keys every
+time), summed over the episodes of a batch and logged per episode as `env/<name>`.
 """
 
 from __future__ import annotations
@@ -51,12 +55,28 @@ class EnvironmentSpec:
     stop_strings: tuple[str, ...] = ()  # end a policy turn besides EOS (a tool call's closing marker)
     name: str = "environment"  # how errors name it
     tool_schemas: tuple[dict[str, Any], ...] = ()  # JSON schemas of its tools, for chat templates
+    # the final answer of a transcript is the text after the last occurrence of this (a tool response's
+    # closing marker); None: the whole transcript. Accuracy against an answer column judges that text
+    answer_after: str | None = None
+    markers: tuple[str, ...] = ()  # the texts its transcripts are built of (a tiny tokenizer needs them)
+
+    def final_answer(self, transcript: str) -> str:
+        """The text after the last `answer_after` marker (the whole transcript without one), stripped."""
+        if self.answer_after is None:
+            return transcript.strip()
+        return transcript.rpartition(self.answer_after)[2].strip()
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be ≥ 1, got {self.max_turns}.")
         if not callable(self.factory):
             raise TypeError(f"the environment factory must be callable, got {type(self.factory).__name__}.")
+        stops = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings)
+        if not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(
+                f"{self.name}: stop_strings must be non-empty strings, got {self.stop_strings!r}."
+            )
+        object.__setattr__(self, "stop_strings", stops)  # one string given alone: a one-string tuple
 
 
 def reset_episode(env: Any, row: dict[str, Any], seed: int, name: str) -> str:

@@ -104,15 +104,25 @@ def _literal(node: ast.AST) -> Any:
     try:
         return ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError):
-        raise MalformedCall(
-            f"argument {ast.unparse(node)!r} is not a literal (a number, string, list...)"
-        ) from None
+        short = (node.end_col_offset or 0) - node.col_offset <= 80  # quoted when short, else named
+        text = repr(ast.unparse(node)) if short else f"({type(node).__name__})"
+        raise MalformedCall(f"argument {text} is not a literal (a number, string, list...)") from None
+
+
+MAX_CALL_CHARS = 20_000  # a longer call is refused unread (deep nesting would exhaust the parser's stack)
 
 
 def parse_call(body: str) -> ToolCall:
     """The call written between the markers: JSON {"name", "arguments"} or Python call syntax."""
     body = body.strip()
-    return _parse_json(body) if body.startswith("{") else _parse_python(body)
+    if len(body) > MAX_CALL_CHARS:
+        raise MalformedCall(f"the call is {len(body)} characters long, over {MAX_CALL_CHARS}")
+    try:
+        return _parse_json(body) if body.startswith("{") else _parse_python(body)
+    except (RecursionError, MemoryError, ValueError) as error:  # degenerate nesting, huge integers
+        if isinstance(error, MalformedCall):
+            raise
+        raise MalformedCall(f"the call cannot be parsed ({type(error).__name__})") from None
 
 
 def _parse_json(body: str) -> ToolCall:
@@ -194,10 +204,11 @@ class ToolEnvironment:
         if start < 0:
             return "", None, True  # no call: this turn is the final answer
         body = text[start + len(self.fmt.call_start) :]
-        if not body.endswith(self.fmt.call_end):
+        end = body.rfind(self.fmt.call_end)  # what follows the closing marker (a newline...) is ignored
+        if end < 0:
             return self._malformed(f"the call is not closed with {self.fmt.call_end!r}")
         try:
-            call = parse_call(body[: -len(self.fmt.call_end)])
+            call = parse_call(body[:end])
         except MalformedCall as error:
             return self._malformed(str(error))
         tool = self.tools.get(call.name)
@@ -242,4 +253,6 @@ def tool_environment(
         stop_strings=(style.call_end,),
         name=f"tools [{', '.join(map(str, names))}]",
         tool_schemas=tuple(tool_schema(t) for t in tools),
+        answer_after=style.response_end,
+        markers=(style.call_start, style.call_end, style.response_start, style.response_end, "error: "),
     )

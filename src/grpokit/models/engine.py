@@ -208,7 +208,8 @@ class PolicyEngine:
         prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]  # [b, Lp]
         targets = batch.completion_ids[rows]  # [b, T]
         # what the forward attends to: in a multi-turn transcript the environment's tokens too
-        attend = batch.completion_mask if batch.completion_attention is None else batch.completion_attention
+        attention = getattr(batch, "completion_attention", None)  # (absent from older Sequences)
+        attend = batch.completion_mask if attention is None else attention
         attended = attend[rows]  # [b, T]
         T = targets.shape[1]
         if head is None:  # the model's own logits

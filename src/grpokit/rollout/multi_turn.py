@@ -23,7 +23,10 @@ the positions a single forward over it would use.
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,15 @@ from .processing import draw, process_logits
 from .types import Rollout, SamplingParams
 
 GROW = 64  # cache slots added at least when the lean cache is full
+ENV_THREADS = 16  # environment steps of a turn run concurrently (a slow tool delays its turn once)
+
+
+def episode_seed(seed: int | None, row: dict[str, Any], g: int) -> int:
+    """The seed an episode's environment is reset with: from the sampling seed (None: 0), the row and
+    the episode's place g in its group; 31 bits, so any random number generator takes it. Independent
+    of the batch the row is in (an evaluation's chunking changes nothing)."""
+    key = json.dumps([seed or 0, g, row], sort_keys=True, default=repr)
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
 class _LeanForward:
@@ -85,13 +97,16 @@ class _HFForward:
     def __init__(self, model: Any) -> None:
         self.model, self.cache = model, None
 
-    def _run(self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _run(
+        self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, keep: int = 0
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=ids,
             attention_mask=attention.long(),
             position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
+            logits_to_keep=keep,  # 0: every position's
         )
         self.cache = out.past_key_values
         return out.logits  # [b, L, V]
@@ -99,7 +114,7 @@ class _HFForward:
     def prefill(
         self, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, G: int
     ) -> torch.Tensor:
-        logits = self._run(ids, key_mask, positions)
+        logits = self._run(ids, key_mask, positions, keep=1)  # [P, 1, V]: no [P, Lp, V] prompt logits
         self.cache.batch_repeat_interleave(G)  # [P] -> [B = P·G]
         return logits.repeat_interleave(G, dim=0)
 
@@ -143,8 +158,6 @@ class EpisodeSampler:
         # as KVCacheSampler: the "all done?" decisions (collective under FSDP) and the grad-free mode
         self.sync_finished: Callable[[bool], bool] = lambda done: done
         self.grad_free: Callable[[], Any] = torch.inference_mode
-        stops = environment.stop_strings
-        self._stop_chars = max((len(s) for s in stops), default=0)
 
     def _forward(self) -> _LeanForward | _HFForward:
         head = lm_head_of(self.model)
@@ -152,13 +165,15 @@ class EpisodeSampler:
             return _LeanForward(head)
         return _HFForward(self.model)
 
-    def _stopped(self, turn_ids: list[int]) -> bool:
-        """Whether the turn's text ends with a stop string (each real token is at least a character,
-        so the last len(stop) tokens hold the end of the text)."""
-        if not self._stop_chars:
+    def _stopped(self, turn_ids: list[int], stops: tuple[str, ...]) -> bool:
+        """Whether the turn's text has just completed a stop string. Checked after every token, so a
+        stop string can only have completed within the last len(stop) tokens (each real token is a
+        character at least), possibly merged with what follows it (a BPE token "]\n")."""
+        width = max((len(s) for s in stops), default=0)
+        if not width:
             return False
-        tail = self.tokenizer.decode(turn_ids[-self._stop_chars :], skip_special_tokens=True)
-        return any(tail.endswith(s) for s in self.environment.stop_strings)
+        tail = self.tokenizer.decode(turn_ids[-width:], skip_special_tokens=True)
+        return any(s in tail for s in stops)
 
     @torch.no_grad()
     def sample(self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]]) -> Rollout:
@@ -190,13 +205,15 @@ class EpisodeSampler:
         P, Lp = prompt_ids.shape
         B = P * G
         generator = None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed)
-        base_seed = 0 if params.seed is None else params.seed
+        stops = tuple(dict.fromkeys(spec.stop_strings + params.stop_strings))  # a turn ends at either
         episodes = []
         for i in range(B):  # a fresh environment per episode, reset from its row and its own seed
             env = spec.factory()
-            first = self._encode(reset_episode(env, rows[i // G], base_seed * 1_000_003 + i, spec.name))
-            first = first[: T - 1]  # the policy keeps one token at least
-            episodes.append(_Episode(env, first, [False] * len(first), [0.0] * len(first)))
+            seed = episode_seed(params.seed, rows[i // G], i % G)
+            first = self._encode(reset_episode(env, rows[i // G], seed, spec.name))
+            kept = first[: T - 1]  # the policy keeps one token at least
+            episodes.append(_Episode(env, kept, [False] * len(kept), [0.0] * len(kept)))
+            episodes[-1].truncated = len(kept) < len(first)
         forward = self._forward()
         # key_mask [B, S]: which cache slots hold real tokens of the row; context [B, S]: the ids in the
         # slots (for the repetition penalty); position [B]: the row's last real position
@@ -233,7 +250,7 @@ class EpisodeSampler:
                     ep.trained.append(True)
                     ep.logps.append(drawn_logps[i])
                     turn_ids[i].append(drawn[i])
-                    if drawn[i] in eos or self._stopped(turn_ids[i]):
+                    if drawn[i] in eos or self._stopped(turn_ids[i], stops):
                         writing[i] = False  # the turn is over
                     elif len(ep.ids) >= T:
                         writing[i], ep.truncated = False, True  # cut by the token budget mid-turn
@@ -247,15 +264,17 @@ class EpisodeSampler:
                 token_in = torch.where(valid, token[:, None], self.pad_token_id)  # [B, 1]
                 state = self._append(forward, token_in, valid, state)
             # ---------------------------------------------------------------- the environment's turn
+            stepping = []  # episodes whose turn the environment answers (not cut by the budget)
             for i, ep in enumerate(episodes):
-                if not ep.running:
-                    continue
-                ep.turns += 1
-                ep.running = False  # unless the environment goes on, below
-                if ep.truncated:
-                    continue
-                text = self.tokenizer.decode(turn_ids[i], skip_special_tokens=True)
-                observation, reward, done = step_episode(ep.env, text, spec.name)
+                if ep.running:
+                    ep.turns += 1
+                    ep.running = False  # unless the environment goes on, below
+                    if not ep.truncated:
+                        stepping.append(i)
+            texts = [self.tokenizer.decode(turn_ids[i], skip_special_tokens=True) for i in stepping]
+            answers = self._step_all([episodes[i].env for i in stepping], texts)
+            for i, (observation, reward, done) in zip(stepping, answers, strict=True):
+                ep = episodes[i]
                 if reward is not None:
                     ep.reward = (ep.reward or 0.0) + reward
                 if done or turn + 1 == spec.max_turns:
@@ -273,6 +292,17 @@ class EpisodeSampler:
             if self.sync_finished(not any(ep.running for ep in episodes)):
                 break
         return episodes
+
+    def _step_all(self, envs: list[Any], texts: list[str]) -> list[Any]:
+        """Every episode's `step`, concurrently (a tool waiting on I/O or its timeout holds up one
+        thread, not the turn), answers in order; what an environment raises is raised here."""
+        name = self.environment.name
+        if len(envs) <= 1:
+            return [step_episode(env, text, name) for env, text in zip(envs, texts, strict=True)]
+        with ThreadPoolExecutor(max_workers=min(ENV_THREADS, len(envs))) as pool:
+            return list(
+                pool.map(lambda pair: step_episode(pair[0], pair[1], name), zip(envs, texts, strict=True))
+            )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []

@@ -84,7 +84,13 @@ def resolve_environment(cfg: GRPOConfig, task: Any) -> EnvironmentSpec | None:
             )
         else:
             tools.append(load_reward_reference(name, label=f"tools entry {name!r}", signature="a function"))
-    fmt = cfg.tool_call_format or (task.tool_call_format if task is not None else None) or "hermes"
+    fixed = task.tool_call_format if task is not None else None
+    if fixed and cfg.tool_call_format not in (None, fixed):
+        raise ValueError(
+            f"task {task.name} writes its tool calls as {fixed} (its alphabet and answers are built for "
+            f"it); leave tool_call_format unset, not {cfg.tool_call_format}"
+        )
+    fmt = cfg.tool_call_format or fixed or "hermes"
     return tool_environment(tools, fmt, max_turns=cfg.max_turns, timeout=cfg.tool_timeout)
 
 
@@ -149,17 +155,26 @@ def _own_data(
     train_rows: list[dict[str, Any]],
     eval_rows: list[dict[str, Any]],
     is_correct: Any,
+    environment: EnvironmentSpec | None,
 ) -> tuple[str | None, Any]:
     """(alphabet, is_correct) for data that is not a built-in task's: the tiny model's tokenizer over
-    the data's own characters, and the exact answer (after strip) when the rows have an answer column."""
+    the data's own characters, and the exact answer (after strip) when the rows have an answer column;
+    in multi-turn episodes, the answer is the transcript's final answer (after the last tool response)."""
     if task is not None:
         return task.alphabet, is_correct
     if is_correct is None and has_answers(eval_rows or train_rows, cfg.answer_column):
         is_correct = answer_checker(cfg.answer_column)
+        if environment is not None:
+            exact, final = is_correct, environment.final_answer
+            is_correct = lambda completion, row: exact(final(completion), row)  # noqa: E731
     alphabet = None
     if cfg.model == "tiny":
         alphabet = data_alphabet(
-            train_rows, eval_rows, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column
+            train_rows,
+            eval_rows,
+            prompt_column=cfg.prompt_column,
+            answer_column=cfg.answer_column,
+            extra="".join(environment.markers) if environment is not None else "",
         )
     return alphabet, is_correct
 
@@ -198,7 +213,7 @@ def resolve_data(
             source=train_source,
             purpose=f"the supervised warm start (sft_steps={cfg.sft_steps})",
         )
-    alphabet, is_correct = _own_data(cfg, task, train_rows, eval_rows, is_correct)
+    alphabet, is_correct = _own_data(cfg, task, train_rows, eval_rows, is_correct, environment)
     funcs = list(reward_funcs or configured_rewards(cfg, task, device))
     if not funcs and not require_rewards and is_correct is not None:
         funcs = [correctness_reward(is_correct)]  # evaluation alone: 1.0 for a right answer, else 0.0

@@ -282,11 +282,15 @@ def episode_metrics(rollout: Any) -> dict[str, Any]:
     if rollout.num_turns is None:
         return {}
     B = rollout.num_turns.shape[0]
+    # the same keys on every rank (averaged in one collective): env/reward is NaN where nothing was
+    # paid, which the average skips; an environment's own counts in sorted order
     metrics: dict[str, Any] = {"env/turns": rollout.num_turns.float().mean()}
-    if rollout.env_rewards is not None and not rollout.env_rewards.isnan().all():
-        metrics["env/reward"] = torch.nanmean(rollout.env_rewards)
-    for name, total in rollout.env_metrics.items():
-        metrics[f"env/{name}"] = total / B  # per episode
+    paid = rollout.env_rewards
+    metrics["env/reward"] = (
+        torch.nanmean(paid) if paid is not None and not paid.isnan().all() else float("nan")
+    )
+    for name in sorted(rollout.env_metrics):
+        metrics[f"env/{name}"] = rollout.env_metrics[name] / B  # per episode
     return metrics
 
 
