@@ -7,6 +7,7 @@ from typing import Any
 
 from .config import GRPOConfig
 from .data import load_prompts
+from .envs import EnvironmentSpec, tool_environment
 from .train.grpo import TrainResult, train_grpo
 from .train.progress import reporting
 
@@ -18,6 +19,10 @@ class GRPOTrainer:
     reward_funcs: one callable or a list, f(prompts, completions, **columns) -> list[float | None].
     train_dataset / eval_dataset: a file path, a list of dicts or a datasets.Dataset.
     config: a GRPOConfig (or a dict of its fields); its `task` is ignored: the data given here is used.
+    tools: plain functions the policy may call (multi-turn episodes, the config's tool_call_format,
+        max_turns and tool_timeout); environment_factory: a class or function returning a fresh
+        environment per episode (reset(row) / step(text), see grpokit.envs). TRL's names; at most one.
+        With either, reward_funcs may be empty: the reward is then what the environment paid.
     """
 
     def __init__(
@@ -29,8 +34,29 @@ class GRPOTrainer:
         eval_dataset: Any = None,
         tokenizer: Any = None,
         is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
     ) -> None:
         cfg = config if isinstance(config, GRPOConfig) else GRPOConfig(**(config or {}))
+        if tools and environment_factory is not None:
+            raise ValueError(
+                "give tools or environment_factory, not both: an environment runs its own tools."
+            )
+        self.environment = None
+        if tools:
+            self.environment = tool_environment(
+                list(tools),
+                cfg.tool_call_format or "hermes",
+                max_turns=cfg.max_turns,
+                timeout=cfg.tool_timeout,
+            )
+        elif environment_factory is not None:
+            self.environment = EnvironmentSpec(
+                environment_factory,
+                max_turns=cfg.max_turns,
+                stop_strings=getattr(environment_factory, "stop_strings", ()),
+                name=getattr(environment_factory, "__name__", "environment"),
+            )
         if isinstance(model, str):
             cfg, model = cfg.model_copy(update={"model": model}), None
         elif tokenizer is None:
@@ -56,4 +82,5 @@ class GRPOTrainer:
                 eval_rows=self.eval_rows,
                 is_correct=self.is_correct,
                 on_event=events,
+                environment=self.environment,
             )

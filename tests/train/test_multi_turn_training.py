@@ -219,3 +219,36 @@ def test_accuracy_on_your_rows_judges_the_final_answer_after_the_tools():
     data = resolve_data(cfg, rows, rows, [lambda p, c, **_: [0.0] * len(c)], None)
     assert data.is_correct('[calc("2*21")]{42}42', rows[0]) and not data.is_correct("{42}41", rows[0])
     assert set("[]{}") <= set(data.alphabet)  # the tiny tokenizer can write a call and read its answer
+
+
+class Countdown:
+    """Pays 1.0 when the policy's turn ends with the row's digit, within the turns it is given."""
+
+    stop_strings = ("=",)
+
+    def reset(self, row):
+        self.digit = row["digit"]
+        return ""
+
+    def step(self, text):
+        if text.rstrip("=").endswith(self.digit):
+            return "", 1.0, True
+        return "0=", 0.0, False
+
+
+def test_the_python_api_takes_tools_or_an_environment_factory_as_trl_names_them(tmp_path):
+    from grpokit import GRPOTrainer
+    from grpokit.envs import calc
+
+    rows = [{"prompt": f"{d}+{d}=", "digit": str(d), "answer": str(2 * d)} for d in range(10)]
+    small = {k: v for k, v in tiny_config(tmp_path).model_dump().items() if k != "task"}
+    small |= {"max_completion_length": 10, "max_turns": 2, "overwrite": True}
+    trainer = GRPOTrainer("tiny", [], rows, config=small, environment_factory=Countdown)
+    assert trainer.environment.stop_strings == ("=",) and trainer.environment.max_turns == 2
+    step = next(r for r in _metrics(trainer.train().output_dir) if "loss" in r)
+    assert step["reward"] == pytest.approx(step["env/reward"])  # no reward_funcs: the environment's
+    trainer = GRPOTrainer("tiny", [], rows, config=small | {"tool_call_format": "brackets"}, tools=[calc])
+    assert trainer.environment.stop_strings == ("]",)
+    assert "env/tool_calls" in next(r for r in _metrics(trainer.train().output_dir) if "loss" in r)
+    with pytest.raises(ValueError, match="not both"):
+        GRPOTrainer("tiny", [], rows, config=small, tools=[calc], environment_factory=Countdown)

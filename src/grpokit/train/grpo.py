@@ -67,15 +67,27 @@ def train_grpo(
     eval_rows: Sequence[dict[str, Any]] | None = None,
     is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
     on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
+    environment: Any = None,
 ) -> TrainResult:
     """Run GRPO as configured. Anything not given comes from the config (task, dataset, model).
+    `environment`: an `envs.EnvironmentSpec` (multi-turn episodes), in place of the config's tools or
+    environment.
 
     SIGINT and SIGTERM never cut a run short silently: during the warm start it stops after the
     current supervised step and says so (no checkpoint exists yet; the same command starts again);
     during GRPO it finishes the current update, saves a checkpoint and says how to resume."""
     with StopSignals() as stop:
         return _train_grpo(
-            cfg, stop, model, tokenizer, reward_funcs, train_rows, eval_rows, is_correct, on_event
+            cfg,
+            stop,
+            model,
+            tokenizer,
+            reward_funcs,
+            train_rows,
+            eval_rows,
+            is_correct,
+            on_event,
+            environment,
         )
 
 
@@ -89,6 +101,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     eval_rows: Sequence[dict[str, Any]] | None,
     is_correct: Callable[[str, dict[str, Any]], bool] | None,
     on_event: Callable[[str, int, dict[str, Any]], None] | None,
+    environment: Any,
 ) -> TrainResult:
     # ------------------------------------------------------------------ set-up: validate before any work
     d = distributed.init(cfg.device)  # this rank's device: the config's, or cuda:LOCAL_RANK under torchrun
@@ -103,7 +116,9 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         require_peft()
     output_dir = Path(cfg.output_dir)
     replacing = claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-    data = resolve_data(cfg, train_rows, eval_rows, reward_funcs, is_correct, device=d.device)
+    data = resolve_data(
+        cfg, train_rows, eval_rows, reward_funcs, is_correct, device=d.device, environment=environment
+    )
     seed_everything(cfg.seed)
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)

@@ -95,7 +95,7 @@ def resolve_environment(cfg: GRPOConfig, task: Any) -> EnvironmentSpec | None:
 
 
 def configured_rewards(
-    cfg: GRPOConfig, task: Any, device: torch.device | None = None
+    cfg: GRPOConfig, task: Any, device: torch.device | None = None, episodic: bool = False
 ) -> list[Callable[..., Any]]:
     """The reward functions the config names (`reward_funcs`), or the task's reward. A reward model
     goes to its entry's `device`, else the policy's (`device`; None: the config's)."""
@@ -111,7 +111,7 @@ def configured_rewards(
     if cfg.reward_funcs is None:
         if task is not None:
             return [task.reward]
-        return [env_reward] if cfg.environment is not None else []
+        return [env_reward] if episodic else []  # what the episodes' environment paid
     builtins: dict[str, Any] = {
         "env": env_reward,
         "exact_answer": exact_answer,
@@ -188,7 +188,10 @@ def resolve_data(
     *,
     require_rewards: bool = True,
     device: torch.device | None = None,
+    environment: EnvironmentSpec | None = None,
 ) -> RunData:
+    """What the run trains on: the arguments where given, else the config's task or dataset.
+    `environment` (Python API) replaces what the config's tools / environment would make."""
     task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts) if cfg.task else None
     train_source, eval_source = "the training rows", "the held-out rows"
     if train_rows is None:
@@ -203,7 +206,7 @@ def resolve_data(
             eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
             eval_source = str(cfg.eval_dataset)
     train_rows, eval_rows = list(train_rows), list(eval_rows)[: cfg.num_eval_prompts]
-    environment = resolve_environment(cfg, task)
+    environment = environment or resolve_environment(cfg, task)
     if cfg.sft_steps and environment is not None:
         require_demonstrations(train_rows[: cfg.sft_examples], train_source)  # say it now, not after loading
     elif cfg.sft_steps:  # the warm start learns the answers: say so now, not after loading a model
@@ -214,7 +217,7 @@ def resolve_data(
             purpose=f"the supervised warm start (sft_steps={cfg.sft_steps})",
         )
     alphabet, is_correct = _own_data(cfg, task, train_rows, eval_rows, is_correct, environment)
-    funcs = list(reward_funcs or configured_rewards(cfg, task, device))
+    funcs = list(reward_funcs or configured_rewards(cfg, task, device, episodic=environment is not None))
     if not funcs and not require_rewards and is_correct is not None:
         funcs = [correctness_reward(is_correct)]  # evaluation alone: 1.0 for a right answer, else 0.0
     if not funcs:

@@ -250,7 +250,9 @@ def generate_and_score(
             metrics |= (
                 {
                     "reward": torch.nanmean(scores.rewards),
-                    "reward_std": scores.rewards[~scores.rewards.isnan()].std(),
+                    "reward_std": scored.std()
+                    if (scored := scores.rewards[~scores.rewards.isnan()]).numel() > 1
+                    else float("nan"),  # fewer than two scored completions: no spread
                     "frac_reward_zero_std": adv.is_std_zero.float().mean(),
                     "completions/mean_length": lengths.mean(),
                     "completions/min_length": lengths.min(),
