@@ -247,12 +247,11 @@ def generate_and_score(
         )
         if attempt == 0:  # TRL's metric names, on the first (unfiltered) generation batch
             lengths = rollout.completion_mask.sum(-1).float()  # [B]
+            scored = scores.rewards[~scores.rewards.isnan()]  # fewer than two: no spread (NaN)
             metrics |= (
                 {
                     "reward": torch.nanmean(scores.rewards),
-                    "reward_std": scored.std()
-                    if (scored := scores.rewards[~scores.rewards.isnan()]).numel() > 1
-                    else float("nan"),  # fewer than two scored completions: no spread
+                    "reward_std": scored.std() if scored.numel() > 1 else float("nan"),
                     "frac_reward_zero_std": adv.is_std_zero.float().mean(),
                     "completions/mean_length": lengths.mean(),
                     "completions/min_length": lengths.min(),
