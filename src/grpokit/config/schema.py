@@ -349,6 +349,12 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     on_reward_error: Literal["raise", "unscorable"] = Field(
         "raise", description="a failing reward function: stop naming it, or score the row None (counted)"
     )
+    reward_timeout: float | None = Field(
+        300.0,
+        gt=0.0,
+        description="seconds the reward functions may take for one batch; past it the batch is an error "
+        "naming the function (or its rows unscorable with on_reward_error=unscorable); None = no limit",
+    )
 
     # ---------------------------------------------------------------- optimisation
     learning_rate: float = Field(1e-6, gt=0.0, description="peak AdamW learning rate (TRL: 1e-6)")
