@@ -40,6 +40,15 @@ def gen() -> torch.Generator:
 
 
 @pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path, monkeypatch):
+    """Every test runs in its own empty directory, whatever the directory pytest was started from
+    holds: a relative path (the presets' `output_dir: runs/addition`, a CLI call without output_dir)
+    must never meet a run that `python3 -m grpokit train` left in a checkout, nor leave one there.
+    Files of the repository are read relative to `__file__`, never to the working directory."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def _no_network(monkeypatch):
     """Every test runs with internet sockets blocked: nothing may reach a model hub or anything else."""
     import socket

@@ -246,7 +246,14 @@ def test_the_table_is_large_enough():
 
 def test_cli_shows_one_line_not_a_traceback(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "grpokit", "train", f"model={tmp_path / 'missing'}"],
+        [
+            sys.executable,
+            "-m",
+            "grpokit",
+            "train",
+            f"model={tmp_path / 'missing'}",
+            f"output_dir={tmp_path / 'run'}",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -254,7 +261,15 @@ def test_cli_shows_one_line_not_a_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "missing' does not exist" in result.stderr
     debug = subprocess.run(
-        [sys.executable, "-m", "grpokit", "--debug", "train", f"model={tmp_path / 'missing'}"],
+        [
+            sys.executable,
+            "-m",
+            "grpokit",
+            "--debug",
+            "train",
+            f"model={tmp_path / 'missing'}",
+            f"output_dir={tmp_path / 'run'}",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,8 +12,10 @@
 CONFIG may also name a built-in preset: `addition` (the default of train), `rlhf_addition`,
 `reward_addition` (the default of reward), `reward_addition_rlhf`.
 
-Errors that a user can fix (config, data, reward functions, missing files) print one line that
-names the culprit; `--debug` shows the traceback instead.
+Errors that a user can fix (config, data, reward functions, a device the machine lacks, missing
+files, a full disk, a read-only filesystem, missing permissions) print one line that names the culprit
+and the fix, exit code 2; `--debug` shows the traceback instead. Any other exception is a bug and
+shows its traceback.
 """
 
 from __future__ import annotations
@@ -479,6 +481,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _size(num_bytes: float) -> str:
+    """A byte count as people read it: 12.0 MB (powers of 1000, as `df -H` shows them)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if num_bytes < 1000:
+            return f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    return f"{num_bytes:.1f} TB"
+
+
+def _free_space(path: str) -> str | None:
+    """The free space of the filesystem `path` is on, measured at its nearest existing parent (the
+    file that could not be written may not exist, nor its directory); None when even that fails."""
+    import shutil
+
+    place = Path(path).absolute()
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    try:
+        return _size(shutil.disk_usage(place).free)
+    except OSError:
+        return None
+
+
+def environment_error(error: OSError, command: str) -> str | None:
+    """The one line for an OSError that the machine or the user's paths caused (a full disk, a
+    read-only filesystem, missing permissions, a file where a directory belongs, a run already in
+    output_dir), naming the path and what to do; None for any other OSError, which then shows its
+    traceback as a bug would."""
+    import errno
+
+    path = error.filename
+    where = repr(str(path)) if path is not None else "a file"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "no space left on device" if error.errno == errno.ENOSPC else "disk quota exceeded"
+        free = _free_space(path) if path is not None else None
+        room = f" ({free} free on that filesystem)" if free else ""
+        kept = " Earlier checkpoints are kept." if command in ("train", "reward") else ""  # they checkpoint
+        return f"{what} writing {where}{room}; free some space or choose another output_dir.{kept}"
+    if error.errno == errno.EROFS:
+        return f"{where} is on a read-only filesystem; choose a path on a writable one (output_dir=...)."
+    if error.errno == errno.ENAMETOOLONG:
+        return f"the file name {where} is too long for its filesystem; choose a shorter path."
+    if isinstance(error, PermissionError):
+        return f"permission denied on {where}; give this user access to it, or choose another path."
+    if isinstance(error, IsADirectoryError):
+        return f"{where} is a directory where a file is expected; give the path of a file."
+    if isinstance(error, NotADirectoryError):
+        return f"{where} is not a directory (it, or a folder on its path, is a file); choose another path."
+    if isinstance(error, (FileNotFoundError, FileExistsError)):
+        if error.errno is None:  # raised by grpokit with a message that names the path and the fix
+            return str(error)
+        if isinstance(error, FileExistsError):
+            return f"{where} already exists; remove it or choose another path."
+        return f"{where} does not exist; check the path."
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
@@ -490,17 +549,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.handler(args)
-    except (
-        ConfigError,
-        DataError,
-        RewardFunctionError,
-        TooManySkips,
-        FileNotFoundError,
-        ValueError,
-    ) as error:
-        print(f"grpokit {args.command}: error: {error}", file=sys.stderr)
-        print("(run with --debug for the traceback)", file=sys.stderr)
-        return 2
+    except (ConfigError, DataError, RewardFunctionError, TooManySkips, ValueError) as error:
+        line = str(error)  # ValueError: a DeviceError (device=cuda without a GPU) among others
+    except OSError as error:
+        found = environment_error(error, args.command)
+        if found is None:
+            raise
+        line = found
+    print(f"grpokit {args.command}: error: {line}", file=sys.stderr)
+    print("(run with --debug for the traceback)", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -22,19 +22,38 @@ PLOTS = {
 SFT_PLOT = ("sft_loss", "sft/loss")  # the supervised warm start, from sft_metrics.jsonl, by its own steps
 
 
+def _read_rows(path: Path) -> list[dict]:
+    """The JSON rows of a metrics file. A last line cut short (the run was killed while writing it)
+    is left out, as a resumed run drops it; any other line that is not JSON is named."""
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):  # no newline after it: the write was cut short
+                break
+            raise ValueError(
+                f"{path}: line {number} is not valid JSON ({error.msg}); the file was edited or damaged."
+            ) from None
+    return rows
+
+
 def read_sft_metrics(run_dir: Path) -> list[dict]:
     """The warm start's rows ({"sft_step", "sft/loss"}), or none when the run had no warm start."""
     path = run_dir / "sft_metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _read_rows(path)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a grpokit run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _read_rows(path)
 
 
 def write_report(run_dir: str | Path) -> Path:

@@ -122,17 +122,18 @@ def test_print_config_shows_the_preset_with_overrides(capsys):
     assert "max_steps: 7" in text and "sft_steps: 1000" in text and "learning_rate: 0.0001" in text
 
 
-def test_bad_config_fails_before_any_model_is_loaded(capsys, monkeypatch):
+def test_bad_config_fails_before_any_model_is_loaded(tmp_path, capsys, monkeypatch):
     """The error is one line naming the key; no model is built (building would fail here)."""
     import grpokit.train.grpo as grpo
 
     monkeypatch.setattr(
         grpo, "policy_and_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
     )
-    assert main(["train", "num_generations=1"]) == 2
+    out = f"output_dir={tmp_path / 'run'}"
+    assert main(["train", out, "num_generations=1"]) == 2
     err = capsys.readouterr().err
     assert "num_generations" in err and "--debug" in err and "Traceback" not in err
-    assert main(["train", "task=null"]) == 2
+    assert main(["train", out, "task=null"]) == 2
     assert "nothing to train on" in capsys.readouterr().err
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from grpokit import GRPOTrainer
-from grpokit.train.checkpoint import claim_output_dir, clear_earlier_run
+from grpokit.train.rundir import claim_output_dir, clear_earlier_run
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import ZeroSpreadWatch
 from grpokit.train.optim import lr_factor

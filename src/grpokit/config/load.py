@@ -3,11 +3,18 @@
     load_config(GRPOConfig, "run.yaml", ["learning_rate=3e-4", "loss_type=grpo"])
 
 Override values are parsed as YAML scalars (`3e-4`, `true`, `null`, `[1.0, 0.5]`).
+
+YAML is read by `ConfigLoader`, a SafeLoader that refuses what a config never needs and what would
+hang or crash the loader: duplicate keys (YAML keeps the last one silently), values nested deeper
+than MAX_DEPTH, and aliases that expand to more than MAX_NODES values (a "billion laughs" document
+is a few hundred bytes that expands to 9^9 strings). Every value echoed in a message is shortened
+(`shown`), so that no message is longer than a line because of what the user typed.
 """
 
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,9 +24,121 @@ from pydantic import BaseModel, ValidationError
 
 C = TypeVar("C", bound=BaseModel)
 
+SHOWN_CHARS = 80  # the most characters of a user's value that a message repeats
+# A whole config is about a hundred keys with short lists, nested 3 deep at most (reward_funcs: a list
+# of mappings of scalars); these bounds are two orders of magnitude above that and far below what
+# takes a noticeable time to build, print or validate.
+MAX_NODES = 10_000  # values after alias expansion
+MAX_DEPTH = 32  # levels of nesting (the pure-Python composer recurses twice per level)
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message says which key and what to change."""
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` cut to `limit` characters, marked with "…" where cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother = 3, SHOWN_CHARS, SHOWN_CHARS
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
+
+
+def shown(value: Any) -> str:
+    """repr(value) for a message: reprlib stops early in a large or deep structure (a plain repr of
+    an expanded YAML alias bomb would not return), and the result is cut to SHOWN_CHARS."""
+    return shorten(_repr.repr(value))
+
+
+class _Refused(ConfigError):
+    """What ConfigLoader refuses; the caller adds where the YAML came from."""
+
+
+def _line(node: yaml.Node) -> str:
+    return f"line {node.start_mark.line + 1}"
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader refusing duplicate keys, deep nesting and alias expansion past MAX_NODES."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        # bounded before the composer recurses (else RecursionError on "[" * 100000)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _Refused(f"values nested more than {MAX_DEPTH} levels deep (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges; explicit keys may override merged ones
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: SafeConstructor says so
+                if first is not key_node:
+                    raise _Refused(
+                        f"key {shorten(str(key))!r} is given twice ({_line(first)} and {_line(key_node)}); "
+                        "YAML would silently keep the last one: keep one"
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand it past MAX_NODES values or MAX_DEPTH levels, or refer
+    to a value that contains them (endless). Counted over the node graph, each node once (iterative
+    post-order with memoised sizes), so a bomb is measured without being expanded."""
+    size: dict[int, int] = {}  # id(node) -> values in its expansion
+    depth: dict[int, int] = {}  # id(node) -> levels in its expansion
+    expanding: set[int] = set()  # the nodes whose children are being counted (a path from root)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        )
+        if children_done:
+            expanding.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            depth[id(node)] = 1 + max((depth[id(c)] for c in children), default=0)
+            if size[id(node)] > MAX_NODES:
+                raise _Refused(
+                    f"aliases expand the value at {_line(node)} to more than {MAX_NODES} values; a config "
+                    "needs far fewer: write the values out"
+                )
+            if depth[id(node)] > MAX_DEPTH:
+                raise _Refused(
+                    f"aliases nest the value at {_line(node)} more than {MAX_DEPTH} levels deep; a config "
+                    "needs far fewer: write the values out"
+                )
+        elif id(node) not in size:
+            if id(node) in expanding:
+                raise _Refused(f"an alias at or below {_line(node)} refers to a value that contains it")
+            expanding.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in children)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` read by ConfigLoader (what yaml.safe_load reads, within its bounds)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - ConfigLoader is a SafeLoader
 
 
 def _closest(name: str, valid: Sequence[str]) -> str:
@@ -32,9 +151,11 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not key=value (for example learning_rate=3e-4).")
+            raise ConfigError(f"override {shown(item)} is not key=value (for example learning_rate=3e-4).")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = load_yaml(raw) if raw.strip() else None
+        except _Refused as error:
+            raise ConfigError(f"override {shorten(key.strip())}: {error}") from None
         except yaml.YAMLError:
             value = raw
         values[key.strip()] = _number(value)
@@ -56,7 +177,9 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist.")
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        data = load_yaml(file.read_text()) or {}
+    except _Refused as error:
+        raise ConfigError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({error}).") from None
     if not isinstance(data, dict):
@@ -64,17 +187,61 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# pydantic's errors about a number: the message then also says the field's allowed range
+_NUMBER_ERRORS = {
+    "finite_number",
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "float_parsing",
+    "float_type",
+    "int_parsing",
+    "int_parsing_size",
+    "int_from_float",
+    "int_type",
+}
+
+
+def _number_text(x: Any) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def allowed_range(schema: type[BaseModel], key: str) -> str:
+    """The values field `key` of `schema` takes, from its bounds: "0 < learning_rate ≤ 1", or "a
+    finite number" for a float field without bounds ("" for a key that is no numeric field)."""
+    field = schema.model_fields.get(key)
+    if field is None:
+        return ""
+    low = high = ""
+    for bound in field.metadata:
+        for attr, sign in (("gt", "<"), ("ge", "≤"), ("lt", "<"), ("le", "≤")):
+            value = getattr(bound, attr, None)
+            if value is not None and attr[0] == "g":
+                low = f"{_number_text(value)} {sign} "
+            elif value is not None:
+                high = f" {sign} {_number_text(value)}"
+    if low or high:
+        return f"{low}{key}{high}" + ("" if high else ", finite")
+    return "a finite number" if field.annotation in (float, float | None) else ""
+
+
 def _explain(error: ValidationError, schema: type[BaseModel], source: str) -> ConfigError:
     lines = []
     valid = list(schema.model_fields)
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "config"
+        key = shorten(".".join(str(p) for p in item["loc"])) or "config"
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown key {key!r}{_closest(key, valid)}")
+        elif key == "config":
+            lines.append(item["msg"].replace("Value error, ", ""))
         else:
-            given = item.get("input")
             message = item["msg"].replace("Value error, ", "")
-            lines.append(f"{key}: {message} (got {given!r})" if key != "config" else message)
+            if item["type"] == "int_parsing_size":
+                message = "Input should be a smaller integer"  # pydantic: "Unable to parse input string…"
+            line = f"{key}: {message} (got {shown(item.get('input'))})"
+            allowed = allowed_range(schema, key) if item["type"] in _NUMBER_ERRORS else ""
+            lines.append(f"{line}; allowed: {allowed}" if allowed else line)
     return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
 
 

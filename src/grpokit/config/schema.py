@@ -12,9 +12,39 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from . import trl_names
+from .load import shown
+
+# Every config class: unknown keys rejected, immutable, defaults validated, and no float option takes
+# inf, -inf or nan (nor what YAML and the overrides read as them: .inf, .nan, 1e999). Pydantic merges
+# a class's model_config with its bases', so the mixins and the three configs all share this one.
+STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+# Bounds no real run exceeds; past them a value is a typo (a missing minus sign in an exponent) that
+# would wreck the weights or hang a step, so it is refused before anything is built.
+# AdamW moves every weight by about the learning rate per step, and initialised weights are ~0.02-1:
+# a rate above 1 overwrites them in one step. Published recipes stay below 1e-2 (this project's
+# presets ≤ 3e-3, its tests ≤ 0.1).
+LEARNING_RATE_MAX = 1.0
+# Seconds one tool call or one batch's reward may take: a day is beyond any real one (None is "no
+# limit" for the reward), and keeps a thread's join() far below threading.TIMEOUT_MAX (~9e9 s).
+SECONDS_MAX = 86_400.0
+# Caps and bounds of an importance ratio (delta, epsilon_high, sampling_correction_min/max): a cap
+# above any ratio met is the same as none, so 1e6 takes away nothing a run uses, and keeps the clamp
+# bounds finite in float32 and bfloat16 arithmetic.
+RATIO_BOUND_MAX = 1e6
+# Seeds: what every generator takes (numpy's is 32 bits, torch's 64, random's any), and the per-step
+# sampling seed derived from it (seed·1000003 + step·101 + …, train/grpo_step.py) stays below 2**64.
+SEED_MAX = 2**32 - 1
+
+LearningRate = Annotated[float, Field(gt=0.0, le=LEARNING_RATE_MAX)]
+Seconds = Annotated[float, Field(gt=0.0, le=SECONDS_MAX)]
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+# one weight per reward function; negative weights are penalties. ±1e6 is beyond any real weight and
+# keeps a weighted sum of rewards finite in float32.
+RewardWeight = Annotated[float, Field(ge=-1e6, le=1e6)]
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 REPORTERS = ("tensorboard", "wandb")
@@ -33,7 +63,9 @@ def _report_to(value: Any) -> Any:
             out += [n for n in REPORTERS if importlib.util.find_spec(n) is not None]
         elif name not in ("none", None):
             if name not in REPORTERS:
-                raise ValueError(f"{name!r} is not a destination grpokit has; use tensorboard, wandb or none")
+                raise ValueError(
+                    f"{shown(name)} is not a destination grpokit has; use tensorboard, wandb or none"
+                )
             out.append(name)
     return list(dict.fromkeys(out))
 
@@ -50,7 +82,7 @@ def _task_name(value: Any) -> Any:
     if prefix == "reasoning_gym" and name:
         return value
     raise ValueError(
-        f"{value!r} is not a task; built-in tasks: {', '.join(BUILTIN_TASKS)}, or reasoning_gym:NAME "
+        f"{shown(value)} is not a task; built-in tasks: {', '.join(BUILTIN_TASKS)}, or reasoning_gym:NAME "
         "(e.g. reasoning_gym:countdown)"
     )
 
@@ -73,7 +105,7 @@ class _Keys(BaseModel):
 class _TinyModel(_Keys):
     """The size of the built-in tiny Llama (used when model is 'tiny')."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     tiny_hidden_size: int = Field(128, ge=8, description="model=tiny: hidden size")
     tiny_num_layers: int = Field(4, ge=1, description="model=tiny: decoder layers")
@@ -87,7 +119,7 @@ DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 class _Placement(_Keys):
     """Where the models and batches live."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     device: str = Field(
         "auto",
@@ -100,7 +132,7 @@ class _Placement(_Keys):
 class _Precision(_Keys):
     """Compute precision and the precision of what trains (GRPO and reward training)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
@@ -123,23 +155,27 @@ class _Precision(_Keys):
 class _Optimisation(_Keys):
     """AdamW, schedule and clipping, as TRL's defaults (the learning rate is each trainer's own)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
         "linear", description="after warm-up: constant, or linear / cosine decay to 0 at max_steps"
     )
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up to learning_rate")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    # decoupled decay multiplies each weight by 1 - learning_rate·weight_decay per step: with both ≤ 1
+    # the factor stays ≥ 0 (used values: 0 to 0.1)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
-    adam_epsilon: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    # past 1 the epsilon outweighs the root of any real second moment: AdamW becomes SGD at rate lr/eps
+    adam_epsilon: float = Field(1e-8, gt=0.0, le=1.0, description="AdamW epsilon")
+    # no upper bound: a very large norm (1e9) is how clipping is switched off
     max_grad_norm: float = Field(1.0, gt=0.0, description="clip the gradient norm to this before each update")
 
 
 class _RunControl(_Keys):
     """How a training run treats its output_dir, and what it reports (GRPO and reward training)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     resume: bool = Field(False, description="continue from the last complete checkpoint in output_dir")
     overwrite: bool = Field(
@@ -163,11 +199,11 @@ class _RunControl(_Keys):
 
 
 class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     # ---------------------------------------------------------------- run
     output_dir: str = Field("runs/grpo", description="where metrics, checkpoints and the report go")
-    seed: int = Field(42, description="seeds initialisation, prompt order and sampling (TRL: 42)")
+    seed: Seed = Field(42, description="seeds initialisation, prompt order and sampling (TRL: 42)")
     max_steps: int = Field(200, ge=1, description="GRPO steps (one generation batch each)")
     logging_steps: int = Field(1, ge=1, description="write metrics every N steps")
     save_steps: int = Field(50, ge=0, description="checkpoint every N steps (0 = only at the end)")
@@ -232,7 +268,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "None = run sft_steps",
     )
     sft_batch_size: int = Field(256, ge=1, description="warm start: examples per step")
-    sft_learning_rate: float = Field(3e-3, gt=0, description="warm start: peak learning rate")
+    sft_learning_rate: LearningRate = Field(3e-3, description="warm start: peak learning rate")
 
     # ---------------------------------------------------------------- generation
     sampler: Literal["kv", "hf"] = Field(
@@ -257,14 +293,22 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     prompt_truncation: Literal["left", "error"] = Field(
         "left", description="prompts over max_prompt_length: cut from the left (counted) or an error"
     )
-    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    # > 0: greedy sampling gives every group G equal completions, no spread, nothing to learn. ≤ 10:
+    # softmax(logits / 10) is close to uniform, noise rather than the policy's samples
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        le=10.0,
+        description="sampling temperature of training completions and pass@k (> 0; evaluation's accuracy "
+        "is greedy regardless)",
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the top-p probability mass")
     top_k: int = Field(0, ge=0, description="sample from the k likeliest tokens (0 = off; TRL: 0)")
     min_p: float | None = Field(
         None, ge=0.0, le=1.0, description="drop tokens below min_p × the top token's probability (None = off)"
     )
-    repetition_penalty: float = Field(
-        1.0, gt=0.0, description="penalise tokens already generated, as transformers does (1 = off)"
+    repetition_penalty: float = Field(  # 10 already all but bans a repeat (logits divided by it)
+        1.0, gt=0.0, le=10.0, description="penalise tokens already generated, as transformers does (1 = off)"
     )
 
     # ---------------------------------------------------------------- multi-turn: tools and environments
@@ -285,20 +329,26 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="how a tool call is written: hermes = <tool_call>…</tool_call> with "
         "<tool_response>…</tool_response>, brackets = […] with {…}; None = the task's, else hermes",
     )
-    tool_timeout: float = Field(
-        5.0, gt=0.0, description="seconds a tool may run before the policy is told it timed out"
+    tool_timeout: Seconds = Field(
+        5.0, description="seconds a tool may run before the policy is told it timed out"
     )
 
     # ---------------------------------------------------------------- algorithm
     loss_type: LossType = Field("dapo", description="the GRPO variant's surrogate and normaliser (TRL: dapo)")
-    beta: float = Field(0.0, ge=0.0, description="KL coefficient (TRL: 0.0)")
-    epsilon: float = Field(
-        0.2, ge=0.0, description="clip range: the ratio is kept within [1-epsilon, 1+epsilon_high]"
+    # in use: 0 to 0.1 (DeepSeekMath 0.04); 10 already pins the policy to the reference
+    beta: float = Field(0.0, ge=0.0, le=10.0, description="KL coefficient (TRL: 0.0)")
+    epsilon: float = Field(  # ≤ 1: the lower clip 1 - epsilon of a ratio (> 0) is otherwise no bound
+        0.2, ge=0.0, le=1.0, description="clip range: the ratio is kept within [1-epsilon, 1+epsilon_high]"
     )
     epsilon_high: float | None = Field(
-        None, ge=0.0, description="upper clip range (None = epsilon); for cispo the absolute weight cap"
+        None,
+        ge=0.0,
+        le=RATIO_BOUND_MAX,
+        description="upper clip range (None = epsilon); for cispo the absolute weight cap",
     )
-    delta: float | None = Field(None, gt=1.0, description="two-sided clipping cap on the ratio (> 1)")
+    delta: float | None = Field(
+        None, gt=1.0, le=RATIO_BOUND_MAX, description="two-sided clipping cap on the ratio (> 1)"
+    )
     importance_sampling_level: Literal["token", "sequence", "sequence_token"] = Field(
         "token", description="the ratio per token, per sequence (GSPO) or sequence_token (GSPO-token)"
     )
@@ -319,10 +369,16 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "sampling modes); none = off",
     )
     sampling_correction_max: float | None = Field(
-        3.0, gt=0.0, description="sampling_correction: upper bound C_max of the ratio (None = none)"
+        3.0,
+        gt=0.0,
+        le=RATIO_BOUND_MAX,
+        description="sampling_correction: upper bound C_max of the ratio (None = none)",
     )
     sampling_correction_min: float | None = Field(
-        None, ge=0.0, description="sampling_correction: lower bound C_min of the ratio (None = none)"
+        None,
+        ge=0.0,
+        le=RATIO_BOUND_MAX,
+        description="sampling_correction: lower bound C_min of the ratio (None = none)",
     )
     mask_truncated_completions: bool = Field(
         False, description="completions cut at max_completion_length get no loss (DAPO)"
@@ -333,7 +389,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | task} or "
         "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns))",
     )
-    reward_weights: list[float] | None = Field(
+    reward_weights: list[RewardWeight] | None = Field(
         None, description="one weight per reward function, summed into the reward (None = all 1)"
     )
     use_bias_correction_kl: bool = Field(True, description="multiply the KL term by the ratio (TRL 1.16)")
@@ -352,12 +408,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     reward_timeout: float | None = Field(
         300.0,
         gt=0.0,
+        le=SECONDS_MAX,
         description="seconds the reward functions may take for one batch; past it the batch is an error "
         "naming the function (or its rows unscorable with on_reward_error=unscorable); None = no limit",
     )
 
     # ---------------------------------------------------------------- optimisation
-    learning_rate: float = Field(1e-6, gt=0.0, description="peak AdamW learning rate (TRL: 1e-6)")
+    learning_rate: LearningRate = Field(1e-6, description="peak AdamW learning rate (TRL: 1e-6)")
     max_consecutive_skips: int = Field(
         3,
         ge=1,
@@ -390,8 +447,26 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "except the LM head",
     )
 
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _sampling_temperature(cls, value: Any) -> Any:
+        """0 is refused with the reason (pydantic's "greater than 0" would not say it)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            raise ValueError(
+                "temperature=0 samples greedily: the G completions of a prompt are then all the same, "
+                "every group has zero reward spread and GRPO learns nothing; use a temperature > 0 "
+                "(e.g. 1.0; held-out accuracy is measured greedily anyway)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
+        low, high = self.sampling_correction_min, self.sampling_correction_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError(
+                f"sampling_correction_min={low:g} must be below sampling_correction_max={high:g}: the "
+                "ratio would be kept within an empty range; lower the minimum or raise the maximum"
+            )
         if self.sampling_correction != "none" and self.loss_type == "vespo":
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
@@ -447,7 +522,8 @@ def _check_reference(reference: str) -> None:
     """A tool or environment reference: a built-in tool name, FILE.py:NAME or package.module:NAME."""
     if ":" not in reference and not reference.isidentifier():
         raise ValueError(
-            f"{reference!r} is not a built-in tool name nor a reference FILE.py:NAME or package.module:NAME"
+            f"{shown(reference)} is not a built-in tool name nor a reference FILE.py:NAME or "
+            "package.module:NAME"
         )
 
 
@@ -457,7 +533,7 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
     extras = set(spec) - {"model", "builtin", "python", "batch_size", "device"}
     if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):
         raise ValueError(
-            f"reward_funcs entry {spec} must have exactly one of 'model' (a directory), 'builtin' "
+            f"reward_funcs entry {shown(spec)} must have exactly one of 'model' (a directory), 'builtin' "
             "(exact_answer, math_answer, format_tags, task) or 'python' (FILE.py:FUNCTION or "
             "package.module:FUNCTION); a model entry optionally batch_size, device"
         )
@@ -468,7 +544,7 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
             where, sep, name = ref.rpartition(".")
         if not sep or not where.strip() or not name.isidentifier():
             raise ValueError(
-                f"reward_funcs entry {spec}: 'python' must name a function as 'FILE.py:FUNCTION', "
+                f"reward_funcs entry {shown(spec)}: 'python' must name a function as 'FILE.py:FUNCTION', "
                 "'package.module:FUNCTION' or 'package.module.FUNCTION'"
             )
 
@@ -476,10 +552,10 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
 class SFTConfig(_Placement, _TinyModel):
     """A minimal supervised warm start: cross-entropy on the task's answers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     output_dir: str = Field("runs/sft", description="where the final model and config go")
-    seed: int = Field(42, description="seeds initialisation and example order")
+    seed: Seed = Field(42, description="seeds initialisation and example order")
     model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
     task: Literal["addition", "countdown", "reverse"] | None = Field(
         "addition", description="a built-in task; None to train on `dataset`"
@@ -487,7 +563,7 @@ class SFTConfig(_Placement, _TinyModel):
     num_eval_prompts: int = Field(200, ge=1, description="held-out prompts for the accuracy after training")
     max_steps: int = Field(600, ge=1, description="supervised steps")
     batch_size: int = Field(256, ge=1, description="examples per step")
-    learning_rate: float = Field(3e-3, gt=0.0, description="peak learning rate")
+    learning_rate: LearningRate = Field(3e-3, description="peak learning rate")
     progress: bool = Field(True, description="show progress")
 
     # ---------------------------------------------------------------- own data (as GRPOConfig)
@@ -505,11 +581,11 @@ class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisatio
     """Bradley–Terry reward-model training. Names and defaults follow TRL 1.16's RewardConfig where
     TRL has the option (learning_rate 1e-4, max_length 1024, center_rewards_coefficient None)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = STRICT
 
     # ---------------------------------------------------------------- run
     output_dir: str = Field("runs/reward", description="where metrics, checkpoints and calibration go")
-    seed: int = Field(42, description="seeds initialisation, pair order and the built-in pairs")
+    seed: Seed = Field(42, description="seeds initialisation, pair order and the built-in pairs")
     max_steps: int = Field(300, ge=1, description="optimizer steps")
     logging_steps: int = Field(1, ge=1, description="write metrics every N steps")
     save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0 = only at the end)")
@@ -545,12 +621,13 @@ class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisatio
     # ---------------------------------------------------------------- optimisation
     batch_size: int = Field(64, ge=1, description="pairs per optimizer step")
     micro_batch_size: int = Field(64, ge=1, description="pairs per forward/backward; gradients accumulate")
-    center_rewards_coefficient: float | None = Field(
+    center_rewards_coefficient: float | None = Field(  # in use 0.01 to 0.1; 10 outweighs the loss itself
         None,
         ge=0.0,
+        le=10.0,
         description="adds this × mean((r_chosen + r_rejected)²), centring rewards (TRL: None; EasyDeL: 0.1)",
     )
-    learning_rate: float = Field(1e-4, gt=0.0, description="peak AdamW learning rate (TRL: 1e-4)")
+    learning_rate: LearningRate = Field(1e-4, description="peak AdamW learning rate (TRL: 1e-4)")
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop after this many non-finite updates in a row"
     )

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .load import ConfigError
+from .load import ConfigError, shorten, shown
 
 # ------------------------------------------------------------------------ accepted: aliases
 
@@ -30,7 +30,9 @@ def _precision(name: str, dtype: str) -> Rule:
 
     def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false (got {value!r}); grpokit's option is dtype.")
+            raise ConfigError(
+                f"{name} must be true or false (got {shown(value)}); grpokit's option is dtype."
+            )
         current = data.get("dtype")
         if value:
             if current not in (None, dtype):
@@ -49,8 +51,8 @@ def _only_steps(name: str, grpokit_key: str, answer: str) -> Rule:
     def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
         if value == "steps":
             return {}, f"TRL name: {name}=steps -> {grpokit_key} (grpokit always counts in steps)"
-        shown = "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
-        raise ConfigError(f"{name}={shown} is a TRL option; {answer}")
+        given = "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
+        raise ConfigError(f"{name}={shorten(str(given))} is a TRL option; {answer}")
 
     return rule
 
@@ -222,7 +224,7 @@ def unknown_key(schema_name: str, fields: Iterable[str], key: str) -> str:
         )
     match = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
     hint = f"did you mean {match[0]!r}?" if match else f"valid keys: {', '.join(sorted(fields))}"
-    return f"unknown key {key!r}; {hint}"
+    return f"unknown key {shown(key)}; {hint}"
 
 
 def check_keys(schema_name: str, fields: Iterable[str], data: Any) -> Any:

@@ -8,6 +8,7 @@ chat messages ({"role", "content"}) rendered with the tokenizer's chat template.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,39 +19,96 @@ class DataError(ValueError):
     """The prompt data cannot be used; the message names the file, row or column and the fix."""
 
 
+def _decoded(path: Path) -> str:
+    """The text of a data file, which must be UTF-8. A byte that is not UTF-8 (a file saved as Latin-1
+    or Windows-1252, a binary file under a data suffix) is named by line and column, since the
+    decoder's own message gives only a byte offset into the whole file."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1  # in bytes, 1-based
+        raise DataError(
+            f"{path}: line {line} is not valid UTF-8 (byte 0x{data[error.start]:02x} at column {column}); "
+            "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE)."
+        ) from None
+
+
+def _deepest(text: str) -> tuple[int, int]:
+    """(depth, line) of the most deeply nested bracket of a JSON text: where a document that json
+    cannot parse for the recursion it needs (json.loads raises RecursionError, with no position)
+    goes too deep. Brackets inside strings do not count."""
+    depth = deepest = 0
+    line = deepest_line = 1
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, deepest_line = depth, line
+        elif char in "]}":
+            depth -= 1
+        if char == "\n":
+            line += 1
+    return deepest, deepest_line
+
+
+def _too_deep(path: Path, text: str, first_line: int = 1) -> DataError:
+    depth, line = _deepest(text)
+    return DataError(
+        f"{path}: line {first_line + line - 1} nests lists or objects {depth} levels deep, more than "
+        "Python's JSON reader can follow; a row needs a few levels at most: flatten that value."
+    )
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(
-                    f"{path}: line {number} is not valid JSON ({error.msg} at column {error.colno})."
-                ) from None
-            if not isinstance(row, dict):
-                raise DataError(
-                    f"{path}: line {number} is a JSON {type(row).__name__}, expected an object {{...}}."
-                )
-            rows.append(row)
+    # split on "\n" alone: str.splitlines would also split on U+2028 and other characters that JSON
+    # strings may hold unescaped
+    for number, line in enumerate(_decoded(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(
+                f"{path}: line {number} is not valid JSON ({error.msg} at column {error.colno})."
+            ) from None
+        except RecursionError:
+            raise _too_deep(path, line, number) from None
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{path}: line {number} is a JSON {type(row).__name__}, expected an object {{...}}."
+            )
+        rows.append(row)
     return rows
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
+    text = _decoded(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}).") from None
+    except RecursionError:
+        raise _too_deep(path, text) from None
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise DataError(f"{path}: expected a JSON list of objects (or use JSON Lines, one object per line).")
     return data
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8", newline="") as f:
-        return [dict(row) for row in csv.DictReader(f)]
+    return [dict(row) for row in csv.DictReader(io.StringIO(_decoded(path), newline=""))]
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:

@@ -20,6 +20,13 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class DeviceError(ValueError, RuntimeError):
+    """The configured `device` does not exist on this machine (cuda without a GPU, cuda:N past the
+    last GPU): a setting the user fixes, so the command line prints its one line, not a traceback
+    (it catches ValueError). Also a RuntimeError, the type these errors had before, so that code
+    catching that keeps working."""
+
+
 def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.device:
     """The torch device a config's `device` names. `local_rank` (torchrun's LOCAL_RANK) picks the GPU of
     this process for "auto" and "cuda"; an explicit "cuda:N" is taken as written."""
@@ -30,7 +37,7 @@ def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.d
     if name not in ("auto", "cuda") and not name.startswith("cuda:"):
         raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}.")
     if not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceError(
             f"device={name} but torch sees no CUDA GPU (torch {torch.__version__}, built for "
             f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU only'}); use device=cpu or "
             "device=auto, or install a CUDA build of torch on a machine with a GPU."
@@ -38,7 +45,7 @@ def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.d
     index = int(name.split(":", 1)[1]) if ":" in name else (local_rank or 0)
     count = torch.cuda.device_count()
     if index >= count:
-        raise RuntimeError(
+        raise DeviceError(
             f"device=cuda:{index} but this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})."
         )
     return torch.device("cuda", index)

@@ -2,12 +2,22 @@
 
 Every failure names the function and, where it can, the row and the completion, so a user sees
 "reward function 'my_reward' returned 'yes' for row 3" rather than a traceback from torch.
+
+A reward function is user code that may hang (a network call, a solver, a deadlock). With a `timeout`
+or a `should_stop` check it runs on a daemon worker thread while the caller waits in short slices:
+a batch that takes longer than `timeout` seconds is an error naming the function (or, with
+on_error="unscorable", its rows are unscorable), and a stop request (SIGTERM) abandons the batch
+within a slice (`ScoringStopped`). Python cannot kill a thread: the hung call is left behind, and
+being a daemon thread it does not keep the interpreter from exiting (ThreadPoolExecutor's workers
+would: they are joined at exit).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,7 +28,16 @@ from ..ops import combine_rewards
 
 
 class RewardFunctionError(ValueError):
-    """A reward function raised, or returned something that is not one score per completion."""
+    """A reward function raised, hung past its timeout, or returned something that is not one score
+    per completion."""
+
+
+class ScoringStopped(Exception):  # noqa: N818 - a request, not an error of the user's
+    """A stop was requested (`should_stop`) while a reward function was running: the batch was
+    abandoned, the call left running on its daemon thread. The caller decides what a stop means."""
+
+
+WAIT_SLICE = 0.1  # seconds between looks at `should_stop` while a reward function runs
 
 
 @dataclass(frozen=True)
@@ -56,56 +75,173 @@ def _preview(text: Any, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """How long one function may take on one batch: `deadline` (time.monotonic(); None: no limit),
+    shared by the batch call and any row-by-row retry, and the stop check (None: none)."""
+
+    timeout: float | None
+    deadline: float | None
+    should_stop: Callable[[], bool] | None
+
+    @classmethod
+    def start(cls, timeout: float | None, should_stop: Callable[[], bool] | None) -> _Limits:
+        return cls(timeout, None if timeout is None else time.monotonic() + timeout, should_stop)
+
+
+# what one call of a reward function came to: ("ok", value) | ("error", exception) | ("timeout", None)
+_Outcome = tuple[str, Any]
+
+
+def _invoke(name: str, fn: Callable[..., Any], kwargs: dict[str, Any], limits: _Limits) -> _Outcome:
+    """Call `fn`, within `limits`. Every exception of the user's code is returned, SystemExit included
+    (a reward function that exits must not end the run as a success); KeyboardInterrupt is re-raised:
+    it is the user's Ctrl-C (or their own code asking for one), never the function's failure."""
+    if limits.deadline is None and limits.should_stop is None:  # nothing to enforce: on this thread
+        try:
+            return "ok", _call(fn, kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # noqa: BLE001 - reported with the function's name
+            return "error", error
+    box: list[_Outcome] = []
+
+    def work() -> None:
+        try:
+            box.append(("ok", _call(fn, kwargs)))
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            box.append(("error", error))
+
+    worker = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
+    worker.start()
+    while True:
+        left = None if limits.deadline is None else limits.deadline - time.monotonic()
+        worker.join(WAIT_SLICE if left is None else max(0.0, min(WAIT_SLICE, left)))
+        if not worker.is_alive():
+            break
+        if limits.should_stop is not None and limits.should_stop():
+            raise ScoringStopped(f"stopped while reward function {name!r} was running")
+        if limits.deadline is not None and time.monotonic() >= limits.deadline:
+            return "timeout", None  # the call is abandoned: a daemon thread, it never blocks the exit
+    outcome = box[0]
+    if outcome[0] == "error" and isinstance(outcome[1], KeyboardInterrupt):
+        raise outcome[1]
+    return outcome
+
+
+def _exited(name: str, error: BaseException) -> RewardFunctionError:
+    """A reward function called sys.exit (or raised another BaseException that is not an error)."""
+    return RewardFunctionError(
+        f"reward function {name!r} raised {error!r} (it asked the process to exit): a reward function "
+        "must return its scores; raise an exception for a completion it cannot score, or return None."
+    )
+
+
+def _timed_out(name: str, limits: _Limits, size: int) -> RewardFunctionError:
+    return RewardFunctionError(
+        f"reward function {name!r} did not return within reward_timeout={limits.timeout:g} s for a batch "
+        f"of {size} completions (the call was abandoned); raise reward_timeout (null: no limit), make the "
+        "function bound its own work, or set on_reward_error=unscorable to score such batches None."
+    )
+
+
+def _as_number(value: Any) -> Any:
+    """A one-element torch tensor, a numpy scalar or a 0-d numpy array as the Python number it holds;
+    anything else unchanged. (TRL turns a function's list into torch.tensor(..., dtype=float32), so
+    it takes all of these; numpy is found by duck typing, never imported.)"""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()  # np.float32 -> float, np.int64 -> int, np.bool_ -> bool, 0-d array -> its item
+    return value
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def _to_score(name: str, row: int, value: Any, completion: Any) -> float:
+    """One row's score as a float; None -> NaN (unscorable). A bool counts 1.0 / 0.0, as in TRL
+    (torch.tensor([True, False], dtype=torch.float32) == [1.0, 0.0])."""
     if value is None:
         return math.nan
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    value = _as_number(value)
+    where = f"for row {row} (completion {_preview(completion)})"
+    if not isinstance(value, (int, float)):  # bool is an int
         kind = type(value).__name__
         raise RewardFunctionError(
-            f"reward function {name!r} returned {value!r} ({kind}) for row {row} "
-            f"(completion {_preview(completion)}); "
+            f"reward function {name!r} returned {value!r} ({kind}) {where}; "
             "return a float, or None when the completion cannot be scored."
         )
-    if not math.isfinite(value):
+    try:
+        score = float(value)
+    except OverflowError:  # an int beyond float's range (its digits are not shown: there may be millions)
         raise RewardFunctionError(
-            f"reward function {name!r} returned {value} for row {row} (completion {_preview(completion)}); "
+            f"reward function {name!r} returned an integer of {value.bit_length()} bits {where}, too large "
+            "for a float; return a finite float, or None when the completion cannot be scored."
+        ) from None
+    if not math.isfinite(score):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {score} {where}; "
             "return a finite float, or None when the completion cannot be scored."
         )
-    return float(value)
+    if abs(score) > FLOAT32_MAX:  # rewards are float32 tensors: it would become inf there
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {score:g} {where}, beyond the range of float32 "
+            f"(±{FLOAT32_MAX:.3g}) that rewards are computed in; scale it down, or return None when the "
+            "completion cannot be scored."
+        )
+    return score
+
+
+def _rows(kwargs: dict[str, Any], row: int) -> dict[str, Any]:
+    """The arguments of one row: every list cut to its `row`-th item (a list of one)."""
+    return {k: (v[row : row + 1] if isinstance(v, list) else v) for k, v in kwargs.items()}
 
 
 def _find_failing_row(
-    fn: Callable[..., Any], kwargs: dict[str, Any], size: int
+    name: str, fn: Callable[..., Any], kwargs: dict[str, Any], size: int, limits: _Limits
 ) -> tuple[int, BaseException] | None:
+    """The first row the function raises on alone (None: none does, or the time ran out looking)."""
     for row in range(size):
-        one = {k: (v[row : row + 1] if isinstance(v, list) else v) for k, v in kwargs.items()}
-        try:
-            _call(fn, one)
-        except Exception as error:  # noqa: BLE001 - any exception of user code is reported
-            return row, error
+        kind, value = _invoke(name, fn, _rows(kwargs, row), limits)
+        if kind == "timeout":
+            return None
+        if kind == "error":
+            return row, value
     return None
 
 
 def _score_one(
-    fn: Callable[..., Any], kwargs: dict[str, Any], size: int, completions: Sequence[Any], on_error: str
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    size: int,
+    completions: Sequence[Any],
+    on_error: str,
+    limits: _Limits,
 ) -> tuple[list[float], int]:
     name = reward_name(fn)
-    try:
-        values = _call(fn, kwargs)
-    except Exception as error:  # noqa: BLE001
-        failing = _find_failing_row(fn, kwargs, size)
+    kind, values = _invoke(name, fn, kwargs, limits)
+    if kind == "timeout":
+        if on_error == "unscorable":  # every row of the batch is unscorable, and counted
+            return [math.nan] * size, size
+        raise _timed_out(name, limits, size)
+    if kind == "error":
+        error = values
+        if not isinstance(error, Exception):  # SystemExit and kin: never a row's failure
+            raise _exited(name, error) from error
+        failing = _find_failing_row(name, fn, kwargs, size, limits)
+        if failing is not None and not isinstance(failing[1], Exception):
+            raise _exited(name, failing[1]) from failing[1]
         if on_error == "unscorable" and failing is not None:
-            return _score_rowwise(fn, kwargs, size, completions)
+            return _score_rowwise(name, fn, kwargs, size, completions, limits)
         where = (
             f" on row {failing[0]} (completion {_preview(completions[failing[0]])}): {failing[1]!r}"
             if failing
             else f": {error!r}"
         )
         raise RewardFunctionError(f"reward function {name!r} raised{where}") from error
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
+    if isinstance(values, torch.Tensor) or (type(values).__module__ == "numpy" and hasattr(values, "tolist")):
+        values = values.tolist()  # a [B] tensor or numpy array (a 0-d one becomes a scalar: refused below)
     if not isinstance(values, (list, tuple)) or len(values) != size:
         got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
         raise RewardFunctionError(
@@ -115,24 +251,26 @@ def _score_one(
 
 
 def _score_rowwise(
-    fn: Callable[..., Any], kwargs: dict[str, Any], size: int, completions: Sequence[Any]
+    name: str,
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    size: int,
+    completions: Sequence[Any],
+    limits: _Limits,
 ) -> tuple[list[float], int]:
+    """on_error="unscorable": each row alone; rows that raise, or that the time left does not reach,
+    are NaN and counted."""
     scores, failed = [], 0
     for row in range(size):
-        one = {k: (v[row : row + 1] if isinstance(v, list) else v) for k, v in kwargs.items()}
-        try:
-            value = _call(fn, one)
-        except Exception:  # noqa: BLE001 - configured to count, not stop
+        kind, value = _invoke(name, fn, _rows(kwargs, row), limits)
+        if kind == "error" and not isinstance(value, Exception):
+            raise _exited(name, value) from value
+        if kind != "ok":  # configured to count, not stop
             scores.append(math.nan)
             failed += 1
             continue
         scores.append(
-            _to_score(
-                reward_name(fn),
-                row,
-                value[0] if isinstance(value, (list, tuple)) else value,
-                completions[row],
-            )
+            _to_score(name, row, value[0] if isinstance(value, (list, tuple)) else value, completions[row])
         )
     return scores, failed
 
@@ -146,6 +284,8 @@ def score_completions(
     completion_ids: Sequence[Sequence[int]] | None = None,
     weights: Sequence[float] | None = None,
     on_error: Literal["raise", "unscorable"] = "raise",
+    timeout: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RewardScores:
     """Score B completions with R reward functions and combine them.
 
@@ -153,6 +293,10 @@ def score_completions(
     **columns) with lists of length B (functions without **kwargs get the arguments they name).
     on_error="raise" stops at the first failure with a message naming the function and the row;
     "unscorable" scores the rows a function raised on as None (NaN) and counts them.
+    timeout: seconds each function may take on the batch (a row-by-row retry included); past it, a
+    RewardFunctionError naming the function, or with "unscorable" all its rows NaN (counted).
+    should_stop: looked at every WAIT_SLICE seconds while a function runs; True raises ScoringStopped.
+    With either, functions run on a daemon worker thread (see the module docstring); without, here.
     """
     if not reward_funcs:
         raise ValueError("no reward functions: give at least one.")
@@ -177,7 +321,8 @@ def score_completions(
         kwargs[key] = list(values)
     table, failed = [], 0
     for fn in reward_funcs:
-        scores, n_failed = _score_one(fn, kwargs, size, completions, on_error)
+        limits = _Limits.start(timeout, should_stop)  # each function has the whole timeout for the batch
+        scores, n_failed = _score_one(fn, kwargs, size, completions, on_error, limits)
         table.append(scores)
         failed += n_failed
     rewards_per_func = torch.tensor(table, dtype=torch.float32).T.reshape(size, len(reward_funcs))  # [B, R]

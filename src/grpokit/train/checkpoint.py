@@ -1,79 +1,41 @@
-"""Checkpoints and the output directory they live in.
+"""Checkpoints: writing, listing and restoring them.
 
 * Checkpoints: `checkpoint-<step>/` written atomically (a staging directory, fsynced, then renamed),
-  from any world size (`save_distributed` / `restore_distributed`: DCP shards under FSDP); always on
-  the host, so a checkpoint written on a GPU loads on any machine.
-* The run-directory guard: a new run never starts where an earlier one lives unless told to
-  (`claim_output_dir`), and `overwrite=true` deletes only what a run writes (`clear_earlier_run`).
+  from any world size (`save_distributed` / `restore_distributed`: per-rank shards under FSDP); always
+  on the host, so a checkpoint written on a GPU loads on any machine.
+* Integrity: `manifest.json` holds the size and SHA-256 of every file of a checkpoint;
+  `newest_intact_checkpoint` skips one that does not match it (a truncated file, a flipped byte).
+* Nothing a checkpoint holds can run code when resumed: weights and shards are safetensors, the rest
+  JSON or YAML, and `state.pt` is read with torch.load(weights_only=True) (tensors and plain values).
+* The run directory's lock, its guard against earlier runs and the staging names are in rundir.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
 import random
+import re
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
 
 from ..models import is_lora, load_lora_weights, quiet_saving, save_lora
 from . import distributed
+from .rundir import CHECKPOINT_PREFIX, checkpoint_staging
 
-CHECKPOINT_PREFIX = "checkpoint-"
-
-# ----------------------------------------------------------------------------- run directories
-
-# What a run writes into its output_dir (and `overwrite=true` removes): nothing else there is touched.
-RUN_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "calibration.json", "config.yaml")
-RUN_DIRS = ("tensorboard", "wandb", "report", "final")
+MANIFEST = "manifest.json"
 
 
-def earlier_run(output_dir: Path) -> list[str]:
-    """What in `output_dir` belongs to an earlier run (metrics or checkpoints), by name."""
-    if not output_dir.is_dir():
-        return []
-    found = [p.name for p in sorted(output_dir.glob(f"{CHECKPOINT_PREFIX}*")) if p.is_dir()]
-    # (a warm start stopped by a signal leaves only config.yaml and sft_metrics.jsonl: not a run yet,
-    # so the same command starts again)
-    found += [name for name in ("metrics.jsonl", "final") if (output_dir / name).exists()]
-    return found
-
-
-def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool:
-    """Refuse, before any work, to start a new run where an earlier one lives (its metrics would be
-    mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
-    having higher step numbers). Returns whether there is an earlier run that `overwrite` asks to
-    delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a command
-    that fails on bad input never destroys anything."""
-    found = earlier_run(output_dir)
-    if not found or resume:
-        return False
-    if not overwrite:
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-        raise FileExistsError(
-            f"output_dir {str(output_dir)!r} already holds a run ({shown}); continue it with resume=true, "
-            "start a new one with another output_dir=..., or replace it with overwrite=true."
-        )
-    return True
-
-
-def clear_earlier_run(output_dir: Path) -> None:
-    """Delete what a run writes into `output_dir` (`overwrite=true`); nothing else there is touched."""
-    for name in RUN_FILES:
-        (output_dir / name).unlink(missing_ok=True)
-    for path in [*output_dir.glob(f"{CHECKPOINT_PREFIX}*"), *output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*")]:
-        shutil.rmtree(path, ignore_errors=True)
-    for name in RUN_DIRS:
-        shutil.rmtree(output_dir / name, ignore_errors=True)
+class CheckpointError(ValueError):
+    """A checkpoint cannot be resumed from: corrupt, unsafe, or written for another model or world size."""
 
 
 # ----------------------------------------------------------------------------- checkpoints
-
-
-def checkpoint_staging(output_dir: Path, step: int) -> Path:
-    """The temporary directory a checkpoint is written into before it is renamed into place."""
-    return output_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
 
 
 def save_checkpoint(
@@ -91,27 +53,65 @@ def save_checkpoint(
     """Write checkpoint-<step>/ atomically: into a temporary directory, then renamed.
 
     Contents: weights (safetensors) and tokenizer, `state.pt` (optimizer, scheduler, RNG states,
-    data position; tensors and plain values only, loadable with weights_only=True), config.yaml."""
+    data position; tensors and plain values only, loadable with weights_only=True), config.yaml, and
+    last `manifest.json` (size and SHA-256 of every other file, the FSDP shards included).
+
+    A write that fails (a full disk, a quota, an I/O error) removes the temporary directory, leaves
+    every earlier checkpoint as it was, and raises OSError with `filename` the path being written."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = checkpoint_staging(output_dir, step)
     if not keep_staged:  # FSDP ranks have already written their shards into the staging directory
         shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True, exist_ok=True)
-    with quiet_saving():
-        if is_lora(model):  # base weights at the root, adapters in lora_adapter/ (load_policy merges them)
-            save_lora(model, tmp)
-        else:
-            model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
-    tokenizer.save_pretrained(tmp)
-    torch.save(_on_host(training_state), tmp / "state.pt")  # loadable on a machine without the GPU
-    (tmp / "config.yaml").write_text(config_yaml)
-    _fsync_tree(tmp)  # every byte on disk before the rename makes the checkpoint visible
+    writing = tmp  # what is being written, for the error
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        writing = tmp / "model.safetensors"
+        with quiet_saving():
+            if is_lora(model):  # base weights at the root, adapters in lora_adapter/ (load_policy merges)
+                save_lora(model, tmp)
+            else:
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
+        writing = tmp  # the tokenizer's files
+        tokenizer.save_pretrained(tmp)
+        writing = tmp / "state.pt"
+        with writing.open("wb") as f:  # a file object: a full disk surfaces as OSError, not RuntimeError
+            torch.save(_on_host(training_state), f)  # loadable on a machine without the GPU
+        writing = tmp / "config.yaml"
+        writing.write_text(config_yaml)
+        writing = tmp / MANIFEST
+        write_manifest(tmp)
+        writing = tmp
+        _fsync_tree(tmp)  # every byte on disk before the rename makes the checkpoint visible
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)  # earlier checkpoints are not touched
+        disk = _as_os_error(error, writing) if isinstance(error, Exception) else None  # not Ctrl-C
+        if disk is None or disk is error:
+            raise
+        raise disk from error
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync_dir(output_dir)
     for old in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _as_os_error(error: BaseException, path: Path) -> OSError | None:
+    """`error` as the OSError underneath it, its `filename` set to `path` when it has none (the
+    command line then says which disk is full), or None when no OSError is behind it. torch.save
+    wraps a failed write in a RuntimeError, safetensors in a SafetensorError naming "os error N"."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            if seen.filename is None:
+                seen.filename = str(path)
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    code = re.search(r"os error (\d+)", str(error))
+    if code is not None:
+        number = int(code.group(1))
+        return OSError(number, os.strerror(number), str(path))
+    return None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -132,30 +132,154 @@ def _fsync_tree(root: Path) -> None:
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary directories are never listed)."""
-    found = [p for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and (p / "state.pt").is_file()]
+    """Checkpoints that were renamed into place, oldest first (temporary directories are never
+    listed). Their files are not checked here (this runs at every save): `newest_intact_checkpoint`
+    does, for the one a resume takes."""
+    found = [
+        p
+        for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*")
+        if re.fullmatch(rf"{CHECKPOINT_PREFIX}[0-9]+", p.name)
+        and p.is_dir()
+        and ((p / "state.pt").is_file() or (p / MANIFEST).is_file())  # a manifest names a missing state.pt
+    ]
     return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
+
+
+# ----------------------------------------------------------------------------- integrity
+
+
+def _sha256(path: Path) -> str:
+    """The file's SHA-256, read 1 MiB at a time (checkpoints reach gigabytes)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(checkpoint: Path) -> None:
+    """`manifest.json`: the size and SHA-256 of every file under `checkpoint` (paths relative to it,
+    with "/"). It detects damage (a truncated or altered file), not tampering: whoever can write the
+    checkpoint can write its manifest too; what keeps a checkpoint from running code is its formats."""
+    files = {
+        path.relative_to(checkpoint).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+    (checkpoint / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1), encoding="utf-8")
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """What is wrong with `checkpoint` by its manifest (None when every file it lists has its size and
+    SHA-256): a missing, truncated or altered file, named. Sizes are checked before any file is read.
+    A checkpoint without a manifest (written before grpokit wrote them) cannot be checked and is
+    taken as it is, as before; files the manifest does not list are not checked."""
+    manifest = checkpoint / MANIFEST
+    if not manifest.is_file():
+        return None if (checkpoint / "state.pt").is_file() else "state.pt is missing"
+    try:
+        listed = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        files = [(str(name), int(entry["size"]), str(entry["sha256"])) for name, entry in listed.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # not JSON, or not a manifest
+        return f"{MANIFEST} is unreadable ({type(error).__name__}: {error})"
+    for name, size, _ in files:
+        if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+            return f"{MANIFEST} names a file outside the checkpoint ({name})"
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes where {MANIFEST} says {size}"
+    for name, _, digest in files:
+        if _sha256(checkpoint / name) != digest:
+            return f"{name} does not match its SHA-256 in {MANIFEST}"
+    return None
+
+
+def newest_intact_checkpoint(output_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of `output_dir` whose files match its manifest (None when there is no
+    checkpoint), and what is wrong with each newer one ("checkpoint-3: state.pt has ..."). Only
+    checkpoints down to the first intact one are read. Raises CheckpointError (one line) when there
+    are checkpoints and none is intact."""
+    corrupt: list[str] = []
+    for checkpoint in reversed(list_checkpoints(output_dir)):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint, corrupt
+        corrupt.append(f"{checkpoint.name}: {problem}")
+    if corrupt:
+        raise CheckpointError(
+            f"no checkpoint in {output_dir} is intact ({'; '.join(corrupt)}), so resume=true has nothing "
+            "to continue from: start a new run with another output_dir, or overwrite=true."
+        )
+    return None, []
+
+
+# ----------------------------------------------------------------------------- loading
 
 
 def _load_state(checkpoint: Path) -> dict[str, Any]:
     """A checkpoint's `state.pt`, on the host whatever device wrote it (the optimizer moves its
-    state to its parameters' device as it loads)."""
-    return torch.load(checkpoint / "state.pt", weights_only=True, map_location="cpu")
+    state to its parameters' device as it loads). weights_only=True: tensors and plain values only,
+    so a state.pt that refers to code is refused, never run."""
+    try:
+        return torch.load(checkpoint / "state.pt", weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:  # what weights_only refuses: anything that names code
+        raise CheckpointError(
+            f"checkpoint {checkpoint}: state.pt holds more than tensors and plain values and is not "
+            "loaded (it could run code); resume from a checkpoint grpokit wrote, or use another output_dir."
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as error:  # truncated, or not a torch file
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"checkpoint {checkpoint}: state.pt is unreadable ({first}).") from None
+
+
+def _stored_shapes(checkpoint: Path, name: str) -> dict[str, torch.Size]:
+    """The shape of every tensor in the safetensors file `name` of `checkpoint`, from its header."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(checkpoint / name), framework="pt") as f:
+            return {key: torch.Size(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"checkpoint {checkpoint}: {name} is unreadable ({error}).") from None
+
+
+def _check_fits(checkpoint: Path, stored: dict[str, torch.Size], expected: dict[str, torch.Size]) -> None:
+    """One line naming the first tensor where the checkpoint's weights and the model's differ (in
+    name or shape), instead of load_state_dict's list of every key or its traceback."""
+    problem = None
+    for name, shape in expected.items():
+        if name not in stored and "rotary" not in name:  # rotary tables are recomputed, maybe not saved
+            problem = f"it has no {name}"
+        elif name in stored and stored[name] != shape:
+            problem = f"{name} is {tuple(stored[name])} there and {tuple(shape)} in this model"
+        if problem is not None:
+            break
+    extra = [name for name in stored if name not in expected]
+    if problem is None and extra:
+        problem = f"it has {extra[0]}, which this model has not"
+    if problem is not None:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} does not fit this model: {problem}; resume with the model settings of "
+            "the run that wrote it (model, tiny_* sizes, use_peft), or use another output_dir."
+        )
 
 
 def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
-    """Restore the weights of `model` from `checkpoint` and return its training state."""
+    """Restore the weights of `model` from `checkpoint` and return its training state. A checkpoint
+    of another model shape is one CheckpointError naming the first tensor that differs."""
     from safetensors.torch import load_file
 
-    if is_lora(model):
+    stored = _stored_shapes(checkpoint, "model.safetensors")
+    if is_lora(model):  # the base weights, named as in a plain model (load_lora_weights' mapping)
+        base = model.get_base_model().state_dict()
+        expected = {k.replace(".base_layer.", "."): v.shape for k, v in base.items() if "lora_" not in k}
+        _check_fits(checkpoint, stored, expected)
         load_lora_weights(model, checkpoint)
         return _load_state(checkpoint)
-    weights = load_file(checkpoint / "model.safetensors")
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or [m for m in missing if "rotary" not in m]:
-        raise ValueError(
-            f"checkpoint {checkpoint} does not match the model (missing {missing}, unexpected {unexpected})."
-        )
+    _check_fits(checkpoint, stored, {name: value.shape for name, value in model.state_dict().items()})
+    model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)  # rotary: recomputed
     return _load_state(checkpoint)
 
 
@@ -236,8 +360,8 @@ def save_distributed(
     extra: dict[str, Any] | None = None,
 ) -> None:
     """A complete checkpoint from any world size. Under FSDP every rank writes its model and
-    optimizer shards with torch.distributed.checkpoint (dcp/), and rank 0 adds consolidated
-    safetensors weights for inference; otherwise rank 0 writes everything."""
+    optimizer shards (dcp/rank-<r>.safetensors and .json, `distributed.save_sharded`), and rank 0
+    adds consolidated safetensors weights for inference; otherwise rank 0 writes everything."""
     sharded = d.enabled and strategy == "fsdp"
     state = training_state(step, optimizer, scheduler, sampler, eval_before) | (extra or {})
     if sharded:
@@ -245,7 +369,7 @@ def save_distributed(
         if d.is_main:
             shutil.rmtree(checkpoint_staging(output_dir, step), ignore_errors=True)
         distributed.barrier(d)
-        distributed.save_sharded(d, str(checkpoint_staging(output_dir, step) / "dcp"), model, optimizer)
+        distributed.save_sharded(d, checkpoint_staging(output_dir, step) / "dcp", model, optimizer)
     weights = distributed.full_state_dict(d, model)  # collective under FSDP
     if d.is_main:
         save_checkpoint(
@@ -267,7 +391,10 @@ def restore_distributed(
 ) -> dict[str, Any]:
     """The inverse of `save_distributed`, for the same world size; returns the checkpoint's state."""
     if d.enabled and strategy == "fsdp":
-        distributed.load_sharded(d, str(checkpoint / "dcp"), model, optimizer)
+        try:
+            distributed.load_sharded(d, checkpoint / "dcp", model, optimizer)
+        except ValueError as error:  # one line already, naming the file
+            raise CheckpointError(str(error)) from None
         state = _load_state(checkpoint)
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["prompts"])

@@ -15,16 +15,19 @@ token count) are divided by the world size (`loss_scale`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
-from ..models.device import resolve_device
+from ..models.device import DeviceError, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ def choose_backend(
     if re.fullmatch(r"auto|cuda(:[0-9]+)?", device) is None:
         raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}.")
     if cuda_count == 0:
-        raise RuntimeError(f"device={device} but torch sees no CUDA GPU; use device=cpu or device=auto.")
+        raise DeviceError(f"device={device} but torch sees no CUDA GPU; use device=cpu or device=auto.")
     if device.startswith("cuda:"):
         index = int(device.split(":", 1)[1])
         if local_world_size > 1:
@@ -70,12 +73,12 @@ def choose_backend(
                 "one rank per GPU; use device=cuda (rank r takes cuda:r) or device=cpu."
             )
         if index >= cuda_count:
-            raise RuntimeError(f"device={device} but this machine has {cuda_count} GPU(s).")
+            raise DeviceError(f"device={device} but this machine has {cuda_count} GPU(s).")
         return "nccl", torch.device("cuda", index)
     if local_world_size <= cuda_count:
         return "nccl", torch.device("cuda", local_rank)
     if device == "cuda":
-        raise RuntimeError(
+        raise DeviceError(
             f"device=cuda with {local_world_size} ranks on a node with {cuda_count} GPU(s): NCCL runs one "
             f"rank per GPU; start at most {cuda_count} (torchrun --nproc_per_node) or use device=cpu."
         )
@@ -210,25 +213,191 @@ def _is_fsdp(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def save_sharded(d: Dist, directory: str, model: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Model and optimizer state with torch.distributed.checkpoint (each rank writes its shards)."""
-    import torch.distributed.checkpoint as dcp
+# Sharded checkpoints (FSDP): every rank writes the local part of each tensor it holds, and reads it
+# back into the same DTensor layout. Not torch.distributed.checkpoint: its `.metadata` is a pickle,
+# and unpickling runs whatever code the file names, so a checkpoint directory someone else could write
+# would run their code on `resume=true`. Here tensors are safetensors and the rest is JSON, neither of
+# which can name code. Resume already requires the world size that wrote the checkpoint (the data
+# split depends on it), so rank r's shards are exactly what rank r holds again.
+
+SHARD_FORMAT = 1
+_TENSOR, _TUPLE = "__tensor__", "__tuple__"  # the two JSON node kinds that are not plain JSON
+_DAMAGED = (
+    "the checkpoint is damaged or was not written by grpokit: move it aside to resume from an earlier one, "
+    "or use another output_dir"
+)
+
+
+def shard_files(directory: Path, rank: int) -> tuple[Path, Path]:
+    """Rank `rank`'s files of a sharded checkpoint: its tensors and its index (JSON)."""
+    return directory / f"rank-{rank}.safetensors", directory / f"rank-{rank}.json"
+
+
+def save_sharded(d: Dist, directory: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Model and optimizer state, each rank its own shards (`shard_files`): the local part of every
+    tensor in safetensors, everything else (hyperparameters, parameter names, where each tensor goes)
+    in JSON. Collective: returns once every rank has written and fsynced its files."""
+    from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory)
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _encode({"model": model_state, "optimizer": optim_state}, "", tensors)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensor_file, index_file = shard_files(directory, d.rank)
+    save_file(tensors, str(tensor_file))
+    index = {"format": SHARD_FORMAT, "rank": d.rank, "world_size": d.world_size, "state": tree}
+    index_file.write_text(json.dumps(index), encoding="utf-8")
+    for path in (tensor_file, index_file):  # on disk before rank 0 seals the checkpoint
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+    barrier(d)
 
 
-def load_sharded(d: Dist, directory: str, model: Any, optimizer: torch.optim.Optimizer) -> None:
-    import torch.distributed.checkpoint as dcp
+def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """`value` as JSON, its tensors moved to `tensors` (keyed by their path in the state) and replaced
+    by {"__tensor__": key}; a DTensor is stored as this rank's local shard."""
+    if isinstance(value, torch.Tensor):
+        local = value.to_local() if isinstance(value, DTensor) else value
+        # a copy of its own (safetensors refuses tensors sharing memory, and FSDP's shards are views)
+        tensors[path] = local.detach().to("cpu", copy=True).contiguous()
+        return {_TENSOR: path}
+    if isinstance(value, dict):
+        if any(not isinstance(k, str) or k in (_TENSOR, _TUPLE) for k in value):
+            keys = list(value)
+            raise TypeError(f"state at {path or '/'} has keys a sharded checkpoint cannot store: {keys}")
+        return {k: _encode(v, f"{path}/{k}", tensors) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return {_TUPLE: [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"state at {path} is a {type(value).__name__}, which a sharded checkpoint cannot store")
+
+
+def load_sharded(d: Dist, directory: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """The inverse of `save_sharded`, for the same world size and model: every tensor is copied into
+    this rank's shard of the model's and optimizer's state (same shape and dtype, or a ValueError of
+    one line). Reads only safetensors and JSON: nothing in the directory can run code."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    index, tensors = _read_shards(d, directory)
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=directory)
+    template = {"model": model_state, "optimizer": optim_state}
+    filled: set[str] = set()
+    state = _decode(index["state"], template, tensors, filled, directory)
+    unfilled = [path for path in _tensor_paths(template, "") if path not in filled]
+    if unfilled:
+        raise ValueError(
+            f"{directory} has no {unfilled[0]} (and {len(unfilled) - 1} more tensors of this model or "
+            "optimizer): resume with the model and optimizer settings of the run that wrote it, or use "
+            "another output_dir."
+        )
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _read_shards(d: Dist, directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """This rank's index and tensors, checked to be what `save_sharded` wrote for this world size."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    tensor_file, index_file = shard_files(directory, d.rank)
+    if not index_file.is_file() and (directory / ".metadata").exists():
+        raise ValueError(
+            f"{directory} holds torch.distributed.checkpoint shards (an older grpokit), which are not "
+            "loaded: their .metadata is a pickle and could run code. Continue that run with the grpokit "
+            "that wrote it, or start a new one (another output_dir, or overwrite=true)."
+        )
+    if not index_file.is_file() or not tensor_file.is_file():
+        raise ValueError(
+            f"{directory} has no shards for rank {d.rank} ({index_file.name}, {tensor_file.name}): resume "
+            "with the world size and strategy of the run that wrote it."
+        )
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except ValueError as error:  # not UTF-8, or not JSON
+        raise ValueError(f"{index_file} is not a shard index (JSON): {error}; {_DAMAGED}") from None
+    if not isinstance(index, dict) or index.get("format") != SHARD_FORMAT or "state" not in index:
+        raise ValueError(
+            f"{index_file} is not a shard index grpokit can read (format {SHARD_FORMAT}); {_DAMAGED}"
+        )
+    if index.get("world_size") != d.world_size or index.get("rank") != d.rank:
+        raise ValueError(
+            f"{directory} was written by {index.get('world_size')} processes and this run has "
+            f"{d.world_size}: resume with the same number of processes (torchrun --nproc_per_node)."
+        )
+    try:
+        tensors = load_file(str(tensor_file), device="cpu")
+    except SafetensorError as error:
+        raise ValueError(f"{tensor_file} is not a readable safetensors file ({error}); {_DAMAGED}") from None
+    return index, tensors
+
+
+def _decode(
+    node: Any, template: Any, tensors: dict[str, torch.Tensor], filled: set[str], directory: Path
+) -> Any:
+    """The state `node` (from `_encode`) describes, its tensors copied into the matching tensors of
+    `template` (this rank's current state: same layout, device and DTensor placement)."""
+    if isinstance(node, dict) and _TENSOR in node:
+        key = node[_TENSOR]
+        stored = tensors.get(key) if isinstance(key, str) else None
+        if stored is None:
+            raise ValueError(f"{directory}: the index names a tensor {key!r} its safetensors file lacks.")
+        if not isinstance(template, torch.Tensor):
+            raise ValueError(
+                f"{directory} has {key}, which this model or optimizer does not: resume with the model "
+                "settings of the run that wrote it, or use another output_dir."
+            )
+        local = template.to_local() if isinstance(template, DTensor) else template
+        if stored.shape != local.shape or stored.dtype != local.dtype:
+            raise ValueError(
+                f"{directory}: {key} is {tuple(stored.shape)} {stored.dtype} there and "
+                f"{tuple(local.shape)} {local.dtype} here: resume with the model settings and world size "
+                "of the run that wrote it, or use another output_dir."
+            )
+        with torch.no_grad():
+            local.copy_(stored)
+        filled.add(key)
+        return template
+    if isinstance(node, dict) and _TUPLE in node:
+        items = template if isinstance(template, (list, tuple)) else []
+        parts = enumerate(node[_TUPLE])
+        return tuple(_decode(v, _at(items, i), tensors, filled, directory) for i, v in parts)
+    if isinstance(node, dict):
+        inner = template if isinstance(template, dict) else {}
+        return {k: _decode(v, inner.get(k), tensors, filled, directory) for k, v in node.items()}
+    if isinstance(node, list):
+        items = template if isinstance(template, (list, tuple)) else []
+        return [_decode(v, _at(items, i), tensors, filled, directory) for i, v in enumerate(node)]
+    return node
+
+
+def _at(items: Any, i: int) -> Any:
+    return items[i] if i < len(items) else None
+
+
+def _tensor_paths(value: Any, path: str) -> list[str]:
+    """The paths (as `_encode` names them) of the tensors in `value`."""
+    if isinstance(value, torch.Tensor):
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _tensor_paths(v, f"{path}/{k}")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _tensor_paths(v, f"{path}/{i}")]
+    return []
 
 
 def barrier(d: Dist) -> None:
     if d.enabled:
         dist.barrier()
+
+
+def broadcast_object(d: Dist, value: Any) -> Any:
+    """Rank 0's `value` (anything picklable) on every rank; the other ranks' `value` is ignored and
+    they wait here until rank 0 sends. With one process, `value` itself."""
+    if not d.enabled:
+        return value
+    box = [value if d.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=d.device)  # nccl sends from the rank's GPU
+    return box[0]

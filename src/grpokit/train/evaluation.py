@@ -28,6 +28,8 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     on_reward_error: str = "raise",
+    reward_timeout: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
     environment: Any = None,
@@ -38,7 +40,8 @@ def evaluate(
     The model samples where it is (prompts go to its device; completions, rewards and metrics come
     back to the host); precision: sampling runs under its autocast (a model stored wider than it
     computes), None: as the model is stored. environment (an `envs.EnvironmentSpec`): completions are
-    multi-turn episodes, each started from its row."""
+    multi-turn episodes, each started from its row. reward_timeout and should_stop: as
+    `score_completions`' timeout and should_stop (the training step's rules for reward functions)."""
     sampler: Sampler = (
         model_or_sampler
         if hasattr(model_or_sampler, "sample")
@@ -70,6 +73,8 @@ def evaluate(
         columns=columns,
         on_error=on_reward_error,  # type: ignore[arg-type]
         completion_ids=completion_ids,
+        timeout=reward_timeout,
+        should_stop=should_stop,
     )
     metrics = {
         "num_prompts": float(len(rows)),

@@ -9,6 +9,7 @@ save. A run can stop at any step (SIGINT/SIGTERM) with a checkpoint, and resume 
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,11 +18,14 @@ from typing import Any
 
 from ..config import GRPOConfig
 from ..models import check_lora_targets, require_peft
+from ..rewards import reward_name
+from ..rewards.scoring import ScoringStopped
 from . import distributed
-from .checkpoint import claim_output_dir
+from .checkpoint import rng_state, set_rng_state
 from .grpo_setup import (
     build_trainee,
     check_context,
+    check_step_prompts,
     evaluator,
     place_policy,
     resolve_data,
@@ -31,11 +35,13 @@ from .grpo_setup import (
 )
 from .grpo_step import grpo_step
 from .metrics import ZeroSpreadWatch, check_reporters, warn
+from .optim import weights_finite
 from .run import (
     Emit,
     Run,
     RunResult,
     StopSignals,
+    TooManySkips,
     check_known_characters,
     latest_checkpoint,
     lora_from_config,
@@ -43,6 +49,7 @@ from .run import (
     prepare_output_dir,
     seed_everything,
 )
+from .rundir import claim_output_dir, exclusive_output_dir
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,12 @@ def train_grpo(
 
     SIGINT and SIGTERM never cut a run short silently: during the warm start it stops after the
     current supervised step and says so (no checkpoint exists yet; the same command starts again);
-    during GRPO it finishes the current update, saves a checkpoint and says how to resume."""
-    with StopSignals() as stop:
+    during GRPO it finishes the current update, saves a checkpoint and says how to resume.
+
+    The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
+    (rundir.py): a second run into the same directory meanwhile is refused."""
+    d = distributed.init(cfg.device)  # (joins the process group once; _train_grpo gets the same)
+    with StopSignals() as stop, exclusive_output_dir(d, Path(cfg.output_dir)):
         return _train_grpo(
             cfg,
             stop,
@@ -119,6 +130,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     data = resolve_data(
         cfg, train_rows, eval_rows, reward_funcs, is_correct, device=d.device, environment=environment
     )
+    check_step_prompts(cfg, data)  # enough rows for one step's distinct prompts
     seed_everything(cfg.seed)
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
@@ -133,7 +145,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if cfg.use_peft and cfg.lora_target_modules:
         check_lora_targets(model, cfg.lora_target_modules)
     prepare_output_dir(d, cfg, replacing)  # every rank's input is valid: clear an earlier run, config.yaml
-    resume_from = latest_checkpoint(cfg)  # resume=true: the newest checkpoint (its config validated)
+    resume_from = latest_checkpoint(cfg, d, on_event)  # resume=true: the newest intact checkpoint
     # ------------------------------------------------------------------ set-up: the policy
     model = place_policy(cfg, model, d)  # on the device, weights in the master dtype
     # a supervised warm start (identical on every rank), unless resuming
@@ -146,17 +158,39 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if stop.signal is not None and resume_from is None:  # Ctrl-C while loading or warming up, before step 1
         return _stopped_early(emit, stop, output_dir, "set-up")
     restore_from = lambda path: restore(cfg, trainee, d, path)  # noqa: E731
-    run = Run.open(cfg, d, emit, stop, resume_from, restore_from, evaluator(cfg, trainee, data))
+    # a stop signal abandons a reward function that is still running (one process only: under several,
+    # the ranks would part mid-step; there the step finishes and the stop is honoured after it)
+    should_stop = (lambda: stop.signal is not None) if d.world_size == 1 else None
+    try:
+        evaluate = evaluator(cfg, trainee, data, should_stop)
+        run = Run.open(cfg, d, emit, stop, resume_from, restore_from, evaluate)
+    except ScoringStopped:  # while scoring the starting policy's evaluation: nothing to save yet
+        return _stopped_early(emit, stop, output_dir, "set-up")
 
     # ------------------------------------------------------------------ the loop
-    step, zero_spread = run.start, ZeroSpreadWatch()
+    step, zero_spread, unscored = run.start, ZeroSpreadWatch(), UnscoredWatch(data.reward_funcs)
+    abandoned: ScoringStopped | None = None
     with run:  # the metrics writer is closed however the loop ends
         for step in range(run.start + 1, cfg.max_steps + 1):
             began = time.perf_counter()
-            # sample, score, advantages, old/reference log-probs, μ updates (train/grpo_step.py)
-            out = grpo_step(
-                trainee.engine, trainee.update, trainee.prompts, data.reward_funcs, trainee.params, step, d
-            )
+            # what a checkpoint of the previous step holds beyond the (unchanged) weights and optimizer
+            before = (rng_state(), trainee.prompts.state_dict())
+            try:  # sample, score, advantages, old/reference log-probs, μ updates (train/grpo_step.py)
+                out = grpo_step(
+                    trainee.engine,
+                    trainee.update,
+                    trainee.prompts,
+                    data.reward_funcs,
+                    trainee.params,
+                    step,
+                    d,
+                    should_stop=should_stop,
+                )
+            except ScoringStopped as stopped:  # a signal while a reward function ran: drop this step
+                abandoned = stopped
+                set_rng_state(before[0])
+                trainee.prompts.load_state_dict(before[1])
+                break
             seconds = time.perf_counter() - began
             tokens = out.batch.completion_mask.sum().item()
             metrics = out.metrics | {"step_time": seconds, "tokens_per_second": tokens / seconds}
@@ -167,13 +201,100 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             )
             if cannot_learn and d.is_main:
                 warn(on_event, step, cannot_learn)
+            for message in unscored.update(metrics) if d.is_main else []:
+                warn(on_event, step, message)
             if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
                 batch = out.batch
                 texts = {"prompts": batch.prompts, "completions": batch.completions}
                 emit("completions", step, texts | {"rewards": batch.rewards.tolist()})
-            run.evaluate_if_due(step)
+            try:
+                run.evaluate_if_due(step)
+            except ScoringStopped as stopped:  # the update is done: finish_step saves it and stops
+                if d.is_main:
+                    warn(on_event, step, f"evaluation at step {step} abandoned: {stopped}")
             # a checkpoint where due; a stop signal (on any rank) ends the run after it
             skipped = metrics["skipped_update"] > 0
+            if skipped and run.skips + 1 >= cfg.max_consecutive_skips:  # the guard trips at this step
+                refuse_destroyed_weights(trainee.engine.train_module, d, run.skips + 1, step)
             if run.finish_step(step, skipped, lambda s: save(cfg, trainee, d, s, run.eval_before)):
                 break
+    if abandoned is not None:
+        return _abandoned(cfg, trainee, d, run, emit, stop, step, abandoned, on_event)
     return run.result(TrainResult, step)
+
+
+def _abandoned(
+    cfg: GRPOConfig,
+    trainee: Any,
+    d: distributed.Dist,
+    run: Run,
+    emit: Emit,
+    stop: StopSignals,
+    step: int,
+    why: ScoringStopped,
+    on_event: Callable[[str, int, dict[str, Any]], None] | None,
+) -> TrainResult:
+    """A stop signal arrived while step `step`'s reward functions ran: the step is dropped (its
+    completions were never used: the weights, optimizer, schedule and reference are those after step
+    `step` − 1, and the loop has put back the RNG and prompt position of then), and that state is
+    saved, so resume=true redoes step `step` exactly as an uninterrupted run does it. Before step 1
+    of a fresh run there is nothing to save: the run directory is left as a stop during set-up leaves
+    it, and the same command starts over."""
+    output_dir = Path(cfg.output_dir)
+    if d.is_main:
+        warn(on_event, step, f"step {step} abandoned: {why}")
+    if step - 1 == 0:
+        if d.is_main:  # only this run's starting evaluation was written: not worth a resume
+            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
+        return _stopped_early(emit, stop, output_dir, f"step {step}")
+    save(cfg, trainee, d, step - 1, run.eval_before)
+    signal = stop.signal or "a signal on another rank"
+    emit("stopped", step - 1, {"signal": signal, "output_dir": str(output_dir)})
+    return run.result(TrainResult, step - 1)
+
+
+def refuse_destroyed_weights(module: Any, d: distributed.Dist, skips: int, step: int) -> None:
+    """Before the skip guard saves "the last good weights" and stops: if the weights are not finite
+    (updates are rolled back when they would make them so, so they came in that way: from the model or
+    checkpoint the run started from, or a diverged warm start), no checkpoint is written that would be
+    named good; TooManySkips says so instead."""
+    if not distributed.any_rank(d, not weights_finite(list(module.parameters()))):
+        return
+    raise TooManySkips(
+        f"{skips} consecutive updates were skipped (the last at step {step}) and the policy's weights "
+        "themselves are not finite, so no checkpoint holds good weights to stop at: they were not finite "
+        "before these updates (the starting model or checkpoint, or the warm start, diverged). Start from "
+        "a finite model or an earlier checkpoint (resume from one by deleting the later ones), or lower "
+        "sft_learning_rate if the warm start diverged."
+    )
+
+
+class UnscoredWatch:
+    """Says, once per reward function and run, when a function scored none of a step's completions:
+    every one None (or, with on_reward_error=unscorable, an error). Its mean is then NaN; it taught
+    that step nothing, and as the only reward nothing was learned at all. Once per function: a
+    function that cannot score some kind of data would say so every step."""
+
+    def __init__(self, reward_funcs: Sequence[Callable[..., Any]]) -> None:
+        self.names = [reward_name(fn) for fn in reward_funcs]
+        self.warned: set[str] = set()
+
+    def update(self, metrics: dict[str, Any]) -> list[str]:
+        messages = []
+        for name in self.names:
+            mean = metrics.get(f"rewards/{name}/mean")
+            if name in self.warned or mean is None or float(mean) == float(mean):  # scored some row
+                continue
+            self.warned.add(name)
+            effect = (
+                "no completion had a reward, so the step learned nothing"
+                if len(self.names) == 1
+                else "it added nothing to the step's rewards"
+            )
+            messages.append(
+                f"reward function {name!r} scored none of the step's completions (it returned None for every "
+                f"one, or raised with on_reward_error=unscorable): {effect}. Return a float for the "
+                "completions it can judge, None only for those it cannot. (Said once per function.)"
+            )
+        return messages

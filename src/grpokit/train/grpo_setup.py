@@ -13,6 +13,7 @@ import torch
 
 from ..config import GRPOConfig, to_yaml
 from ..data import (
+    DataError,
     PromptSampler,
     answer_checker,
     data_alphabet,
@@ -240,6 +241,21 @@ def resolve_data(
     )
 
 
+def check_step_prompts(cfg: GRPOConfig, data: RunData) -> None:
+    """Training only, before any work: a step draws `prompts_per_step` prompts from the shuffled rows,
+    continuing into the next epoch when the rows run out, so with fewer rows than that one step would
+    hold the same prompt twice (two groups of one prompt, that prompt weighed double). Refused, with
+    the fix."""
+    rows, wanted = len(data.train_rows), cfg.prompts_per_step
+    if rows < wanted:
+        raise DataError(
+            f"{data.train_source} has {rows} training row{'s' * (rows != 1)} but prompts_per_step={wanted}: "
+            "a step would draw the same prompt more than once. Lower prompts_per_step to at most "
+            f"{rows} (prompts_per_step·num_generations must stay divisible by micro_batch_size), "
+            "or add rows."
+        )
+
+
 def _task_completion_length(task: Any, environment: EnvironmentSpec | None) -> int:
     if task is None:
         return 256
@@ -442,10 +458,17 @@ def warm_start(
 
 
 def held_out_metrics(
-    cfg: GRPOConfig, model_or_sampler: Any, tokenizer: Any, data: RunData, precision: Precision
+    cfg: GRPOConfig,
+    model_or_sampler: Any,
+    tokenizer: Any,
+    data: RunData,
+    precision: Precision,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy and reward on the held-out rows (and pass@k), `micro_batch_size` rows a pass:
-    what a run reports as eval/ and the `eval` command prints."""
+    what a run reports as eval/ and the `eval` command prints. Reward functions run as in training:
+    within `reward_timeout`, and a `should_stop` that turns True abandons the evaluation
+    (`rewards.scoring.ScoringStopped`)."""
     return evaluate(
         model_or_sampler,
         tokenizer,
@@ -459,13 +482,17 @@ def held_out_metrics(
         temperature=cfg.temperature,
         seed=cfg.seed,
         on_reward_error=cfg.on_reward_error,
+        reward_timeout=cfg.reward_timeout,
+        should_stop=should_stop,
         batch_size=cfg.micro_batch_size,  # rows per forward pass, as in training
         precision=precision,
         environment=data.environment,
     )
 
 
-def evaluator(cfg: GRPOConfig, trainee: Trainee, data: RunData) -> Callable[[], dict[str, float]]:
+def evaluator(
+    cfg: GRPOConfig, trainee: Trainee, data: RunData, should_stop: Callable[[], bool] | None = None
+) -> Callable[[], dict[str, float]]:
     """`held_out_metrics` with the training sampler ({} without held-out rows)."""
     engine = trainee.engine
 
@@ -473,7 +500,7 @@ def evaluator(cfg: GRPOConfig, trainee: Trainee, data: RunData) -> Callable[[], 
         if not data.eval_rows:
             return {}
         sampler = engine.episodes or engine.sampler
-        return held_out_metrics(cfg, sampler, engine.tokenizer, data, engine.precision)
+        return held_out_metrics(cfg, sampler, engine.tokenizer, data, engine.precision, should_stop)
 
     return run
 

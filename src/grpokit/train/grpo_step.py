@@ -93,6 +93,7 @@ class StepParams:
     scale_rewards: str
     reward_weights: list[float] | None
     on_reward_error: str
+    reward_timeout: float | None  # seconds each reward function may take on a batch (None: no limit)
     mask_truncated_completions: bool
     dynamic_sampling: bool
     max_resample_batches: int
@@ -124,6 +125,7 @@ class StepParams:
             scale_rewards=cfg.scale_rewards,
             reward_weights=cfg.reward_weights,
             on_reward_error=cfg.on_reward_error,
+            reward_timeout=cfg.reward_timeout,
             mask_truncated_completions=cfg.mask_truncated_completions,
             dynamic_sampling=cfg.dynamic_sampling,
             max_resample_batches=cfg.max_resample_batches,
@@ -193,9 +195,12 @@ def generate_and_score(
     params: StepParams,
     step: int,
     d: distributed.Dist,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[Batch, dict[str, Any]]:
     """Sample, score and compute advantages, on the host; with dynamic sampling, keep drawing batches
-    until P groups with differing rewards are collected (or the bound is hit, then fill with the rest)."""
+    until P groups with differing rewards are collected (or the bound is hit, then fill with the rest).
+    Reward functions run within `params.reward_timeout`; `should_stop` returning True while one runs
+    abandons the step (`rewards.scoring.ScoringStopped`), before anything has been updated."""
     G, P = params.sampling.num_generations, params.prompts_per_rank
     informative: list[tuple[Batch, list[int]]] = []
     leftovers: list[tuple[Batch, list[int]]] = []
@@ -230,6 +235,8 @@ def generate_and_score(
             ],
             weights=params.reward_weights,
             on_error=params.on_reward_error,
+            timeout=params.reward_timeout,
+            should_stop=should_stop,
         )
         adv = group_advantages(scores.rewards, G, scale=params.scale_rewards)
         seconds["timing/scoring"] += time.perf_counter() - sampled
@@ -426,23 +433,28 @@ def grpo_step(
     params: StepParams,
     step: int,
     d: distributed.Dist | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> StepResult:
     """Sample G completions for each of P prompts, score them, group-relative advantages, then μ
-    optimizer steps on the batch; the reference moves toward the policy when its sync is due."""
+    optimizer steps on the batch; the reference moves toward the policy when its sync is due.
+    `should_stop` (a stop signal) is looked at while reward functions run: True abandons the step
+    with `ScoringStopped`, the weights and optimizer untouched (scoring precedes every update)."""
     d = d or distributed.Dist()
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
-    host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d)
+    host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
     began = time.perf_counter()
     batch = host_batch.to(engine.device)
     frozen, correction_metrics = frozen_passes(engine, batch, params)
     metrics |= correction_metrics
     frozen_done = synced_clock(engine.device)
-    skipped = 0.0
+    skipped = rolled_back = 0.0
     for _ in range(params.num_iterations):
         metrics |= optimizer_step(engine, update, batch, frozen, params, d)
         skipped += metrics["skipped_update"]
-    metrics["skipped_update"] = skipped  # updates of this step skipped for a non-finite loss
+        rolled_back += metrics["update_rolled_back"]
+    metrics["skipped_update"] = skipped  # updates of this step skipped (non-finite loss, or weights)
+    metrics["update_rolled_back"] = rolled_back  # of which applied, found to destroy weights, undone
     # wall-clock seconds of each phase (a GPU is synchronised at the boundaries, so that queued work is
     # counted in its own phase); veRL's timing_s/* in TRL's slash style
     metrics["timing/reference"] = frozen_done - began  # old-policy and reference log-probs

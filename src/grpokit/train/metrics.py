@@ -128,17 +128,36 @@ class NullWriter:
 
 def truncate_metrics_after(output_dir: Path, step: int) -> None:
     """On resume: drop metric rows written after the checkpoint (they will be written again), and
-    a last line torn by a crash mid-write."""
+    a last line torn by a crash mid-write.
+
+    The kept rows go to a temporary file beside metrics.jsonl, fsynced, which then replaces it in one
+    rename: a crash or a full disk at any moment leaves either the old file or the new one, whole,
+    never a file cut short (rewriting in place lost every row after the point the write reached)."""
     path = output_dir / "metrics.jsonl"
-    if path.is_file():
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line)
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-        path.write_text("".join(line + "\n" for line in kept))
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # same directory: the rename is atomic
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())  # the new rows on disk before the rename makes them the file
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    directory = os.open(output_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself on disk
+    finally:
+        os.close(directory)
 
 
 def warn(on_event: Callable[[str, int, dict[str, Any]], None] | None, step: int, message: str) -> None:

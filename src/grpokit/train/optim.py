@@ -66,9 +66,17 @@ def clip_grad_norm(model: Any, max_norm: float) -> torch.Tensor:
 def apply_update(
     model: Any, optimizer: Any, scheduler: Any, loss: torch.Tensor, max_grad_norm: float, d: Any = None
 ) -> dict[str, Any]:
-    """Clip and apply the accumulated gradients, unless the loss or the gradient norm is not finite:
-    then nothing touches the weights, the optimizer state or the schedule, and `skipped_update` is 1.
-    Under several processes the decision is taken together, so every rank skips the same steps."""
+    """Clip and apply the accumulated gradients, unless the loss or the gradient norm is not finite,
+    or the update would make a weight non-finite (an extreme learning rate, say): then nothing is
+    left changed in the weights, the optimizer state or the schedule, and `skipped_update` is 1
+    (`update_rolled_back` is 1 when the update had been applied and was undone). Under several
+    processes every decision is taken together, so every rank skips the same steps.
+
+    Guarding the weights costs next to nothing when `update_stays_finite` can prove from a few norms
+    that the AdamW step keeps every weight finite (the usual case: one pass reading the weights and
+    first moments, no copy). Only when it cannot (a non-finite or huge learning rate, weights near
+    overflow, another optimizer) are the weights and optimizer state copied before the step, checked
+    after it, and restored if it destroyed them."""
     grad_norm = clip_grad_norm(model, max_grad_norm)
     learning_rate = optimizer.param_groups[0]["lr"]  # the rate this update uses
     bad = not bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm))
@@ -76,7 +84,127 @@ def apply_update(
         bad = distributed.any_rank(d, bad)
     if bad:
         optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped_update": 1.0}
+        return _skipped(grad_norm, learning_rate, rolled_back=False)
+    unproven = not update_stays_finite(optimizer, grad_norm)
+    if d is not None:
+        unproven = distributed.any_rank(d, unproven)  # every rank copies, checks and restores alike
+    backup = _backup(optimizer) if unproven else None
     optimizer.step()
+    if backup is not None:
+        destroyed = not weights_finite(_trainable(optimizer))
+        if d is not None:
+            destroyed = distributed.any_rank(d, destroyed)
+        if destroyed:
+            _restore(optimizer, backup)
+            optimizer.zero_grad(set_to_none=True)
+            return _skipped(grad_norm, learning_rate, rolled_back=True)
     scheduler.step()
-    return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped_update": 0.0}
+    return {
+        "grad_norm": grad_norm,
+        "learning_rate": learning_rate,
+        "skipped_update": 0.0,
+        "update_rolled_back": 0.0,
+    }
+
+
+def _skipped(grad_norm: torch.Tensor, learning_rate: float, *, rolled_back: bool) -> dict[str, Any]:
+    return {
+        "grad_norm": grad_norm,
+        "learning_rate": learning_rate,
+        "skipped_update": 1.0,
+        "update_rolled_back": float(rolled_back),
+    }
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor (a DTensor's local shard under FSDP; a plain tensor itself)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _trainable(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def weights_finite(params: list[torch.Tensor]) -> bool:
+    """Whether every value of `params` (this rank's part) is finite: one fused 2-norm per tensor and
+    one host sync. (A finite tensor whose 2-norm overflows float32 counts as destroyed: its values
+    would be beyond ~1e19, which no trained weight is.)"""
+    local = [_local(p).detach() for p in params if _local(p).numel()]
+    if not local:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(local))).all())  # noqa: SLF001
+
+
+def update_stays_finite(optimizer: Any, grad_norm: torch.Tensor) -> bool:
+    """True when the next `optimizer.step()` provably leaves every weight finite; False when that
+    cannot be shown (which does not mean it will fail). Only torch's AdamW (no amsgrad) with float
+    hyper-parameters is analysed. Its step, for every element (t ≥ 1 after the step's increment):
+
+        p ← p·(1 − lr·wd) − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε),
+        m ← β1·m + (1 − β1)·g,   v ← β2·v + (1 − β2)·g²   (before p uses them)
+
+    With ε > 0 the divisor is at least ε, and 1 − β1^t ≥ 1 − β1, so
+        |p_new| ≤ ‖p‖·|1 − lr·wd| + lr/(1 − β1) · (β1·‖m‖ + (1 − β1)·‖g‖) / ε,
+    2-norms bounding the largest element (‖g‖ ≤ grad_norm: clipping only shrinks it). v stays ≥ 0
+    and cannot turn a weight non-finite when g² is finite (an infinite v only zeroes the term). The
+    bound, taken in float64, must be under a quarter of the dtype's largest value."""
+    if type(optimizer) is not torch.optim.AdamW:
+        return False
+    total = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
+    for group in optimizer.param_groups:
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        scalars = (lr, wd, eps, beta1, beta2)
+        if group.get("amsgrad") or not all(isinstance(x, (int, float)) for x in scalars):
+            return False  # a tensor learning rate (capturable) or amsgrad: not analysed
+        if not (all(math.isfinite(x) for x in scalars) and eps > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1):
+            return False
+        params = [p for p in group["params"] if _local(p).numel()]
+        if not params:
+            continue
+        state = optimizer.state
+        moments = [state[p]["exp_avg"] for p in params if "exp_avg" in state.get(p, {})]
+        local = [_local(t).detach() for t in params + moments]
+        norms = torch.stack(torch._foreach_norm(local))  # noqa: SLF001 - [n]: one fused pass
+        first = norms[len(params) :] if moments else norms.new_zeros(1)  # no state yet: m = 0
+        # on the host in one sync: ‖g‖, the largest weight norm, the largest first-moment norm
+        g, weight_norm, moment_norm = (
+            torch.stack([total.to(norms), norms[: len(params)].max(), first.max()]).double().tolist()
+        )
+        limit = min(float(torch.finfo(p.dtype).max) for p in params) / 4
+        if not (math.isfinite(weight_norm) and math.isfinite(moment_norm) and g * g < limit):
+            return False
+        step = lr / (1 - beta1) * (beta1 * moment_norm + (1 - beta1) * g) / eps
+        if not weight_norm * abs(1 - lr * wd) + step < limit:  # (False for NaN too)
+            return False
+    return True
+
+
+Backup = list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]  # (weight, its copy, its state's)
+
+
+def _backup(optimizer: Any) -> Backup:
+    """Copies of every trainable weight and its optimizer state (None: it had none yet)."""
+    saved = []
+    for p in _trainable(optimizer):
+        state = optimizer.state.get(p)
+        copied = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in (state or {}).items()}
+        saved.append((p, p.detach().clone(), copied or None))
+    return saved
+
+
+@torch.no_grad()
+def _restore(optimizer: Any, saved: Backup) -> None:
+    """Put back what `_backup` copied, bit for bit, into the same tensors (nothing that holds them, a
+    sharded optimizer or a compiled step, sees a new object); state created by the step is dropped."""
+    for p, weight, state in saved:
+        p.copy_(weight)
+        if state is None:
+            optimizer.state.pop(p, None)
+            continue
+        current = optimizer.state[p]
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and isinstance(current.get(key), torch.Tensor):
+                current[key].copy_(value)
+            else:
+                current[key] = value

@@ -44,10 +44,11 @@ from ..models import (
 )
 from ..ops import bradley_terry_loss
 from . import distributed
-from .checkpoint import claim_output_dir, restore_distributed, save_distributed
+from .checkpoint import restore_distributed, save_distributed
 from .metrics import check_reporters
 from .optim import apply_update, make_optimizer, make_scheduler
 from .run import Run, RunResult, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
+from .rundir import claim_output_dir, exclusive_output_dir
 
 CALIBRATION_EDGES = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)  # buckets of |r_chosen − r_rejected|
 
@@ -221,7 +222,22 @@ def train_reward(
     eval_rows: Sequence[dict[str, Any]] | None = None,
     on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
 ) -> RewardResult:
+    """Train a Bradley–Terry reward model as configured. The run holds `cfg.output_dir`
+    exclusively until it returns or raises (rundir.py): a second run into it meanwhile is refused."""
     d = distributed.init()
+    with exclusive_output_dir(d, Path(cfg.output_dir)):
+        return _train_reward(cfg, d, model, tokenizer, train_rows, eval_rows, on_event)
+
+
+def _train_reward(
+    cfg: RewardConfig,
+    d: Any,
+    model: Any,
+    tokenizer: Any,
+    train_rows: Sequence[dict[str, Any]] | None,
+    eval_rows: Sequence[dict[str, Any]] | None,
+    on_event: Callable[[str, int, dict[str, Any]], None] | None,
+) -> RewardResult:
     emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
     if cfg.batch_size % d.world_size != 0:
         raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the world size {d.world_size}.")
@@ -279,7 +295,7 @@ def train_reward(
         )
 
     stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
-    run = Run.open(cfg, d, emit, stop, latest_checkpoint(cfg), restore, evaluate_now)
+    run = Run.open(cfg, d, emit, stop, latest_checkpoint(cfg, d, on_event), restore, evaluate_now)
 
     # ------------------------------------------------------------------ the loop
     step = run.start

@@ -1,11 +1,13 @@
 """The scaffold every training loop runs in (GRPO, reward model), and the set-up they share.
 
-A run, in order:
+A run, in order (all of it inside `with exclusive_output_dir(d, output_dir):`, rundir.py: the
+run directory's lock, taken before anything looks at the directory and released when the run returns
+or raises):
 
     replacing = claim_output_dir(...)          # before any work: refuse to mix with an earlier run
     ... load and validate the input, build the model ...
     prepare_output_dir(d, cfg, replacing)      # only now: clear the earlier run, write config.yaml
-    checkpoint = latest_checkpoint(cfg)        # resume=true: where to continue from (else None)
+    checkpoint = latest_checkpoint(cfg, d, on_event)   # resume=true: the newest intact one (else None)
     run = Run.open(cfg, d, emit, stop, checkpoint, restore, evaluate)   # resume or evaluate
     step = run.start
     with run:                                  # the metrics writer is closed however the loop ends
@@ -33,10 +35,12 @@ from typing import Any, TypeVar
 import torch
 
 from ..config import load_config, to_yaml
+from ..config.resume import resume_changes
 from ..models import build_policy, char_tokenizer, load_policy
 from . import distributed
-from .checkpoint import clear_earlier_run, list_checkpoints
-from .metrics import MetricsWriter, NullWriter, truncate_metrics_after
+from .checkpoint import CHECKPOINT_PREFIX, newest_intact_checkpoint
+from .metrics import MetricsWriter, NullWriter, truncate_metrics_after, warn
+from .rundir import clear_earlier_run, clear_staging
 
 Emit = Callable[[str, int, dict[str, Any]], None]  # on_event(kind, step, data)
 Result = TypeVar("Result", bound="RunResult")
@@ -120,12 +124,15 @@ def lora_from_config(cfg: Any, model: Any) -> Any:
 
 
 class TooManySkips(RuntimeError):
-    """Training stopped: too many consecutive updates had a non-finite loss or gradient."""
+    """Training stopped: too many consecutive updates were skipped, for a non-finite loss or gradient,
+    or rolled back because they made the weights non-finite."""
 
 
 class StopSignals:
     """SIGINT / SIGTERM become a request that the loop honours once the current update is done
-    (it then saves a checkpoint and stops). A second Ctrl-C stops at once."""
+    (it then saves a checkpoint and stops), or at once while a reward function runs (the GRPO loop
+    drops that step and saves the one before: `should_stop` reads `.signal`). A second Ctrl-C stops
+    at once."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
@@ -159,8 +166,8 @@ def skip_guard(consecutive: int, skipped: bool, limit: int, step: int) -> int:
     consecutive = consecutive + 1 if skipped else 0
     if consecutive >= limit:
         raise TooManySkips(
-            f"{consecutive} consecutive updates had a non-finite loss or gradient norm "
-            f"(the last at step {step}); "
+            f"{consecutive} consecutive updates had a non-finite loss or gradient norm, or made the "
+            f"weights non-finite and were undone (the last at step {step}); "
             f"training stopped and checkpoint-{step} holds the last good weights. Lower learning_rate or "
             "max_grad_norm, check the reward functions for extreme values, or raise max_consecutive_skips."
         )
@@ -186,7 +193,9 @@ def begin(
         emit("resumed", start, {"checkpoint": str(checkpoint)})
     else:
         start, eval_before = 0, evaluate()
-        if d.is_main:  # a fresh start (resume found no checkpoint): earlier rows are not this run's
+        # a fresh start (resume found no checkpoint): earlier rows are not this run's. Safe to delete:
+        # the run holds output_dir's lock, so no other run can be writing them
+        if d.is_main:
             (output_dir / "metrics.jsonl").unlink(missing_ok=True)
             shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
     writer = (
@@ -217,18 +226,40 @@ def prepare_output_dir(d: Any, cfg: Any, replacing: bool) -> None:
         if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
             clear_earlier_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
+        clear_staging(output_dir)  # killed runs' half-written checkpoints (under the lock: none is ours)
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
     distributed.barrier(d)
 
 
-def latest_checkpoint(cfg: Any) -> Path | None:
-    """With `resume=true`, the newest complete checkpoint of `cfg.output_dir` (its config.yaml is
-    validated too), else None: the run starts fresh."""
-    checkpoints = list_checkpoints(Path(cfg.output_dir)) if cfg.resume else []
-    if not checkpoints:
+def latest_checkpoint(cfg: Any, d: Any = None, on_event: Emit | None = None) -> Path | None:
+    """With `resume=true`, the newest intact checkpoint of `cfg.output_dir`, else None: the run
+    starts fresh.
+
+    Intact: its files match its manifest.json (`newest_intact_checkpoint`). Newer ones that do not (a
+    truncated state.pt, a flipped byte) are skipped with one warning naming each and what is wrong;
+    when none is intact, CheckpointError. A checkpoint written before grpokit wrote manifests is
+    taken as it is. The chosen one's config.yaml is then validated, and a config error there stops
+    the run (a ConfigError, no fallback: the manifest vouches for the file's bytes, so the error is an
+    option this grpokit rejects, which older checkpoints of the run would share), and compared with
+    `cfg` (`resume_changes`: options that cannot change are a ConfigError; each one that may and did
+    is said once as a warning). Warnings go to `on_event` (else the `grpokit` logger), on rank 0 of
+    `d` only."""
+    if not cfg.resume:
         return None
-    load_config(type(cfg), checkpoints[-1] / "config.yaml")  # a checkpoint's config is validated too
-    return checkpoints[-1]
+    chosen, corrupt = newest_intact_checkpoint(Path(cfg.output_dir))
+    if chosen is None:
+        return None
+    says = d is None or d.is_main  # one warning per run, not one per rank
+    step = int(chosen.name[len(CHECKPOINT_PREFIX) :])
+    if corrupt and says:
+        skipped = "; ".join(corrupt)
+        warn(on_event, step, f"damaged checkpoint skipped ({skipped}); resuming from {chosen.name}")
+    saved = chosen / "config.yaml"
+    load_config(type(cfg), saved)  # a checkpoint's config is validated too
+    notes = resume_changes(cfg, saved)
+    for note in notes if says else []:
+        warn(on_event, step, note)
+    return chosen
 
 
 def should_save(step: int, cfg: Any, stopping: bool, skips: int, skipped: bool) -> bool:

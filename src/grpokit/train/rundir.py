@@ -1,0 +1,310 @@
+"""The run directory: one run at a time, and never on top of an earlier one unless told to.
+
+* The lock: a run holds an exclusive `fcntl.flock` on `output_dir/.grpokit.lock` from before its
+  first look at the directory until it returns or raises (`exclusive_output_dir`), so a second run
+  into the same directory is refused in one line naming the holder's PID, instead of the two mixing
+  their metrics and overwriting each other's checkpoints. The kernel drops a flock when its holder
+  dies, so a run killed with SIGKILL never leaves a stale lock. Under torchrun only rank 0 takes it;
+  the other ranks wait for its answer and raise the same error.
+* The guard: a new run never starts where an earlier one lives unless told to (`claim_output_dir`),
+  and `overwrite=true` deletes only what a run writes (`clear_earlier_run`).
+* Checkpoint staging: a checkpoint is written into `.tmp-checkpoint-<step>-<token>` and renamed into
+  place; the token is the run's own (chosen by rank 0, the same on every rank), so two writers never
+  share a staging directory.
+
+Errors are `RunDirectoryError`s (ValueErrors: the command line prints them as one line).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import distributed
+
+CHECKPOINT_PREFIX = "checkpoint-"
+STAGING_PREFIX = f".tmp-{CHECKPOINT_PREFIX}"
+LOCK_NAME = ".grpokit.lock"
+# what flock raises where the filesystem has no locks (some FUSE and parallel filesystems)
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+logger = logging.getLogger(__name__)
+
+# What a run writes into its output_dir (and `overwrite=true` removes): nothing else there is touched.
+RUN_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "calibration.json", "config.yaml")
+RUN_DIRS = ("tensorboard", "wandb", "report", "final")
+
+
+class RunDirectoryError(ValueError):
+    """output_dir cannot be used: a file, not writable, or in use. A ValueError, so the command line
+    prints the one-line message (no traceback)."""
+
+
+class RunDirectoryInUse(RunDirectoryError, FileExistsError):
+    """Another grpokit run holds output_dir's lock."""
+
+
+class EarlierRunError(RunDirectoryError, FileExistsError):
+    """output_dir holds an earlier run, and neither resume=true nor overwrite=true was given."""
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+class RunDirLock:
+    """An exclusive flock on `output_dir/.grpokit.lock`, held by this process until `release`.
+
+    The lock file holds the holder's PID and host (for the message a second run gets). It stays in
+    the directory: a run that locked a file another process was about to unlink would hold a lock
+    nobody else can see. The one exception is a directory this lock created and nothing else was
+    written into (a command refused on bad input leaves nothing behind); that is safe because
+    `acquire` checks, once it holds a lock, that the file is still the one at the path, and starts
+    again if not."""
+
+    def __init__(self, output_dir: Path, fd: int, created: list[Path]) -> None:
+        self.output_dir = output_dir
+        self.path = output_dir / LOCK_NAME
+        self._fd: int | None = fd
+        self._created = created  # the directories `acquire` made, deepest first
+
+    @classmethod
+    def acquire(cls, output_dir: Path) -> RunDirLock:
+        """Create `output_dir` if needed and lock it, or raise a RunDirectoryError: in use (naming
+        the holder's PID), a file, or not writable."""
+        output_dir = Path(output_dir)
+        created = [p for p in [output_dir, *output_dir.parents] if not p.exists()]
+        try:
+            return cls._acquire(output_dir, created)
+        except RunDirectoryError:
+            _remove_empty(created)  # a refused command leaves nothing behind
+            raise
+
+    @classmethod
+    def _acquire(cls, output_dir: Path, created: list[Path]) -> RunDirLock:
+        for _ in range(100):  # only a directory removed or a lock file replaced meanwhile loops again
+            _make_directory(output_dir)
+            try:
+                fd = os.open(output_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                continue  # a refused run removed the directory it had created between mkdir and open
+            except OSError as error:
+                raise _unusable(output_dir, error) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise RunDirectoryInUse(
+                    f"output_dir {str(output_dir)!r} is in use by another grpokit run ({holder}); wait for "
+                    "it to finish or choose another output_dir=..."
+                ) from None
+            except OSError as error:
+                if error.errno not in _NO_LOCKS:
+                    os.close(fd)
+                    raise _unusable(output_dir, error) from None
+                logger.warning(  # refusing every run there would leave the user no way on
+                    "output_dir %r is on a filesystem without file locks (%s): a second run into it at "
+                    "the same time would not be refused",
+                    str(output_dir),
+                    os.strerror(error.errno),
+                )
+            if _still_at(fd, output_dir / LOCK_NAME):
+                try:  # the holder's identity, for the message a second run gets
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+                except OSError as error:  # a full disk: the run could not have written anything
+                    os.close(fd)
+                    raise _unusable(output_dir, error) from None
+                return cls(output_dir, fd, created)
+            os.close(fd)  # the file was unlinked between open and flock: lock the one there now
+        raise RunDirectoryError(f"output_dir {str(output_dir)!r} could not be locked: it keeps changing.")
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Drop the lock (closing the file drops it). A directory this lock created that holds
+        nothing but the lock file is removed first, while still locked."""
+        if self._fd is None:
+            return
+        try:
+            if self._created and [p.name for p in self.output_dir.iterdir()] == [LOCK_NAME]:
+                self.path.unlink()
+                _remove_empty(self._created)
+        except OSError:
+            pass  # another run's files arrived meanwhile: the directory is theirs now
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove `directories` (deepest first) as long as they are empty: one that is not stays, with
+    its parents (another run's files arrived meanwhile)."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+
+
+def _make_directory(output_dir: Path) -> None:
+    """`output_dir` and its parents, or one line saying why they cannot be made."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+        if output_dir.exists() and not output_dir.is_dir():
+            raise RunDirectoryError(
+                f"output_dir {str(output_dir)!r} is a file, not a directory; choose another output_dir=... "
+                "or move the file away."
+            ) from None
+        files = [p for p in reversed(output_dir.parents) if p.exists() and not p.is_dir()]
+        culprit = files[0] if files else error.filename
+        raise RunDirectoryError(
+            f"output_dir {str(output_dir)!r} cannot be created: {str(culprit)!r} is a file, not a directory; "
+            "choose another output_dir=..."
+        ) from None
+    except OSError as error:
+        raise _unusable(output_dir, error) from None
+
+
+def _unusable(output_dir: Path, error: OSError) -> RunDirectoryError:
+    """The one-line error for an output_dir that cannot be created or written."""
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    where = f" ({error.filename})" if error.filename and str(error.filename) != str(output_dir) else ""
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return RunDirectoryError(
+            f"output_dir {str(output_dir)!r} cannot be written: {reason}{where}; choose a writable "
+            "output_dir=... or change its permissions."
+        )
+    return RunDirectoryError(f"output_dir {str(output_dir)!r} cannot be used: {reason}{where}.")
+
+
+def _holder(fd: int) -> str:
+    """"PID 1234" (", on host" when another machine holds it) from a lock file another process holds.
+    The holder writes it just after locking: a contender that comes in between waits a moment."""
+    text = ""
+    for _ in range(50):  # up to ~0.5 s
+        text = os.pread(fd, 256, 0).decode(errors="replace").strip()
+        if text:
+            break
+        time.sleep(0.01)
+    if not text:
+        return "PID unknown"
+    pid, _, host = text.partition(" ")
+    return f"PID {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+# The staging token of each output_dir this process is running in (the same on every rank).
+_staging_tokens: dict[Path, str] = {}
+
+
+@contextmanager
+def exclusive_output_dir(d: Any, output_dir: Path) -> Iterator[None]:
+    """Hold `output_dir` for the whole of a run: rank 0 takes the lock, every rank gets its answer
+    (the same RunDirectoryError on every rank when refused) and the run's staging token. Released
+    when the run returns or raises, so one process can run one training after another."""
+    output_dir = Path(output_dir)
+    lock: RunDirLock | None = None
+    answer: Any = None
+    if d.is_main:
+        try:
+            lock = RunDirLock.acquire(output_dir)
+            answer = f"{os.getpid()}-{secrets.token_hex(3)}"  # the staging token
+        except RunDirectoryError as refusal:
+            answer = refusal
+        except Exception as error:  # a bug: the other ranks must not wait for an answer forever
+            distributed.broadcast_object(d, RunDirectoryError(f"rank 0 could not lock output_dir: {error}"))
+            raise
+    answer = distributed.broadcast_object(d, answer)  # the other ranks wait here for rank 0
+    if isinstance(answer, BaseException):
+        raise answer
+    key = output_dir.resolve()
+    _staging_tokens[key] = answer
+    try:
+        yield
+    finally:
+        _staging_tokens.pop(key, None)
+        if lock is not None:
+            lock.release()
+
+
+def checkpoint_staging(output_dir: Path, step: int) -> Path:
+    """The temporary directory checkpoint `step` is written into before it is renamed into place:
+    `.tmp-checkpoint-<step>-<token>`, the token the run's (this process's PID outside a run)."""
+    token = _staging_tokens.get(Path(output_dir).resolve(), str(os.getpid()))
+    return Path(output_dir) / f"{STAGING_PREFIX}{step}-{token}"
+
+
+# ----------------------------------------------------------------------------- earlier runs
+
+
+def earlier_run(output_dir: Path) -> list[str]:
+    """What in `output_dir` belongs to an earlier run (metrics or checkpoints), by name."""
+    if not output_dir.is_dir():
+        return []
+    found = [p.name for p in sorted(output_dir.glob(f"{CHECKPOINT_PREFIX}*")) if p.is_dir()]
+    # (a warm start stopped by a signal leaves only config.yaml and sft_metrics.jsonl: not a run yet,
+    # so the same command starts again)
+    found += [name for name in ("metrics.jsonl", "final") if (output_dir / name).exists()]
+    return found
+
+
+def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool:
+    """Refuse, before any work, to start a new run where an earlier one lives (its metrics would be
+    mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
+    having higher step numbers). Returns whether there is an earlier run that `overwrite` asks to
+    delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a command
+    that fails on bad input never destroys anything. Called under the lock (`exclusive_output_dir`),
+    so what it finds cannot change before the run writes."""
+    found = earlier_run(output_dir)
+    if not found or resume:
+        return False
+    if not overwrite:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise EarlierRunError(
+            f"output_dir {str(output_dir)!r} already holds a run ({shown}); continue it with resume=true, "
+            "start a new one with another output_dir=..., or replace it with overwrite=true."
+        )
+    return True
+
+
+def clear_staging(output_dir: Path) -> None:
+    """Delete what killed runs left half-written: checkpoint staging directories of any name, and
+    the temporary file of a metrics rewrite (`truncate_metrics_after`). Only under the lock: no one
+    else can be writing them."""
+    for path in output_dir.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in output_dir.glob(".metrics.jsonl.tmp-*"):
+        path.unlink(missing_ok=True)
+
+
+def clear_earlier_run(output_dir: Path) -> None:
+    """Delete what a run writes into `output_dir` (`overwrite=true`); nothing else there is touched."""
+    for name in RUN_FILES:
+        (output_dir / name).unlink(missing_ok=True)
+    for path in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+        shutil.rmtree(path, ignore_errors=True)
+    clear_staging(output_dir)
+    for name in RUN_DIRS:
+        shutil.rmtree(output_dir / name, ignore_errors=True)
