@@ -4,6 +4,8 @@ trainer (GRPO, reward model; the warm start's schedule) shares."""
 from __future__ import annotations
 
 import math
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,11 +74,12 @@ def apply_update(
     (`update_rolled_back` is 1 when the update had been applied and was undone). Under several
     processes every decision is taken together, so every rank skips the same steps.
 
-    Guarding the weights costs next to nothing when `update_stays_finite` can prove from a few norms
-    that the AdamW step keeps every weight finite (the usual case: one pass reading the weights and
-    first moments, no copy). Only when it cannot (a non-finite or huge learning rate, weights near
-    overflow, another optimizer) are the weights and optimizer state copied before the step, checked
-    after it, and restored if it destroyed them."""
+    Guarding the weights costs next to nothing when `update_stays_finite` can prove that the AdamW
+    step keeps every weight finite (the usual case: a few float operations, and every
+    REMEASURE_EVERY updates one pass reading the weights and first moments; no copy). Only when it
+    cannot (a non-finite or huge learning rate, weights near overflow, another optimizer) are the
+    weights and optimizer state copied before the step, checked after it, and restored if it
+    destroyed them."""
     grad_norm = clip_grad_norm(model, max_grad_norm)
     learning_rate = optimizer.param_groups[0]["lr"]  # the rate this update uses
     bad = not bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm))
@@ -85,15 +88,21 @@ def apply_update(
     if bad:
         optimizer.zero_grad(set_to_none=True)
         return _skipped(grad_norm, learning_rate, rolled_back=False)
-    unproven = not update_stays_finite(optimizer, grad_norm)
+    # every clipped gradient element is at most max_grad_norm (no clipping: the norm itself)
+    grad_bound = max_grad_norm if math.isfinite(max_grad_norm) else float(grad_norm)
+    proven = _prove(optimizer, grad_bound)
+    unproven = proven is None
     if d is not None:
         unproven = distributed.any_rank(d, unproven)  # every rank copies, checks and restores alike
     backup = _backup(optimizer) if unproven else None
     optimizer.step()
+    if proven is not None and not unproven:
+        _BOUNDS[optimizer] = proven  # what bounds the weights and first moments now
     if backup is not None:
         destroyed = not weights_finite(_trainable(optimizer))
         if d is not None:
             destroyed = distributed.any_rank(d, destroyed)
+        _BOUNDS.pop(optimizer, None)  # measured afresh next time
         if destroyed:
             _restore(optimizer, backup)
             optimizer.zero_grad(set_to_none=True)
@@ -135,49 +144,93 @@ def weights_finite(params: list[torch.Tensor]) -> bool:
     return bool(torch.isfinite(torch.stack(torch._foreach_norm(local))).all())  # noqa: SLF001
 
 
-def update_stays_finite(optimizer: Any, grad_norm: torch.Tensor) -> bool:
-    """True when the next `optimizer.step()` provably leaves every weight finite; False when that
+REMEASURE_EVERY = 16  # updates between measurements of the weights and first moments
+
+
+@dataclass
+class _Bounds:
+    """Per parameter group, bounds on the largest |weight| and |first moment| after the last update,
+    and how many updates ago they were measured."""
+
+    groups: list[tuple[float, float]]
+    age: int
+
+
+# optimizer -> its _Bounds (weakly: an optimizer no longer used is not kept alive)
+_BOUNDS: weakref.WeakKeyDictionary[Any, _Bounds] = weakref.WeakKeyDictionary()
+
+
+def _measure(optimizer: Any) -> _Bounds:
+    """The largest per-tensor 2-norm of each group's weights and first moments (each bounds every
+    element of its tensors): one fused pass over them and one host sync."""
+    tensors, spans = [], []
+    for group in optimizer.param_groups:
+        params = [_local(p) for p in group["params"] if _local(p).numel()]
+        state = [optimizer.state.get(p, {}) for p in group["params"] if _local(p).numel()]
+        moments = [_local(st["exp_avg"]) for st in state if "exp_avg" in st]  # none yet: m = 0
+        spans.append((len(tensors), len(params), len(moments)))
+        tensors += params + moments
+    with torch.no_grad():  # [n] on the host
+        norms = torch.stack(torch._foreach_norm(tensors)).double().tolist() if tensors else []  # noqa: SLF001
+    groups = []
+    for begin, n_params, n_moments in spans:
+        weights = norms[begin : begin + n_params]
+        moments = norms[begin + n_params : begin + n_params + n_moments]
+        groups.append((max(weights, default=0.0), max(moments, default=0.0)))
+    return _Bounds(groups, 0)
+
+
+def update_stays_finite(optimizer: Any, grad_bound: float) -> bool:
+    """Whether the next step is proven to keep the weights finite (`_prove`)."""
+    return _prove(optimizer, grad_bound) is not None
+
+
+def _prove(optimizer: Any, grad_bound: float) -> _Bounds | None:
+    """The bounds after the next `optimizer.step()` when it provably leaves every weight finite,
+    given that no the next `optimizer.step()` provably leaves every weight finite, given that no
+    gradient element exceeds `grad_bound` (a bound on the clipped gradients' norm); None when that
     cannot be shown (which does not mean it will fail). Only torch's AdamW (no amsgrad) with float
     hyper-parameters is analysed. Its step, for every element (t ≥ 1 after the step's increment):
 
-        p ← p·(1 − lr·wd) − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε),
-        m ← β1·m + (1 − β1)·g,   v ← β2·v + (1 − β2)·g²   (before p uses them)
+        m ← β1·m + (1 − β1)·g,   v ← β2·v + (1 − β2)·g²,
+        p ← p·(1 − lr·wd) − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε)
 
-    With ε > 0 the divisor is at least ε, and 1 − β1^t ≥ 1 − β1, so
-        |p_new| ≤ ‖p‖·|1 − lr·wd| + lr/(1 − β1) · (β1·‖m‖ + (1 − β1)·‖g‖) / ε,
-    2-norms bounding the largest element (‖g‖ ≤ grad_norm: clipping only shrinks it). v stays ≥ 0
-    and cannot turn a weight non-finite when g² is finite (an infinite v only zeroes the term). The
-    bound, taken in float64, must be under a quarter of the dtype's largest value."""
+    With ε > 0 the divisor is at least ε and 1 − β1^t ≥ 1 − β1, so with P, M, G bounds on the largest
+    |p|, |m|, |g|:  M' = β1·M + (1 − β1)·G  and  P' = P·|1 − lr·wd| + lr/(1 − β1) · M' / ε  bound them
+    after the step. v stays ≥ 0 and cannot make a weight non-finite while g² is finite (an infinite v
+    only zeroes the term). P' and g² must stay under a quarter of the dtype's largest value.
+
+    P and M are measured (`_measure`) every REMEASURE_EVERY updates and carried by the two recurrences
+    in between (`apply_update` keeps them once the step is taken), so a step costs a few float
+    operations; between measurements the weights are taken to change only by this optimizer's steps
+    (a step this cannot prove drops the bounds: the next call measures)."""
     if type(optimizer) is not torch.optim.AdamW:
-        return False
-    total = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-    for group in optimizer.param_groups:
+        return None
+    bounds = _BOUNDS.get(optimizer)
+    if bounds is None or bounds.age >= REMEASURE_EVERY or len(bounds.groups) != len(optimizer.param_groups):
+        bounds = _measure(optimizer)
+    after = []
+    for group, (weight, moment) in zip(optimizer.param_groups, bounds.groups, strict=True):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
-        scalars = (lr, wd, eps, beta1, beta2)
+        scalars = (lr, wd, eps, beta1, beta2, grad_bound)
         if group.get("amsgrad") or not all(isinstance(x, (int, float)) for x in scalars):
-            return False  # a tensor learning rate (capturable) or amsgrad: not analysed
+            return _unproven(optimizer)  # a tensor learning rate (capturable) or amsgrad: not analysed
         if not (all(math.isfinite(x) for x in scalars) and eps > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1):
-            return False
-        params = [p for p in group["params"] if _local(p).numel()]
-        if not params:
-            continue
-        state = optimizer.state
-        moments = [state[p]["exp_avg"] for p in params if "exp_avg" in state.get(p, {})]
-        local = [_local(t).detach() for t in params + moments]
-        norms = torch.stack(torch._foreach_norm(local))  # noqa: SLF001 - [n]: one fused pass
-        first = norms[len(params) :] if moments else norms.new_zeros(1)  # no state yet: m = 0
-        # on the host in one sync: ‖g‖, the largest weight norm, the largest first-moment norm
-        g, weight_norm, moment_norm = (
-            torch.stack([total.to(norms), norms[: len(params)].max(), first.max()]).double().tolist()
-        )
-        limit = min(float(torch.finfo(p.dtype).max) for p in params) / 4
-        if not (math.isfinite(weight_norm) and math.isfinite(moment_norm) and g * g < limit):
-            return False
-        step = lr / (1 - beta1) * (beta1 * moment_norm + (1 - beta1) * g) / eps
-        if not weight_norm * abs(1 - lr * wd) + step < limit:  # (False for NaN too)
-            return False
-    return True
+            return _unproven(optimizer)
+        dtypes = {p.dtype for p in group["params"]}
+        limit = min((float(torch.finfo(t).max) for t in dtypes), default=math.inf) / 4
+        moment = beta1 * moment + (1 - beta1) * grad_bound
+        weight = weight * abs(1 - lr * wd) + lr / (1 - beta1) * moment / eps
+        if not (weight < limit and grad_bound * grad_bound < limit):  # (False for NaN too)
+            return _unproven(optimizer)
+        after.append((weight, moment))
+    return _Bounds(after, bounds.age + 1)
+
+
+def _unproven(optimizer: Any) -> None:
+    _BOUNDS.pop(optimizer, None)
+    return None
 
 
 Backup = list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]  # (weight, its copy, its state's)
