@@ -266,6 +266,7 @@ ELSEWHERE = {
     "prompt_column": "test_dataset_files_and_prompt_column (below)",
     "prompt_truncation": "test_prompt_truncation_error (below)",
     "on_reward_error": "test_reward_errors_raise_or_count (below)",
+    "reward_timeout": "test_reward_and_update_guards.py: reward hangs past reward_timeout, in evaluation",
     "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config",
     "strategy": "tests/distributed/test_world_size.py (ddp and fsdp, 2 processes)",
     "fsdp_cpu_offload": "tests/distributed/test_world_size.py::test_fsdp_cpu_offload_trains",

@@ -419,14 +419,17 @@ def test_sigterm_while_a_reward_hangs_saves_the_step_before_and_exits(tmp_path):
     hang.write_text("")
     out = tmp_path / "run"
     process = _train(out, reward, 6)
-    deadline = time.time() + 240
-    while not hanging.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert hanging.exists(), process.communicate()[1]
-    sent = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=60)
-    took = time.monotonic() - sent
+    try:
+        deadline = time.time() + 240
+        while not hanging.exists() and process.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert hanging.exists(), process.stderr.read() if process.poll() is not None else "no hang"
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        process.kill()  # (a no-op once it has exited; never leave a hung run behind)
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert took < 15, took  # a checkpoint write and the exit (seconds on a loaded 2-core machine)
     assert "stopped by SIGTERM after step 2: checkpoint-2 saved" in stdout and "resume=true" in stdout
@@ -440,10 +443,13 @@ def test_resuming_after_an_abandoned_step_is_bitwise_equal_to_an_uninterrupted_r
     hang.write_text("")
     out = tmp_path / "run"
     process = _train(out, reward, 4)
-    while not hanging.exists() and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
+    try:
+        while not hanging.exists() and process.poll() is None:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
     assert process.returncode == 128 + signal.SIGTERM, stderr
     hang.unlink()  # the same reward, no longer hanging
     resumed = _train(out, reward, 4, "resume=true")
@@ -461,6 +467,31 @@ def test_resuming_after_an_abandoned_step_is_bitwise_equal_to_an_uninterrupted_r
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]  # no step lost or doubled
+
+
+def test_a_stop_during_step_1_leaves_nothing_to_resume_and_the_same_call_starts_over(tmp_path):
+    """SIGTERM while step 1's reward runs: no previous step to save. The run says so (as a stop during
+    set-up does), and leaves nothing that would make the same call refuse to start again."""
+    import os
+
+    def terminates_then_hangs(prompts, completions, **_):
+        if len(completions) == 16:  # step 1's batch (evaluation scores 4 completions)
+            os.kill(os.getpid(), signal.SIGTERM)  # StopSignals notes it on the main thread
+            time.sleep(30)
+        return ones_reward(prompts, completions)
+
+    cfg = tiny_config(tmp_path, max_steps=2)
+    events = []
+    began = time.monotonic()
+    on_event = lambda kind, step, data: events.append((kind, data))  # noqa: E731
+    result = train_grpo(cfg, reward_funcs=[terminates_then_hangs], on_event=on_event)
+    assert time.monotonic() - began < 20  # not the 30 s the reward sleeps
+    assert result.stopped_by == "SIGTERM" and result.steps == 0 and result.phase == "step 1"
+    assert ("stopped", {"signal": "SIGTERM", "phase": "step 1", "output_dir": cfg.output_dir}) in events
+    run = Path(cfg.output_dir)
+    assert not list(run.glob("checkpoint-*")) and not (run / "metrics.jsonl").exists()
+    again = train_grpo(cfg, reward_funcs=[ones_reward])  # the same command starts over
+    assert again.steps == 2 and (run / "checkpoint-2").is_dir()
 
 
 def test_the_table_of_bad_reward_inputs_is_large_enough():

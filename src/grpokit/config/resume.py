@@ -99,6 +99,7 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "fused_logps": ("applied", "the same log-probs, computed in chunks or not"),
     "gradient_checkpointing": ("applied", "memory only: the same gradients"),
     "fsdp_cpu_offload": ("applied", "memory only: where FSDP keeps the same shards"),
+    "num_threads": ("applied", "threads change the speed, and the last bits of parallel sums"),
     "device": ("applied", "checkpoints are on the host: any device can continue them"),
     # ------------------------------------------------------------ multi-turn
     "tools": ("fixed", "the episodes trained on so far had these tools"),

@@ -127,6 +127,14 @@ class _Placement(_Keys):
         description="auto (CUDA when available, else CPU), cpu, cuda or cuda:N; under torchrun each rank "
         "takes cuda:LOCAL_RANK (auto/cuda) or the CPU; metrics and checkpoints are always on the host",
     )
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="torch's intra-op CPU threads: a number pins it (bitwise reproducible whatever else "
+        "runs); None = torch's default, and on a CPU fewer while other processes hold cores, so that "
+        "runs sharing a CPU do not stall each other (train/threads.py)",
+    )
 
 
 class _Precision(_Keys):

@@ -130,7 +130,6 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     data = resolve_data(
         cfg, train_rows, eval_rows, reward_funcs, is_correct, device=d.device, environment=environment
     )
-    check_step_prompts(cfg, data)  # enough rows for one step's distinct prompts
     seed_everything(cfg.seed)
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
@@ -142,6 +141,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         [(data.train_source, data.train_rows), (data.eval_source, data.eval_rows)],
         [cfg.prompt_column, cfg.answer_column] if cfg.sft_steps else [cfg.prompt_column],
     )
+    check_step_prompts(cfg, data)  # enough rows for one step's distinct prompts
     if cfg.use_peft and cfg.lora_target_modules:
         check_lora_targets(model, cfg.lora_target_modules)
     prepare_output_dir(d, cfg, replacing)  # every rank's input is valid: clear an earlier run, config.yaml
