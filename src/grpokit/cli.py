@@ -150,6 +150,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft_progress(console: Any, threads: Any, step: int, loss: float) -> None:
+    """`grpokit sft`'s line every 100 steps, and a change of CPU threads under load, said once."""
+    if step % 100 == 0:
+        console.print(f"sft step {step}: loss {loss:.4f}")
+    note = threads.tick()
+    if note:
+        console.print(f"[yellow]{note}[/]")
+
+
 def _cmd_sft(args: argparse.Namespace) -> int:
     from .config import SFTConfig, load_config, to_yaml
     from .data import answer_checker, data_alphabet, get_task, load_prompts, require_answers, sft_rows
@@ -158,6 +167,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from .train.grpo_setup import correctness_reward
     from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
     from .train.sft import run_sft
+    from .train.threads import ThreadGovernor
 
     path, overrides = _split_args(args.items)
     cfg = load_config(SFTConfig, path, overrides)
@@ -193,6 +203,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
             )
     seed_everything(cfg.seed)
     device, precision = _placement(cfg)
+    threads = ThreadGovernor.start(cfg.num_threads, device)  # fewer CPU threads while others hold cores
     # trained: stored in the master dtype (float32 unless master_weights=dtype), computing under autocast
     stored = cfg.model_copy(update={"dtype": "float32"}) if precision.mixed else cfg
     model, tokenizer = policy_and_tokenizer(stored, alphabet, 4 * sum(lengths))
@@ -209,7 +220,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
         seed=cfg.seed,
-        on_step=lambda s, loss: s % 100 == 0 and console.print(f"sft step {s}: loss {loss:.4f}"),
+        on_step=lambda s, loss: _sft_progress(console, threads, s, loss),
         precision=precision,
     )
     out = Path(cfg.output_dir) / "final"

@@ -267,6 +267,7 @@ ELSEWHERE = {
     "prompt_truncation": "test_prompt_truncation_error (below)",
     "on_reward_error": "test_reward_errors_raise_or_count (below)",
     "reward_timeout": "test_reward_and_update_guards.py: reward hangs past reward_timeout, in evaluation",
+    "num_threads": "test_threads.py::test_num_threads_pins_torch_threads_for_the_run_and_is_restored",
     "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config",
     "strategy": "tests/distributed/test_world_size.py (ddp and fsdp, 2 processes)",
     "fsdp_cpu_offload": "tests/distributed/test_world_size.py::test_fsdp_cpu_offload_trains",

@@ -130,3 +130,26 @@ def test_the_real_load_reading_is_consistent():
     second = threads.read_load()
     busy, own = second[1] - first[1], second[2] - first[2]
     assert own > 0 and busy >= own - 0.05  # clock ticks are 10 ms: allow a few of rounding
+
+
+def test_num_threads_pins_torch_threads_for_the_run_and_is_restored(tmp_path):
+    """The count a run computes with is the option's (seen from inside a reward function), logged
+    as cpu_threads, and the caller's count is back once the run returns."""
+    import json
+
+    from grpokit.train.grpo import train_grpo
+    from tests.train.helpers import tiny_config
+
+    seen: list[int] = []
+
+    def counting(prompts, completions, **_):
+        seen.append(torch.get_num_threads())
+        return [0.0] * len(completions)
+
+    before = torch.get_num_threads()
+    wanted = 3 if before != 3 else 2
+    result = train_grpo(tiny_config(tmp_path, max_steps=2, num_threads=wanted), reward_funcs=[counting])
+    assert seen and set(seen) == {wanted}
+    assert torch.get_num_threads() == before
+    rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["cpu_threads"] for r in rows if "loss" in r] == [wanted, wanted]

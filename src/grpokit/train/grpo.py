@@ -50,6 +50,7 @@ from .run import (
     seed_everything,
 )
 from .rundir import claim_output_dir, exclusive_output_dir
+from .threads import ThreadGovernor
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,15 @@ def train_grpo(
     The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
     (rundir.py): a second run into the same directory meanwhile is refused."""
     d = distributed.init(cfg.device)  # (joins the process group once; _train_grpo gets the same)
-    with StopSignals() as stop, exclusive_output_dir(d, Path(cfg.output_dir)):
+    with (
+        StopSignals() as stop,
+        exclusive_output_dir(d, Path(cfg.output_dir)),
+        ThreadGovernor.start(cfg.num_threads, d.device) as threads,  # CPU threads, for the whole run
+    ):
         return _train_grpo(
             cfg,
             stop,
+            threads,
             model,
             tokenizer,
             reward_funcs,
@@ -105,6 +111,7 @@ def train_grpo(
 def _train_grpo(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
     cfg: GRPOConfig,
     stop: StopSignals,
+    threads: ThreadGovernor,
     model: Any,
     tokenizer: Any,
     reward_funcs: Sequence[Callable[..., Any]] | None,
@@ -149,7 +156,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     # ------------------------------------------------------------------ set-up: the policy
     model = place_policy(cfg, model, d)  # on the device, weights in the master dtype
     # a supervised warm start (identical on every rank), unless resuming
-    warmed = cfg.sft_steps and resume_from is None and warm_start(cfg, model, tokenizer, data, d, stop, emit)
+    warmed = cfg.sft_steps and resume_from is None and warm_start(cfg, model, tokenizer, data, d, stop, emit, threads)
     if warmed and warmed.stopped:
         return _stopped_early(emit, stop, output_dir, "warm start")
     if cfg.use_peft:  # LoRA on the warm-started weights: only the adapters train (reference: adapters off)
@@ -163,7 +170,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     should_stop = (lambda: stop.signal is not None) if d.world_size == 1 else None
     try:
         evaluate = evaluator(cfg, trainee, data, should_stop)
-        run = Run.open(cfg, d, emit, stop, resume_from, restore_from, evaluate)
+        run = Run.open(cfg, d, emit, stop, resume_from, restore_from, evaluate, threads)
     except ScoringStopped:  # while scoring the starting policy's evaluation: nothing to save yet
         return _stopped_early(emit, stop, output_dir, "set-up")
 

@@ -422,6 +422,7 @@ def warm_start(
     d: distributed.Dist,
     stop: StopSignals,
     emit: Emit,
+    threads: Any = None,
 ) -> SFTResult:
     """The supervised warm start (sft_steps), identical on every rank; its losses go to
     sft_metrics.jsonl, and with sft_target_accuracy it ends once a probe of training prompts is solved."""
@@ -429,6 +430,13 @@ def warm_start(
     probed: list[float] = []
     precision = precision_of(cfg)
     goal = warm_start_goal(cfg, model, tokenizer, data, probed, precision)
+
+    def sft_step(step: int, loss: float) -> None:
+        emit("sft_step", step, {"loss": loss})
+        note = threads.tick() if threads is not None else None  # fewer CPU threads under load
+        if note:
+            emit("warning", step, {"message": note})
+
     warm = run_sft(
         model,
         tokenizer,
@@ -445,7 +453,7 @@ def warm_start(
         learning_rate=cfg.sft_learning_rate,
         warmup_steps=cfg.sft_warmup_steps,
         seed=cfg.seed,
-        on_step=lambda s, loss: emit("sft_step", s, {"loss": loss}),
+        on_step=lambda s, loss: sft_step(s, loss),
         should_stop=lambda: distributed.any_rank(d, stop.signal is not None),
         done=None if goal is None else lambda s: distributed.any_rank(d, goal(s)),  # ranks agree
         precision=precision,

@@ -49,6 +49,7 @@ from .metrics import check_reporters
 from .optim import apply_update, make_optimizer, make_scheduler
 from .run import Run, RunResult, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
 from .rundir import claim_output_dir, exclusive_output_dir
+from .threads import ThreadGovernor
 
 CALIBRATION_EDGES = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)  # buckets of |r_chosen − r_rejected|
 
@@ -225,13 +226,17 @@ def train_reward(
     """Train a Bradley–Terry reward model as configured. The run holds `cfg.output_dir`
     exclusively until it returns or raises (rundir.py): a second run into it meanwhile is refused."""
     d = distributed.init()
-    with exclusive_output_dir(d, Path(cfg.output_dir)):
-        return _train_reward(cfg, d, model, tokenizer, train_rows, eval_rows, on_event)
+    with (
+        exclusive_output_dir(d, Path(cfg.output_dir)),
+        ThreadGovernor.start(cfg.num_threads, d.device if d.enabled else resolve_device(cfg.device)) as threads,
+    ):
+        return _train_reward(cfg, d, threads, model, tokenizer, train_rows, eval_rows, on_event)
 
 
 def _train_reward(
     cfg: RewardConfig,
     d: Any,
+    threads: ThreadGovernor,
     model: Any,
     tokenizer: Any,
     train_rows: Sequence[dict[str, Any]] | None,
@@ -295,7 +300,7 @@ def _train_reward(
         )
 
     stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
-    run = Run.open(cfg, d, emit, stop, latest_checkpoint(cfg, d, on_event), restore, evaluate_now)
+    run = Run.open(cfg, d, emit, stop, latest_checkpoint(cfg, d, on_event), restore, evaluate_now, threads)
 
     # ------------------------------------------------------------------ the loop
     step = run.start

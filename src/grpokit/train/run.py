@@ -300,6 +300,7 @@ class Run:
     start: int  # the step the run starts after (0, or the checkpoint's)
     eval_before: dict[str, float]
     skips: int = 0  # consecutive skipped updates
+    threads: Any = None  # threads.ThreadGovernor: CPU threads, fewer while other processes hold cores
 
     @classmethod
     def open(
@@ -311,10 +312,11 @@ class Run:
         checkpoint: Path | None,
         restore: Callable[[Path], tuple[int, dict[str, float]]],
         evaluate: Callable[[], dict[str, float]],
+        threads: Any = None,
     ) -> Run:
         """Resume from `checkpoint` or evaluate the starting model, and open the metrics (`begin`)."""
         start, eval_before, writer = begin(d, Path(cfg.output_dir), checkpoint, restore, evaluate, emit, cfg)
-        return cls(cfg, d, emit, stop, evaluate, writer, start, eval_before)
+        return cls(cfg, d, emit, stop, evaluate, writer, start, eval_before, threads=threads)
 
     def __enter__(self) -> Run:
         return self
@@ -325,6 +327,8 @@ class Run:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """The step's metrics, every `logging_steps` steps and at the last."""
         if step % self.cfg.logging_steps == 0 or step == self.cfg.max_steps:
+            if self.threads is not None:
+                metrics = metrics | {"cpu_threads": float(self.threads.current)}
             self.emit("step", step, self.writer.write(step, metrics))
 
     def evaluate_if_due(self, step: int) -> None:
@@ -340,6 +344,7 @@ class Run:
         if should_save(step, self.cfg, stopping, self.skips, skipped):
             save(step)
         self.skips = skip_guard(self.skips, skipped, self.cfg.max_consecutive_skips, step)
+        self.follow_load(step)
         if stopping:
             self.emit(
                 "stopped",
@@ -347,6 +352,12 @@ class Run:
                 {"signal": self.stop.signal or "a signal on another rank", "output_dir": self.output_dir},
             )
         return stopping
+
+    def follow_load(self, step: int) -> None:
+        """Let the CPU-thread governor take a load reading (once a window); say a change once."""
+        note = self.threads.tick() if self.threads is not None else None
+        if note:
+            self.emit("warning", step, {"message": note})
 
     def result(self, kind: type[Result], steps: int) -> Result:
         """The run's outcome after `steps` steps, as a `kind` (a RunResult)."""

@@ -84,6 +84,15 @@ class ThreadGovernor:
     _wanted: int | None = None  # the count the last window asked for
     _agreeing: int = 0  # windows in a row that asked for it
     said: set[int] = field(default_factory=set)
+    initial: int = field(default_factory=torch.get_num_threads)  # restored when the run ends
+
+    def __enter__(self) -> ThreadGovernor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """A Python caller's later work runs with the count it had before the run."""
+        if self.current != self.initial:
+            self.set_threads(self.initial)
 
     @classmethod
     def start(cls, num_threads: int | None, device: Any, **kwargs: Any) -> ThreadGovernor:
@@ -91,8 +100,9 @@ class ThreadGovernor:
         environment pins the count (OMP_NUM_THREADS, set by the user or torchrun)."""
         set_threads = kwargs.get("set_threads", torch.set_num_threads)
         if num_threads is not None:
+            initial = torch.get_num_threads()
             set_threads(num_threads)
-            return cls(num_threads, False, num_threads, **kwargs)
+            return cls(num_threads, False, num_threads, initial=initial, **kwargs)
         most = max(1, min(torch.get_num_threads(), usable_cores()))
         adaptive = torch.device(device).type == "cpu" and "OMP_NUM_THREADS" not in os.environ and most > 1
         governor = cls(most, adaptive, most, **kwargs)
