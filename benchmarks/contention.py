@@ -6,7 +6,8 @@ shares the CPU (a seed sweep, a test run beside a training run).
 
 For each arm (a `num_threads` setting: `auto` is the default, a number pins torch's intra-op threads;
 `env:N` instead sets OMP_NUM_THREADS=N and leaves the option unset, which is how grpokit ran before
-it had the option), the main job (`python3 -m grpokit train`, the README's first command) runs once
+it had the option; `env:N:passive` also sets OMP_WAIT_POLICY=PASSIVE, idle OpenMP threads sleeping
+at once instead of spin-waiting), the main job (`python3 -m grpokit train`, the README's first command) runs once
 alone, then `--copies` copies start together, each into its own output_dir. Reported per run: wall
 time, the median GRPO step time (`step_time` in metrics.jsonl) and held-out accuracy before and after;
 per arm: each copy's wall time over the arm's alone time (the goal is at most 2.5x) and the alone
@@ -31,34 +32,48 @@ def launch(run_dir: Path, arm: str, extra: list[str]) -> tuple[subprocess.Popen,
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "grpokit", "train", f"output_dir={run_dir}", "overwrite=true", "progress=false"]
     if arm.startswith("env:"):
-        env["OMP_NUM_THREADS"] = arm.split(":", 1)[1]
+        _, threads, *policy = arm.split(":")
+        env["OMP_NUM_THREADS"] = threads
+        if policy:
+            env["OMP_WAIT_POLICY"] = policy[0].upper()
     else:
         cmd.append(f"num_threads={'null' if arm == 'auto' else arm}")
     process = subprocess.Popen([*cmd, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return process, time.perf_counter()
 
 
-def summary(run_dir: Path, wall: float) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def summary(run_dir: Path, wall: float, finished: bool = True) -> dict:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     steps = [r["step_time"] for r in rows if "step_time" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     return {
         "wall_seconds": round(wall, 1),
+        "finished": finished,  # False: stopped at --limit, `wall_seconds` is then a lower bound
+        "grpo_steps_done": len(steps),
         "median_step_ms": round(1000 * statistics.median(steps), 1) if steps else None,
         "accuracy_before": evals[0] if evals else None,
         "accuracy_after": evals[-1] if evals else None,
     }
 
 
-def run_together(runs: Path, arm: str, names: list[str], extra: list[str]) -> dict[str, dict]:
-    started = {name: launch(runs / f"{arm.replace(':', '')}_{name}", arm, extra) for name in names}
+def run_together(runs: Path, arm: str, names: list[str], extra: list[str], limit: float) -> dict[str, dict]:
+    """Start one run per name at once; a run still going after `limit` seconds is stopped there."""
+    folder = {name: runs / f"{arm.replace(':', '')}_{name}" for name in names}
+    started = {name: launch(folder[name], arm, extra) for name in names}
     out = {}
     for name, (process, began) in started.items():
-        _, stderr = process.communicate()
+        try:
+            _, stderr = process.communicate(timeout=max(1.0, began + limit - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            out[name] = summary(folder[name], time.perf_counter() - began, finished=False)
+            continue
         wall = time.perf_counter() - began
         if process.returncode != 0:
             raise SystemExit(f"{arm} {name} failed:\n{stderr[-2000:]}")
-        out[name] = summary(runs / f"{arm.replace(':', '')}_{name}", wall)
+        out[name] = summary(folder[name], wall)
     return out
 
 
@@ -68,6 +83,7 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--runs", default="/tmp/contention")
     parser.add_argument("--out", default="benchmarks/results/contention.json")
+    parser.add_argument("--limit", type=float, default=900, help="seconds before a run is stopped")
     parser.add_argument("extra", nargs="*", help="key=value overrides for every run")
     args = parser.parse_args()
     runs = Path(args.runs)
@@ -79,8 +95,8 @@ def main() -> int:
         "arms": {},
     }
     for arm in args.arms:
-        alone = run_together(runs, arm, ["alone"], args.extra)["alone"]
-        copies = run_together(runs, arm, [f"copy{i}" for i in range(args.copies)], args.extra)
+        alone = run_together(runs, arm, ["alone"], args.extra, args.limit)["alone"]
+        copies = run_together(runs, arm, [f"copy{i}" for i in range(args.copies)], args.extra, args.limit)
         slowdown = [c["wall_seconds"] / alone["wall_seconds"] for c in copies.values()]
         results["arms"][arm] = {
             "alone": alone,

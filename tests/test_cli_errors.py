@@ -268,7 +268,7 @@ BAD_CLI_INPUTS = [
     ),
     # ------------------------------------------------------------------ paths that name nothing usable
     (
-        "config file missing",
+        "config file missing, through the command line",
         lambda t: main(["train", str(t / "nonexistent.yaml")]),
         2,
         "nonexistent.yaml' does not exist",
