@@ -39,7 +39,30 @@ def _bomb(levels: int = 9) -> str:
 
 NESTED = "reward_funcs=" + "[" * 100_000 + "]" * 100_000
 
+def _latin1_yaml(tmp: Path) -> Path:
+    (tmp / "latin1.yaml").write_bytes("max_steps: 2\n# café\n".encode("latin-1"))
+    return tmp / "latin1.yaml"
+
+
+def _directory_yaml(tmp: Path) -> Path:
+    (tmp / "adir.yaml").mkdir()
+    return tmp / "adir.yaml"
+
+
 BAD_CONFIG_INPUTS = [
+    # ------------------------------------------------------------------ files that are no YAML
+    (
+        "config file not UTF-8",
+        lambda t: load_config(GRPOConfig, _latin1_yaml(t)),
+        ConfigError,
+        "latin1.yaml: line 2 is not valid UTF-8 (byte 0xe9 at column 6); save the file as UTF-8.",
+    ),
+    (
+        "config file is a directory",
+        lambda t: load_config(GRPOConfig, _directory_yaml(t)),
+        ConfigError,
+        "adir.yaml' is a directory; give the path of a YAML file.",
+    ),
     # ------------------------------------------------------------------ non-finite and absurd numbers
     (
         "learning_rate inf (GRPO)",

@@ -174,10 +174,22 @@ def _number(value: Any) -> Any:
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give the path of a YAML file.")
     if not file.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist.")
+    raw = file.read_bytes()
     try:
-        data = load_yaml(file.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ConfigError(
+            f"{path}: line {line} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at column {column}); "
+            "save the file as UTF-8."
+        ) from None
+    try:
+        data = load_yaml(text) or {}
     except _Refused as error:
         raise ConfigError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
