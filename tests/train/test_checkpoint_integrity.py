@@ -312,3 +312,72 @@ def test_a_full_disk_reported_by_safetensors_is_an_os_error(tmp_path):
     assert error.value.errno == errno.ENOSPC and error.value.filename.endswith("model.safetensors")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1"]
     assert {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()} == before
+
+
+# ----------------------------------------------------------------------------- pruning and deleting
+
+
+def _save(run: Path, step: int, keep: int) -> Path:
+    from grpokit.models import char_tokenizer
+
+    tok = char_tokenizer("0123456789+=")
+    model = build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), max_seq_len=16, seed=0)
+    return save_checkpoint(run, step, model, tok, {"step": step}, "seed: 0\n", keep)
+
+
+def test_a_damaged_newer_checkpoint_never_pushes_the_intact_ones_out(tmp_path):
+    """Resume skipped a damaged checkpoint-4 and continues from checkpoint-2: saving step 3 with
+    save_total_limit=1 must keep checkpoint-3 (the damaged 4 counts for nothing until step 4 is saved
+    again), or every intact checkpoint would be gone."""
+    run = tmp_path / "run"
+    _save(run, 2, keep=2)
+    _save(run, 4, keep=2)
+    (run / "checkpoint-4" / "state.pt").write_bytes(b"torn")
+    _save(run, 3, keep=1)
+    assert newest_intact_checkpoint(run)[0] == run / "checkpoint-3"
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-3", "checkpoint-4"]
+
+
+def test_a_checkpoint_is_never_half_deleted_under_its_own_name(tmp_path, monkeypatch):
+    """A kill in the middle of deleting an old checkpoint (here: after its manifest went) must not
+    leave a directory that passes for a checkpoint without a manifest."""
+    import grpokit.train.checkpoint as checkpoint_module
+
+    run = tmp_path / "run"
+    _save(run, 1, keep=2)
+    _save(run, 2, keep=2)
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, *args, **kwargs):
+        if "checkpoint-1" in Path(path).name and (Path(path) / MANIFEST).exists():
+            (Path(path) / MANIFEST).unlink()
+            raise KeyboardInterrupt  # the kill
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        _save(run, 3, keep=2)
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", real_rmtree)
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
+    assert all((p / MANIFEST).is_file() for p in list_checkpoints(run))
+
+
+def test_a_file_that_cannot_be_read_is_damage_and_resume_falls_back(tmp_path, monkeypatch):
+    import errno as errnos
+
+    import grpokit.train.checkpoint as checkpoint_module
+
+    run = tmp_path / "run"
+    _save(run, 1, keep=2)
+    _save(run, 2, keep=2)
+    real_sha = checkpoint_module._sha256
+
+    def bad_sector(path):
+        if "checkpoint-2" in str(path):
+            raise OSError(errnos.EIO, "Input/output error", str(path))
+        return real_sha(path)
+
+    monkeypatch.setattr(checkpoint_module, "_sha256", bad_sector)
+    chosen, corrupt = newest_intact_checkpoint(run)
+    assert chosen == run / "checkpoint-1"
+    assert len(corrupt) == 1 and corrupt[0].startswith("checkpoint-2: ") and "unreadable" in corrupt[0]

@@ -88,12 +88,27 @@ def save_checkpoint(
         if disk is None or disk is error:
             raise
         raise disk from error
-    shutil.rmtree(final, ignore_errors=True)
+    _discard(final, tmp.name)
     tmp.rename(final)
     _fsync_dir(output_dir)
-    for old in list_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    # only checkpoints up to this one count towards `keep`: a newer one that resume skipped as damaged
+    # must not push the intact ones out (it is replaced when the run saves its step again)
+    kept = [p for p in list_checkpoints(output_dir) if int(p.name[len(CHECKPOINT_PREFIX) :]) <= step]
+    for old in kept[:-keep]:
+        _discard(old, tmp.name)
     return final
+
+
+def _discard(checkpoint: Path, staging_name: str) -> None:
+    """Delete a checkpoint directory without ever leaving a half-deleted one under its own name (it
+    could then pass for a checkpoint without a manifest): renamed to a staging name first, which
+    `rundir.clear_staging` removes if a kill interrupts the deletion."""
+    if not checkpoint.exists():
+        return
+    trash = checkpoint.with_name(f"{staging_name}-discard-{checkpoint.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    checkpoint.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _as_os_error(error: BaseException, path: Path) -> OSError | None:
@@ -171,9 +186,16 @@ def write_manifest(checkpoint: Path) -> None:
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
     """What is wrong with `checkpoint` by its manifest (None when every file it lists has its size and
-    SHA-256): a missing, truncated or altered file, named. Sizes are checked before any file is read.
-    A checkpoint without a manifest (written before grpokit wrote them) cannot be checked and is
-    taken as it is, as before; files the manifest does not list are not checked."""
+    SHA-256): a missing, truncated, altered or unreadable file, named. Sizes are checked before any
+    file is read. A checkpoint without a manifest (written before grpokit wrote them) cannot be
+    checked and is taken as it is, as before; files the manifest does not list are not checked."""
+    try:
+        return _problem(checkpoint)
+    except OSError as error:  # a bad sector, a permission: damage like any other, so resume falls back
+        return f"{Path(error.filename or checkpoint).name} is unreadable ({error.strerror or error})"
+
+
+def _problem(checkpoint: Path) -> str | None:
     manifest = checkpoint / MANIFEST
     if not manifest.is_file():
         return None if (checkpoint / "state.pt").is_file() else "state.pt is missing"

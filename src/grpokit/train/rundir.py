@@ -236,7 +236,12 @@ def exclusive_output_dir(d: Any, output_dir: Path) -> Iterator[None]:
         except Exception as error:  # a bug: the other ranks must not wait for an answer forever
             distributed.broadcast_object(d, RunDirectoryError(f"rank 0 could not lock output_dir: {error}"))
             raise
-    answer = distributed.broadcast_object(d, answer)  # the other ranks wait here for rank 0
+    try:  # the other ranks wait here for rank 0's answer
+        answer = distributed.broadcast_object(d, answer)
+    except BaseException:  # a dead peer, a Ctrl-C: the lock is not kept for the rest of the process
+        if lock is not None:
+            lock.release()
+        raise
     if isinstance(answer, BaseException):
         raise answer
     key = output_dir.resolve()
