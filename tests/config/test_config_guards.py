@@ -129,7 +129,13 @@ BAD_CONFIG_INPUTS = [
         "adam_epsilon past 1",
         lambda t: load_config(RewardConfig, None, ["adam_epsilon=10"]),
         ConfigError,
-        "allowed: 0 < adam_epsilon ≤ 1",
+        "allowed: 1e-30 ≤ adam_epsilon ≤ 1",
+    ),
+    (
+        "adam_epsilon that is 0 in float32",
+        lambda t: load_config(GRPOConfig, None, ["adam_epsilon=1e-46"]),
+        ConfigError,
+        "adam_epsilon: Input should be greater than or equal to 1e-30",
     ),
     (
         "tool_timeout past a day",

@@ -496,3 +496,76 @@ def test_a_stop_during_step_1_leaves_nothing_to_resume_and_the_same_call_starts_
 
 def test_the_table_of_bad_reward_inputs_is_large_enough():
     assert len(BAD_REWARD_INPUTS) >= 13
+
+
+# ----------------------------------------------------------------------------- review fixes
+
+
+def test_an_epsilon_that_rounds_to_zero_in_float32_is_not_taken_as_proof():
+    """AdamW's kernels hold ε in float32: 1e-46 is 0 there, and an element whose gradient stayed 0
+    computes 0/0 = NaN. The proof must not vouch for that step; the guard rolls it back."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-9, eps=1e-46, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.tensor([[1.0, 0.0, 0.0, 0.0]])).sum().backward()  # the weight's other columns get 0
+    assert not update_stays_finite(opt, 1.0)
+    out = apply_update(model, opt, sched, torch.tensor(1.0), 1.0)
+    assert out["update_rolled_back"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_clipping_switched_off_with_a_huge_max_grad_norm_is_still_proven():
+    """max_grad_norm=1e20 (clipping off) bounds the gradient by its own norm: no copy every step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    model(torch.ones(1, 4)).sum().backward()
+    assert not update_stays_finite(opt, 1e20)  # the bound alone could not prove it
+    import grpokit.train.optim as optim_module
+
+    copies = []
+    real_backup = optim_module._backup
+    optim_module._backup = lambda o: copies.append(1) or real_backup(o)
+    try:
+        out = apply_update(model, opt, sched, torch.tensor(1.0), 1e20)
+    finally:
+        optim_module._backup = real_backup
+    assert out["skipped_update"] == 0.0 and copies == []
+
+
+def test_a_timeout_while_looking_for_the_failing_row_makes_the_batch_unscorable():
+    def batch_raises_rows_hang(prompts, completions, **_):
+        if len(completions) > 1:
+            raise ValueError("batch")
+        time.sleep(5)
+        return [1.0]
+
+    began = time.monotonic()
+    scores = score_completions(
+        [batch_raises_rows_hang], ["p"] * 4, ["a", "b", "c", "d"], on_error="unscorable", timeout=0.3
+    )
+    assert time.monotonic() - began < 3
+    assert torch.isnan(scores.rewards).all() and scores.num_failed == 4
+
+
+def test_no_call_is_started_once_the_time_is_up():
+    """Past the deadline the row-by-row retry starts nothing: no pile of abandoned threads."""
+    import threading
+
+    calls = []
+
+    def slow(prompts, completions, **_):
+        calls.append(1)
+        if len(completions) > 1:
+            raise ValueError("batch")
+        time.sleep(0.2)
+        return [1.0]
+
+    alive = threading.active_count()
+    scores = score_completions([slow], ["p"] * 50, ["c"] * 50, on_error="unscorable", timeout=0.3)
+    assert scores.num_failed >= 48 and len(calls) <= 4  # the batch, then the rows the 0.3 s reached
+    time.sleep(0.3)
+    assert threading.active_count() <= alive + 1

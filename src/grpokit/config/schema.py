@@ -175,7 +175,8 @@ class _Optimisation(_Keys):
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
     # past 1 the epsilon outweighs the root of any real second moment: AdamW becomes SGD at rate lr/eps
-    adam_epsilon: float = Field(1e-8, gt=0.0, le=1.0, description="AdamW epsilon")
+    # ≥ 1e-30: a smaller ε rounds to 0 in float32 kernels, and 0/0 = NaN where a gradient stayed 0
+    adam_epsilon: float = Field(1e-8, ge=1e-30, le=1.0, description="AdamW epsilon")
     # no upper bound: a very large norm (1e9) is how clipping is switched off
     max_grad_norm: float = Field(1.0, gt=0.0, description="clip the gradient norm to this before each update")
 

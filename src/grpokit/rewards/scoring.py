@@ -97,6 +97,8 @@ def _invoke(name: str, fn: Callable[..., Any], kwargs: dict[str, Any], limits: _
     """Call `fn`, within `limits`. Every exception of the user's code is returned, SystemExit included
     (a reward function that exits must not end the run as a success); KeyboardInterrupt is re-raised:
     it is the user's Ctrl-C (or their own code asking for one), never the function's failure."""
+    if limits.deadline is not None and time.monotonic() >= limits.deadline:
+        return "timeout", None  # no time left: the function is not even started
     if limits.deadline is None and limits.should_stop is None:  # nothing to enforce: on this thread
         try:
             return "ok", _call(fn, kwargs)
@@ -200,12 +202,13 @@ def _rows(kwargs: dict[str, Any], row: int) -> dict[str, Any]:
 
 def _find_failing_row(
     name: str, fn: Callable[..., Any], kwargs: dict[str, Any], size: int, limits: _Limits
-) -> tuple[int, BaseException] | None:
-    """The first row the function raises on alone (None: none does, or the time ran out looking)."""
+) -> tuple[int, BaseException] | str | None:
+    """The first row the function raises on alone (None: none does; "timeout": the time ran out
+    looking)."""
     for row in range(size):
         kind, value = _invoke(name, fn, _rows(kwargs, row), limits)
         if kind == "timeout":
-            return None
+            return "timeout"
         if kind == "error":
             return row, value
     return None
@@ -230,6 +233,10 @@ def _score_one(
         if not isinstance(error, Exception):  # SystemExit and kin: never a row's failure
             raise _exited(name, error) from error
         failing = _find_failing_row(name, fn, kwargs, size, limits)
+        if failing == "timeout":  # the batch raised and the search for its row ran out of time
+            if on_error == "unscorable":
+                return [math.nan] * size, size
+            failing = None
         if failing is not None and not isinstance(failing[1], Exception):
             raise _exited(name, failing[1]) from failing[1]
         if on_error == "unscorable" and failing is not None:

@@ -21,7 +21,7 @@ from ..models import check_lora_targets, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
 from . import distributed
-from .checkpoint import rng_state, set_rng_state
+from .checkpoint import list_checkpoints, rng_state, set_rng_state
 from .grpo_setup import (
     build_trainee,
     check_context,
@@ -49,7 +49,7 @@ from .run import (
     prepare_output_dir,
     seed_everything,
 )
-from .rundir import claim_output_dir, exclusive_output_dir
+from .rundir import CHECKPOINT_PREFIX, claim_output_dir, exclusive_output_dir
 from .threads import ThreadGovernor
 
 
@@ -255,7 +255,8 @@ def _abandoned(
             (output_dir / "metrics.jsonl").unlink(missing_ok=True)
             shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
         return _stopped_early(emit, stop, output_dir, f"step {step}")
-    save(cfg, trainee, d, step - 1, run.eval_before)
+    if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in list_checkpoints(output_dir):
+        save(cfg, trainee, d, step - 1, run.eval_before)  # (one already there holds this very state)
     signal = stop.signal or "a signal on another rank"
     emit("stopped", step - 1, {"signal": signal, "output_dir": str(output_dir)})
     return run.result(TrainResult, step - 1)

@@ -89,7 +89,9 @@ def apply_update(
         optimizer.zero_grad(set_to_none=True)
         return _skipped(grad_norm, learning_rate, rolled_back=False)
     # every clipped gradient element is at most max_grad_norm (no clipping: the norm itself)
-    grad_bound = max_grad_norm if math.isfinite(max_grad_norm) else float(grad_norm)
+    # (min with the norm itself: a huge max_grad_norm, which switches clipping off, must not make
+    # every update unprovable and so copied)
+    grad_bound = min(max_grad_norm, float(grad_norm))
     proven = _prove(optimizer, grad_bound)
     unproven = proven is None
     if d is not None:
@@ -217,8 +219,13 @@ def _prove(optimizer: Any, grad_bound: float) -> _Bounds | None:
             return _unproven(optimizer)  # a tensor learning rate (capturable) or amsgrad: not analysed
         if not (all(math.isfinite(x) for x in scalars) and eps > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1):
             return _unproven(optimizer)
-        dtypes = {p.dtype for p in group["params"]}
+        dtypes = {p.dtype for p in group["params"]} | {torch.float32}  # fused kernels compute in float32
         limit = min((float(torch.finfo(t).max) for t in dtypes), default=math.inf) / 4
+        # ε as the kernel holds it: one below a dtype's smallest normal number may round to 0 there,
+        # and then 0/0 is NaN for an element whose gradient has always been 0
+        eps = min(float(torch.tensor(eps, dtype=t)) for t in dtypes)
+        if eps < max(float(torch.finfo(t).tiny) for t in dtypes):
+            return _unproven(optimizer)
         moment = beta1 * moment + (1 - beta1) * grad_bound
         weight = weight * abs(1 - lr * wd) + lr / (1 - beta1) * moment / eps
         if not (weight < limit and grad_bound * grad_bound < limit):  # (False for NaN too)
