@@ -135,7 +135,7 @@ BAD_CONFIG_INPUTS = [
         "adam_epsilon that is 0 in float32",
         lambda t: load_config(GRPOConfig, None, ["adam_epsilon=1e-46"]),
         ConfigError,
-        "adam_epsilon: Input should be greater than or equal to 1e-30",
+        "(got 1e-46); allowed: 1e-30 ≤ adam_epsilon ≤ 1",
     ),
     (
         "tool_timeout past a day",
