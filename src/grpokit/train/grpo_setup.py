@@ -350,7 +350,7 @@ def build_trainee(
         train_module=wrapped,
         distributed=d.enabled,  # DDP wraps, FSDP2 shards in place: either way the whole forward runs
         fused_logps=cfg.fused_logps,
-        temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+        temperature=cfg.temperature,  # > 0: the config refuses greedy training
         group_size=cfg.num_generations,
         # FSDP runs every rank's forward passes in lockstep: the decode loop's early exit is collective
         lockstep=(lambda done: not distributed.any_rank(d, not done)) if sharded else None,
