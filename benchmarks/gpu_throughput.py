@@ -65,7 +65,8 @@ def timed(fn: Any, repeats: int, sync: Any) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from grpokit.models import PolicyEngine, Precision, build_policy, char_tokenizer, enable_fast_matmul
+    from grpokit.engine import EngineSpec, PolicyEngine
+    from grpokit.models import Precision, build_policy, char_tokenizer, enable_fast_matmul
     from grpokit.ops import grpo_loss
     from grpokit.rollout import SamplingParams
     from grpokit.train.grpo_step import Batch
@@ -120,11 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = PolicyEngine.create(
         model,
         tokenizer,
-        device=device,
-        precision=precision,
+        EngineSpec(device, precision=precision, group_size=G, decode_loop=args.decode_loop),
         reference=reference,
-        group_size=G,
-        decode_loop=args.decode_loop,
     )
     rollout = engine.generate(prompts, params)
     B = rollout.completion_ids.shape[0]

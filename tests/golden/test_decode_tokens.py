@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from grpokit.envs import EnvironmentSpec
-from grpokit.models import PolicyEngine, Precision, build_policy, char_tokenizer
+from grpokit.engine import EngineSpec, PolicyEngine
+from grpokit.models import build_policy, char_tokenizer
 
 GOLDEN = Path(__file__).with_name("decode_tokens.json")
 ALPHABET = "0123456789+=-*[]{}"
@@ -75,9 +76,7 @@ def _engine(kind: str, loop: str, environment=None) -> PolicyEngine:
     return PolicyEngine.create(
         model,
         tok,
-        device=torch.device("cpu"),
-        precision=Precision(),
-        decode_loop=loop,
+        EngineSpec(torch.device("cpu"), decode_loop=loop),
         environment=environment,
     )
 

@@ -145,7 +145,7 @@ def optimizer_steps():
 def engines(monkeypatch):
     """Every `PolicyEngine` a run makes (the object that holds the policy, its reference, device and
     precision), so that a test can look at them while the run goes on."""
-    from grpokit.models import engine as engine_module
+    from grpokit.engine import engine as engine_module
 
     made: list[Any] = []
     create = engine_module.PolicyEngine.create.__func__

@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from grpokit.models import PolicyEngine, Precision, build_policy, char_tokenizer
+from grpokit.engine import EngineSpec, PolicyEngine, Wrapping
+from grpokit.models import Precision, build_policy, char_tokenizer
 from grpokit.ops import token_logps
 from grpokit.rollout import SamplingParams
 from grpokit.train.grpo_step import StepParams, old_logps_source
@@ -37,11 +38,8 @@ def engine_of(model, tokenizer, *, fused=True, precision=None, reference=None) -
     return PolicyEngine.create(
         model,
         tokenizer,
-        device=torch.device("cpu"),
-        precision=precision,
+        EngineSpec(torch.device("cpu"), precision=precision or Precision(), fused_logps=fused, group_size=G),
         reference=reference,
-        fused_logps=fused,
-        group_size=G,
     )
 
 
@@ -141,32 +139,31 @@ def test_a_wrapped_policy_never_reuses_the_samplers_log_probs(tmp_path):
     cfg = tiny_config(tmp_path, num_iterations=2)
     model, tokenizer = tiny_policy()
     wrapper = torch.nn.Sequential(model)  # stands in for DistributedDataParallel(model)
-    engine = PolicyEngine.create(model, tokenizer, device=torch.device("cpu"), train_module=wrapper)
+    engine = PolicyEngine.create(
+        model, tokenizer, EngineSpec(torch.device("cpu")), wrapping=Wrapping(wrapper)
+    )
     assert not engine.fused  # hooks of a wrapper live in the whole model's forward
     assert old_logps_source(engine, StepParams.of(cfg, SamplingParams(num_generations=4))) == "forward"
 
 
-@pytest.mark.parametrize("case", ["fsdp_in_place", "logits_backend", "dropout", "hf_sampler"])
+@pytest.mark.parametrize("case", ["fsdp_in_place", "logits_backend", "dropout"])
 def test_the_sampler_stands_in_for_the_forward_only_where_exact(tmp_path, case):
     """FSDP2 shards the policy in place (no separate wrapper object): still distributed, so frozen
     passes run under no_grad and the sampler's log-probs are not reused. Nor with the logits backend
     (positions of left padding are not the sampler's for absolute-position models), an active dropout
-    (sampling in eval mode, training in train mode) or transformers' generate (its generation_config
-    may add processors)."""
+    (sampling in eval mode, training in train mode)."""
     cfg = tiny_config(tmp_path, num_iterations=2)
     model, tokenizer = tiny_policy()
-    options: dict = {"device": torch.device("cpu"), "group_size": G}
+    spec, wrapping = EngineSpec(torch.device("cpu"), group_size=G), None
     if case == "fsdp_in_place":
-        options |= {"train_module": model, "distributed": True}
+        wrapping = Wrapping(model)
     elif case == "logits_backend":
-        options |= {"fused_logps": False}
-    elif case == "hf_sampler":
-        options |= {"sampler": "hf"}
+        spec = EngineSpec(torch.device("cpu"), fused_logps=False, group_size=G)
     else:
         model.model.layers[0].mlp.down_proj = torch.nn.Sequential(
             model.model.layers[0].mlp.down_proj, torch.nn.Dropout(0.1)
         )
-    engine = PolicyEngine.create(model, tokenizer, **options)
+    engine = PolicyEngine.create(model, tokenizer, spec, wrapping=wrapping)
     assert not engine.sampler_is_forward
     assert old_logps_source(engine, StepParams.of(cfg, SamplingParams(num_generations=4))) == "forward"
     if case == "fsdp_in_place":

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from grpokit.envs import EnvironmentSpec, calc, tool_environment
-from grpokit.models import LeanLlamaDecoder, PolicyEngine, build_policy, char_tokenizer
+from grpokit.engine import EngineSpec, PolicyEngine
+from grpokit.models import LeanLlamaDecoder, build_policy, char_tokenizer
 from grpokit.ops import grpo_loss
 from grpokit.rollout import EpisodeSampler, SamplingParams, multi_turn
 
@@ -145,7 +146,9 @@ def test_the_training_forward_scores_a_hand_built_episode_as_one_forward(policy)
     assert mask[0].tolist()[:14] == [True] * 14 and mask[0, 14:18].tolist() == [False] * 4
     reference = transcript_logps(model, batch.prompt_ids, batch.prompt_mask, completion, attention)
     for fused in (True, False):
-        engine = PolicyEngine.create(model, tok, device=torch.device("cpu"), fused_logps=fused, group_size=G)
+        engine = PolicyEngine.create(
+            model, tok, EngineSpec(torch.device("cpu"), fused_logps=fused, group_size=G)
+        )
         assert (engine._head is not None) == fused
         logps = engine.logps(batch, slice(0, G), entropy=False).logps.double()
         torch.testing.assert_close(logps[attention], reference[attention], rtol=0, atol=1e-5)

@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from grpokit.models import PolicyEngine, build_policy, char_tokenizer, lm_head_of
+from grpokit.engine import EngineSpec, PolicyEngine
+from grpokit.models import build_policy, char_tokenizer, lm_head_of
 from grpokit.train.grpo_step import Batch
 
 TOKENIZER = char_tokenizer("0123456789+=")
@@ -18,10 +19,7 @@ def _engine(model, temperature: float, fused: bool, group_size: int = 1) -> Poli
     engine = PolicyEngine.create(
         model,
         TOKENIZER,
-        device=torch.device("cpu"),
-        fused_logps=fused,
-        temperature=temperature,
-        group_size=group_size,
+        EngineSpec(torch.device("cpu"), fused_logps=fused, temperature=temperature, group_size=group_size),
     )
     assert engine.fused == fused  # the backend asked for is the one used
     return engine

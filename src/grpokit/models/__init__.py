@@ -2,8 +2,7 @@
 functions of `hf.py`, so `import grpokit.models` stays cheap."""
 
 from ..ops.compat import default_group_size, recommended_defaults
-from .device import Precision, enable_fast_matmul, model_device, resolve_device
-from .engine import PolicyEngine, Sequences, place, whole_groups
+from .device import Precision, enable_fast_matmul, model_device, place, resolve_device
 from .head import LMHead, last_hidden_states, lm_head_of
 from .hf import (
     LoadedPolicy,
@@ -34,10 +33,7 @@ from .reference import make_reference, should_sync, sync_reference
 from .reward_model import encode_for_reward, pad_left, reward_scores
 
 __all__ = [
-    "PolicyEngine",
-    "Sequences",
     "place",
-    "whole_groups",
     "Precision",
     "enable_fast_matmul",
     "model_device",

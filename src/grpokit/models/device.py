@@ -89,3 +89,11 @@ def model_device(model: Any) -> torch.device:
     for parameter in model.parameters():
         return parameter.device
     return torch.device("cpu")
+
+
+def place(model: torch.nn.Module, device: torch.device, precision: Precision) -> torch.nn.Module:
+    """`model` on `device` with its floating-point weights in `precision.master` (in place, returned)."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtypes != {precision.master}:
+        model.to(dtype=precision.master)
+    return model.to(device)

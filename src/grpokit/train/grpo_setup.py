@@ -26,7 +26,8 @@ from ..data import (
     sft_rows,
 )
 from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
-from ..models import PolicyEngine, Precision, enable_fast_matmul, make_reference, place
+from ..engine import EngineSpec, PolicyEngine, Wrapping
+from ..models import Precision, enable_fast_matmul, make_reference, place
 from ..rollout import SAMPLERS, SamplingParams
 from . import distributed
 from .checkpoint import restore_distributed, save_distributed
@@ -297,6 +298,17 @@ def sampling_params(cfg: GRPOConfig, data: RunData) -> SamplingParams:
     )
 
 
+def engine_spec(cfg: GRPOConfig, device: torch.device) -> EngineSpec:
+    return EngineSpec(
+        device=device,
+        precision=precision_of(cfg),
+        decode_loop=cfg.decode_loop,
+        fused_logps=cfg.fused_logps,
+        temperature=cfg.temperature,  # > 0: the config refuses greedy training
+        group_size=cfg.num_generations,
+    )
+
+
 def precision_of(cfg: GRPOConfig) -> Precision:
     return Precision.of(cfg.dtype, cfg.master_weights)
 
@@ -339,21 +351,15 @@ def build_trainee(
             trainable=False,
             compute_dtype=precision.compute,
         )
+    # DDP wraps, FSDP2 shards in place: either way the whole forward runs. FSDP runs every rank's
+    # forward passes in lockstep: the decode loop's early exit is collective
+    lockstep = (lambda done: not distributed.any_rank(d, not done)) if sharded else None
     engine = PolicyEngine.create(
         distributed.unwrap(wrapped),
         tokenizer,
-        device=d.device,
-        precision=precision,
-        sampler=cfg.sampler,
-        decode_loop=cfg.decode_loop,
+        engine_spec(cfg, d.device),
         reference=reference,
-        train_module=wrapped,
-        distributed=d.enabled,  # DDP wraps, FSDP2 shards in place: either way the whole forward runs
-        fused_logps=cfg.fused_logps,
-        temperature=cfg.temperature,  # > 0: the config refuses greedy training
-        group_size=cfg.num_generations,
-        # FSDP runs every rank's forward passes in lockstep: the decode loop's early exit is collective
-        lockstep=(lambda done: not distributed.any_rank(d, not done)) if sharded else None,
+        wrapping=Wrapping(wrapped, lockstep) if d.enabled else None,
         environment=data.environment,
     )
     optimizer = make_optimizer(wrapped.parameters(), cfg)

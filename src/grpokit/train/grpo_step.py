@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from ..data import PromptSampler, columns_of, render_prompt
-from ..models import PolicyEngine, should_sync, sync_reference
+from ..engine import PolicyEngine
+from ..models import should_sync, sync_reference
 from ..ops import LOSS_TYPES, group_advantages, grpo_loss, sampling_weights
 from ..rewards import score_completions
 from ..rollout import SamplingParams

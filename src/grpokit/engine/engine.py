@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from ..ops import TokenLogps, linear_logps, token_logps, token_logps_and_entropy
-from .device import Precision
-from .head import LMHead, last_hidden_states, lm_head_of
-from .lean_llama import LeanLlamaDecoder
-from .lora import reference_model
+from ..models.device import Precision
+from ..models.head import LMHead, last_hidden_states, lm_head_of
+from ..models.lean_llama import LeanLlamaDecoder
+from ..models.lora import reference_model
 
 
 class Sequences(Protocol):
@@ -49,6 +50,27 @@ class Sequences(Protocol):
     completion_mask: torch.Tensor  # [B, T] bool: the tokens that carry loss
     # [B, T] bool: the tokens attended to (policy and environment); None: completion_mask (one turn)
     completion_attention: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How the engine runs the policy: resolved once from the config (`config.plan`)."""
+
+    device: torch.device
+    precision: Precision = field(default_factory=Precision)
+    decode_loop: str = "auto"  # eager, static, compiled, cuda_graph, or auto (by device)
+    fused_logps: bool = True  # log-probs from hidden states and the head, no [B, T, V] logits
+    temperature: float = 1.0  # log-probs are taken at the sampling temperature
+    group_size: int = 1  # G: rows come in groups sharing a prompt (prefix sharing when checked true)
+
+
+@dataclass(frozen=True)
+class Wrapping:
+    """The policy wrapped for data parallelism: DDP's wrapper, or under FSDP2 the module itself
+    (sharded in place), and under FSDP the decode loop's early exit decided by every rank together."""
+
+    train_module: torch.nn.Module  # what training passes go through
+    lockstep: Callable[[bool], bool] | None = None  # FSDP: done on this rank -> done on every rank
 
 
 @dataclass
@@ -75,34 +97,23 @@ class PolicyEngine:
         cls,
         module: torch.nn.Module,
         tokenizer: Any,
+        spec: EngineSpec,
         *,
-        device: torch.device,
-        precision: Precision | None = None,
-        sampler: str = "kv",
         reference: torch.nn.Module | None = None,
-        train_module: torch.nn.Module | None = None,
-        distributed: bool | None = None,
-        fused_logps: bool = True,
-        temperature: float = 1.0,
-        group_size: int = 1,
-        lockstep: Any = None,
-        decode_loop: str = "auto",
+        wrapping: Wrapping | None = None,
         environment: Any = None,
     ) -> PolicyEngine:
-        """`module` (and `reference`) already on `device` in `precision.master`. `train_module`: the
-        DDP wrapper, if any; `distributed`: whether the policy is wrapped for data parallelism (default:
-        a `train_module` other than `module`; say True for FSDP2, which shards `module` in place). The
-        fused backend is then off. `lockstep(done) -> bool`: under FSDP, the decode loop's early exit
-        decided by every rank together. `decode_loop`: the KV sampler's loop (`resolve_decode_loop`);
-        under FSDP always eager (its forward passes gather shards, which no graph holds).
-        `environment`: an `envs.EnvironmentSpec`: completions are then multi-turn episodes."""
+        """`module` (and `reference`) already on `spec.device` in `spec.precision.master`. `wrapping`:
+        how the policy is wrapped for data parallelism (DDP, or FSDP2, which shards `module` in place),
+        if it is; the fused backend is then off. `environment`: an `envs.EnvironmentSpec`: completions
+        are then multi-turn episodes."""
         from ..rollout import SAMPLERS, EpisodeSampler, resolve_decode_loop
 
-        wrapped = (
-            (train_module is not None and train_module is not module) if distributed is None else distributed
-        )
+        wrapped = wrapping is not None
+        lockstep = wrapping.lockstep if wrapping is not None else None
+        train_module = wrapping.train_module if wrapping is not None else module
         sampler_model = train_module if lockstep is not None else module
-        engine_sampler = SAMPLERS[sampler](sampler_model, tokenizer)
+        engine_sampler = SAMPLERS["kv"](sampler_model, tokenizer)
         # frozen passes: inference mode (cheapest per operation) on a plain module; no_grad through a
         # DDP/FSDP wrapper (FSDP's unsharded parameters must stay ordinary tensors)
         frozen_mode: Any = torch.no_grad if wrapped else torch.inference_mode
@@ -110,30 +121,29 @@ class PolicyEngine:
             engine_sampler.sync_finished = lockstep
             engine_sampler.grad_free = torch.no_grad
         if hasattr(engine_sampler, "decode_loop"):
-            loop = resolve_decode_loop(decode_loop, device)
+            loop = resolve_decode_loop(spec.decode_loop, spec.device)
             engine_sampler.decode_loop = "eager" if lockstep is not None else loop
         episodes = None
         if environment is not None:
             episodes = EpisodeSampler(sampler_model, tokenizer, environment)
             if lockstep is not None:
                 episodes.sync_finished, episodes.grad_free = lockstep, torch.no_grad
+        fused = spec.fused_logps and not wrapped
         return cls(
             module=module,
             tokenizer=tokenizer,
-            device=device,
-            precision=precision or Precision(),
+            device=spec.device,
+            precision=spec.precision,
             sampler=engine_sampler,
             reference=reference,
-            train_module=train_module if train_module is not None else module,
+            train_module=train_module,
             distributed=wrapped,
-            temperature=temperature,
-            group_size=group_size,
+            temperature=spec.temperature,
+            group_size=spec.group_size,
             frozen_mode=frozen_mode,
             episodes=episodes,
-            _head=None if wrapped or not fused_logps else lm_head_of(module),
-            _reference_head=None
-            if wrapped or not fused_logps or reference is None
-            else lm_head_of(reference),
+            _head=lm_head_of(module) if fused else None,
+            _reference_head=lm_head_of(reference) if fused and reference is not None else None,
         )
 
     @property
@@ -259,11 +269,3 @@ def whole_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int) ->
     first_ids = prompt_ids[::G].repeat_interleave(G, 0)  # [b, Lp]
     first_mask = prompt_mask[::G].repeat_interleave(G, 0)  # [b, Lp]
     return bool(torch.equal(first_ids, prompt_ids) and torch.equal(first_mask, prompt_mask))
-
-
-def place(model: torch.nn.Module, device: torch.device, precision: Precision) -> torch.nn.Module:
-    """`model` on `device` with its floating-point weights in `precision.master` (in place, returned)."""
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if dtypes != {precision.master}:
-        model.to(dtype=precision.master)
-    return model.to(device)

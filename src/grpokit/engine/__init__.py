@@ -1,0 +1,7 @@
+"""The engine: the one way the policy generates or scores. It stands above `models/` (backends) and
+`rollout/` (the decode loop) and joins them; training, evaluation, the warm-start probe, `grpokit
+eval` and the Python API all go through it."""
+
+from .engine import EngineSpec, PolicyEngine, Sequences, Wrapping, whole_groups
+
+__all__ = ["EngineSpec", "PolicyEngine", "Sequences", "Wrapping", "whole_groups"]
