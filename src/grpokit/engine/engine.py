@@ -89,6 +89,7 @@ class PolicyEngine:
     group_size: int = 1  # G: rows come in groups sharing a prompt (prefix sharing when checked true)
     frozen_mode: Any = torch.inference_mode  # the gradient-free mode of frozen passes (see `create`)
     episodes: Any = None  # a rollout.EpisodeSampler over `module` for multi-turn episodes, else None
+    environment: Any = None  # the envs.EnvironmentSpec of multi-turn episodes, else None (one turn)
     _head: LMHead | None = field(default=None, repr=False)  # the fused backend of the policy, if any
     _reference_head: LMHead | None = field(default=None, repr=False)
 
@@ -142,6 +143,7 @@ class PolicyEngine:
             group_size=spec.group_size,
             frozen_mode=frozen_mode,
             episodes=episodes,
+            environment=environment,
             _head=lm_head_of(module) if fused else None,
             _reference_head=lm_head_of(reference) if fused and reference is not None else None,
         )
