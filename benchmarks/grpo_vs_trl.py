@@ -52,6 +52,7 @@ def dense_reward(prompts, completions, **_):
 def warm_policy(directory: Path, seed: int) -> None:
     from grpokit.data import get_task
     from grpokit.models import build_policy, char_tokenizer, save_policy
+    from grpokit.config.plan import SFTSchedule
     from grpokit.train.sft import run_sft
 
     task = get_task("addition", seed=seed)
@@ -66,7 +67,7 @@ def warm_policy(directory: Path, seed: int) -> None:
         seed=seed,
         intermediate_size=256,
     )
-    run_sft(model, tok, task.train, steps=400, batch_size=256, learning_rate=3e-3, seed=seed)
+    run_sft(model, tok, task.train, SFTSchedule(steps=400, batch_size=256, learning_rate=3e-3, seed=seed))
     save_policy(model, tok, directory)
 
 
@@ -91,18 +92,20 @@ def v32k_policy(directory: Path, seed: int) -> None:
 
 def held_out_accuracy(model, tok, seed: int) -> float:
     from grpokit.data import get_task
-    from grpokit.train.evaluation import evaluate
+    from grpokit.engine import EngineSpec, PolicyEngine
+    from grpokit.models.device import model_device
+    from grpokit.train.evaluation import EvalTask, evaluate
 
     task = get_task("addition", seed=seed)
-    return evaluate(
-        model,
-        tok,
+    engine = PolicyEngine.create(model, tok, EngineSpec(model_device(model)))  # greedy, as training samples
+    judged = EvalTask(
         task.eval,
         reward_funcs=[task.reward],
         is_correct=task.is_correct,
         max_prompt_length=task.max_prompt_length,
         max_completion_length=task.max_completion_length,
-    )["accuracy"]
+    )
+    return evaluate(engine, judged)["accuracy"]
 
 
 def spread(times: list[float]) -> dict[str, float]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
+from grpokit.config.plan import model_spec
 from grpokit.data import DataError, load_preferences, load_prompts
 from grpokit.models import char_tokenizer, load_policy, save_policy
 from grpokit.rewards import RewardFunctionError, score_completions
@@ -244,6 +245,7 @@ def test_the_table_is_large_enough():
     assert len(BAD_INPUTS) >= 25
 
 
+@pytest.mark.slow
 def test_cli_shows_one_line_not_a_traceback(tmp_path):
     result = subprocess.run(
         [
@@ -290,9 +292,8 @@ def test_trust_remote_code_is_off_unless_set(tmp_path, monkeypatch):
     )
     for flag in (False, True):
         with pytest.raises(RuntimeError, match="stop"):
-            train_run.policy_and_tokenizer(
-                tiny_config(tmp_path, model="somewhere", trust_remote_code=flag), None, 16
-            )
+            spec = model_spec(tiny_config(tmp_path, model="somewhere", trust_remote_code=flag))
+            train_run.policy_and_tokenizer(spec, None, 16)
     assert seen == [False, True]
 
 

@@ -118,11 +118,12 @@ def _run_reported(cfg: Any, train: Any) -> tuple[Any, Any, int | None]:
     """Run `train(cfg, on_event=...)` with a progress display on rank 0. Returns (console, result,
     exit code): the code is set when the command is already done (a non-zero rank, or a stop by
     signal, whose line is printed here); None means rank 0 finished and prints its summary."""
+    from .config.plan import display
     from .train.progress import RichReporter
 
     console = _console()
     main_rank = _rank() == 0  # under torchrun only rank 0 talks
-    with RichReporter(console, cfg, enabled=cfg.progress and main_rank) as reporter:
+    with RichReporter(console, display(cfg), enabled=cfg.progress and main_rank) as reporter:
         result = train(cfg, on_event=reporter.on_event)
     _shutdown(cfg.device)
     if not main_rank:
@@ -160,86 +161,74 @@ def _sft_progress(console: Any, threads: Any, step: int, loss: float) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from .config import SFTConfig, load_config, to_yaml
-    from .data import answer_checker, data_alphabet, get_task, load_prompts, require_answers, sft_rows
+    from .config.plan import (
+        EngineSettings,
+        EpisodeSpec,
+        Evaluation,
+        RewardSpec,
+        model_spec,
+        sft_data,
+        sft_schedule,
+    )
+    from .data import require_answers, sft_rows
     from .models import save_policy
-    from .train.evaluation import evaluate
-    from .train.grpo_setup import correctness_reward
+    from .train.grpo_setup import held_out_metrics, probe_engine, resolve_data
     from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
-    from .train.sft import run_sft
+    from .train.sft import SFTHooks, run_sft
     from .train.threads import ThreadGovernor
 
     path, overrides = _split_args(args.items)
     cfg = load_config(SFTConfig, path, overrides)
-    if cfg.task:
-        task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts)
-        rows, eval_rows, is_correct = task.train, task.eval, task.is_correct
-        source, eval_source, alphabet = f"task {cfg.task!r}", f"task {cfg.task!r} (held out)", task.alphabet
-        lengths = (task.max_prompt_length, task.max_completion_length)
-    else:  # the user's own prompt/answer rows
-        if cfg.dataset is None:
-            raise ValueError("nothing to train on: set task, or dataset to a file of prompt/answer rows.")
-        rows = load_prompts(cfg.dataset, prompt_column=cfg.prompt_column)
-        source, eval_source = str(cfg.dataset), str(cfg.eval_dataset)
-        require_answers(rows, cfg.answer_column, source=source, purpose="grpokit sft", otherwise="use task")
-        eval_rows = []
-        if cfg.eval_dataset:
-            eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
-            eval_rows = eval_rows[: cfg.num_eval_prompts]
+    if not cfg.task and cfg.dataset is None:
+        raise ValueError("nothing to train on: set task, or dataset to a file of prompt/answer rows.")
+    spec = sft_data(cfg)
+    # the same resolution as training: rows, held-out rows, exact-answer check, reward, alphabet
+    data = resolve_data(spec, EpisodeSpec(), RewardSpec(device=cfg.device), require_rewards=False)
+    if not cfg.task:  # the user's own prompt/answer rows: lengths are the rows' own
+        if data.eval_rows:
             require_answers(
-                eval_rows,
+                data.eval_rows,
                 cfg.answer_column,
-                source=eval_source,
+                source=data.eval_source,
                 purpose="the held-out accuracy",
                 otherwise="unset eval_dataset",
             )
-        is_correct = answer_checker(cfg.answer_column)
-        pairs = [(str(r[cfg.prompt_column]), str(r[cfg.answer_column])) for r in [*rows, *eval_rows]]
-        lengths = (max(len(p) for p, _ in pairs), max(len(a) for _, a in pairs) + 1)
-        alphabet = None
-        if cfg.model == "tiny":
-            alphabet = data_alphabet(
-                rows, eval_rows, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column
-            )
+        rows = [*data.train_rows, *data.eval_rows]
+        pairs = [(str(r[cfg.prompt_column]), str(r[cfg.answer_column])) for r in rows]
+        longest = max(len(a) for _, a in pairs) + 1
+        data = replace(data, max_prompt_length=None, max_completion_length=longest)
+        lengths = max(len(p) for p, _ in pairs) + longest
+    else:
+        lengths = (data.max_prompt_length or 0) + data.max_completion_length
     seed_everything(cfg.seed)
     device, precision = _placement(cfg)
     threads = ThreadGovernor.start(cfg.num_threads, device)  # fewer CPU threads while others hold cores
-    # trained: stored in the master dtype (float32 unless master_weights=dtype), computing under autocast
-    stored = cfg.model_copy(update={"dtype": "float32"}) if precision.mixed else cfg
-    model, tokenizer = policy_and_tokenizer(stored, alphabet, 4 * sum(lengths))
+    model, tokenizer = policy_and_tokenizer(model_spec(cfg), data.alphabet, 4 * lengths)
     model = model.to(device=device, dtype=precision.master)
     columns = [cfg.prompt_column, cfg.answer_column]  # the warm start encodes both
-    check_known_characters(tokenizer, cfg.model, [(source, rows)], columns)
-    check_known_characters(tokenizer, cfg.model, [(eval_source, eval_rows)], [cfg.prompt_column])
+    check_known_characters(tokenizer, cfg.model, [(data.train_source, data.train_rows)], columns)
+    check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
     console = _console()
     run_sft(
         model,
         tokenizer,
-        sft_rows(rows, tokenizer, cfg.prompt_column, cfg.answer_column),
-        steps=cfg.max_steps,
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        seed=cfg.seed,
-        on_step=lambda s, loss: _sft_progress(console, threads, s, loss),
+        sft_rows(data.train_rows, tokenizer, cfg.prompt_column, cfg.answer_column),
+        sft_schedule(cfg),
+        SFTHooks(on_step=lambda s, loss: _sft_progress(console, threads, s, loss)),
         precision=precision,
     )
     out = Path(cfg.output_dir) / "final"
     save_policy(model, tokenizer, out)
     (Path(cfg.output_dir) / "config.yaml").write_text(to_yaml(cfg))
-    if not eval_rows:
+    if not data.eval_rows:
         console.print(f"saved to {out} (no eval_dataset: no held-out accuracy)")
         return 0
-    metrics = evaluate(
-        model,
-        tokenizer,
-        eval_rows,
-        reward_funcs=[task.reward] if cfg.task else [correctness_reward(is_correct)],
-        is_correct=is_correct,
-        prompt_column=cfg.prompt_column,
-        max_prompt_length=lengths[0] if cfg.task else None,
-        max_completion_length=lengths[1],
-        precision=precision,
-    )
+    # greedy, through an engine as training's (SFTConfig has no decode options: their defaults)
+    engine = probe_engine(EngineSettings(), model, tokenizer, data, device)
+    metrics = held_out_metrics(engine, data, Evaluation(prompt_column=cfg.prompt_column))
     console.print(f"held-out greedy accuracy {100 * metrics['accuracy']:.1f}%; saved to {out}")
     return 0
 
@@ -251,13 +240,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
 
+    from .config.plan import grpo_plan
     from .data import load_prompts
     from .models import place
-    from .train.grpo_setup import held_out_metrics, resolve_data
+    from .train.grpo_setup import Given, held_out_metrics, precision_of, probe_engine, resolve_data
     from .train.run import check_known_characters, policy_and_tokenizer
 
     cfg = _train_config(args.items)
-    cfg = cfg.model_copy(update={"sft_steps": 0})  # evaluation trains nothing: no answers required
+    plan = grpo_plan(cfg.model_copy(update={"sft_steps": 0}))  # evaluation trains nothing: no answers needed
     rows, source = None, None
     if not cfg.task:
         source = cfg.eval_dataset or cfg.dataset
@@ -266,17 +256,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 "nothing to evaluate on: set task, or eval_dataset (or dataset) to a prompt file."
             )
         rows = load_prompts(source, prompt_column=cfg.prompt_column)
-    data = resolve_data(cfg, [] if rows is not None else None, rows, None, None, require_rewards=False)
+    given = Given(train_rows=[] if rows is not None else None, eval_rows=rows)
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, given, require_rewards=False)
     if source is not None:
         data = replace(data, eval_source=str(source))
     model, tokenizer = policy_and_tokenizer(
-        cfg, data.alphabet, 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
+        plan.model, data.alphabet, 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
     )
-    device, precision = _placement(cfg)
-    model = place(model, device, precision)  # weights as training keeps them; forward under autocast
+    device, _ = _placement(cfg)
+    settings = plan.trainee.engine
+    model = place(model, device, precision_of(settings))  # weights as training keeps them
     # a checkpoint's character tokenizer would read characters it never learned as <unk>
     check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
-    metrics = held_out_metrics(cfg, model, tokenizer, data, precision)
+    engine = probe_engine(settings, model, tokenizer, data, device)  # sampling as training's engine does
+    metrics = held_out_metrics(engine, data, plan.evaluation)
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -316,13 +309,15 @@ def _cmd_eval_reward(args: argparse.Namespace) -> int:
     import json
 
     from .config import RewardConfig
+    from .config.plan import reward_plan
     from .train.reward import evaluate_reward_model, preference_data, reward_model_and_tokenizer
 
     cfg = _config(RewardConfig, REWARD_PRESET, args.items)
-    _, eval_pairs, alphabet = preference_data(cfg, [], None)
+    plan = reward_plan(cfg)
+    _, eval_pairs, alphabet = preference_data(plan.pairs, [], None)
     if not eval_pairs:
         raise ValueError("no evaluation pairs: set task, or eval_dataset to a preference file.")
-    model, tokenizer = reward_model_and_tokenizer(cfg, alphabet)
+    model, tokenizer = reward_model_and_tokenizer(plan.model, alphabet, cfg.max_length)
     model = model.to(_placement(cfg)[0])  # inference only: stored in the compute dtype, no autocast
     print(
         json.dumps(

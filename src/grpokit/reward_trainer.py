@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import RewardConfig
+from .config.plan import display
 from .data import load_preferences
 from .train.progress import reporting
 from .train.reward import RewardResult, train_reward
@@ -40,7 +41,7 @@ class RewardTrainer:
 
     def train(self, on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> RewardResult:
         """Run; progress as on the command line when `config.progress` (unless `on_event` is given)."""
-        with reporting(self.config, on_event) as events:
+        with reporting(display(self.config), on_event) as events:
             return train_reward(
                 self.config,
                 model=self.model,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import GRPOConfig
+from .config.plan import display
 from .data import load_prompts
 from .envs import EnvironmentSpec, tool_environment
 from .train.grpo import TrainResult, train_grpo
@@ -72,7 +73,7 @@ class GRPOTrainer:
 
     def train(self, on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> TrainResult:
         """Run; progress as on the command line when `config.progress` (unless `on_event` is given)."""
-        with reporting(self.config, on_event) as events:
+        with reporting(display(self.config), on_event) as events:
             return train_grpo(
                 self.config,
                 model=self.model,

@@ -205,6 +205,14 @@ BAD_CONFIG_INPUTS = [
         ConfigError,
         "temperature=0 samples greedily",
     ),
+    # ------------------------------------------------------------------ removed options
+    (
+        "sampler, removed (one decode loop)",
+        lambda t: _yaml(t, "sampler: hf\n"),
+        ConfigError,
+        "sampler was removed: grpokit samples with its one KV-cached decode loop (transformers' generate "
+        "is kept only as a test reference); delete sampler from the config",
+    ),
     # ------------------------------------------------------------------ YAML that hangs or lies
     (
         "billion laughs",

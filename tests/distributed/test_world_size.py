@@ -82,6 +82,7 @@ def test_one_update_is_the_same_on_one_and_two_processes(updates, case):
         assert moved > 1e-3
 
 
+@pytest.mark.slow
 def test_fsdp_cpu_offload_trains(updates):
     """With fsdp_cpu_offload the 2-process update still equals the 1-process one (see above)."""
     test_one_update_is_the_same_on_one_and_two_processes(updates, "grpo-dapo-fsdp_offload")

@@ -19,6 +19,7 @@ import torch
 from grpokit.config import GRPOConfig, RewardConfig
 from grpokit.models import build_policy, build_reward_model, char_tokenizer
 from grpokit.train import distributed
+from grpokit.config.plan import grpo_plan
 from grpokit.train.grpo_setup import RunData, build_trainee
 from grpokit.train.grpo_step import Batch, FrozenLogps, optimizer_step
 from grpokit.train.reward import reward_step
@@ -89,7 +90,7 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
         intermediate_size=32,
     ).double()
     data = RunData([], [], [lambda *a, **k: []], None, None, None, T)
-    trainee = build_trainee(cfg, model, TOK, data, d)  # the model stays float64: not placed
+    trainee = build_trainee(grpo_plan(cfg).trainee, model, TOK, data, d)  # float64: not placed
     batch, ref = fixed_batch()
     per_rank = B // d.world_size
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)

@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from grpokit.ops import compat, group_advantages
+from grpokit.ops import group_advantages
+
+from . import seed_compat as compat
 
 D = torch.float64
 

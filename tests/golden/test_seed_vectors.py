@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grpokit.ops import grpo_loss
-from grpokit.ops.compat import easydel_grpo_step_loss
+
+from .seed_compat import di_engine_grpo_policy_error, easydel_grpo_step_loss
 
 D = torch.float64
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -141,8 +142,6 @@ def test_trl_snapshot_compute_loss(seed_vectors, case):
 def test_di_engine_grpo_policy_error(seed_vectors):
     """DI-engine's loss on the same log-probs equals TRL's symmetric-ε grpo (−0.0143491); its two
     monitors are unmasked means over all 20 positions."""
-    from grpokit.ops.compat import di_engine_grpo_policy_error
-
     x = _inputs(seed_vectors)
     expected = seed_vectors["di_engine"]["clip=0.2,beta=0.04"]
     # Logits whose log-softmax at `action` reproduces lp/old/ref exactly: put the log-prob at the

@@ -324,6 +324,7 @@ def test_run_sft_on_a_given_cpu_model_in_mixed_precision():
     autocast: the first loss is the autocast loss of the initial model, not the float32 one. (Every
     row is the same, so the batch run_sft draws is this one in any order; the two losses differ by
     bfloat16 round-off, and the first loss must sit within 5% of that gap of the autocast one.)"""
+    from grpokit.config.plan import SFTSchedule
     from grpokit.train.sft import run_sft, sft_batch, sft_loss
 
     tok = char_tokenizer("0123456789+=")
@@ -337,51 +338,50 @@ def test_run_sft_on_a_given_cpu_model_in_mixed_precision():
     gap = abs(bf16_loss - fp32_loss)
     assert gap > 1e-6  # autocast changes the loss
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = run_sft(
-        model,
-        tok,
-        rows,
-        steps=3,
-        batch_size=len(rows),
-        learning_rate=1e-2,
-        seed=0,
-        precision=Precision.of("bfloat16"),
-    )
+    schedule = SFTSchedule(steps=3, batch_size=len(rows), learning_rate=1e-2, seed=0)
+    result = run_sft(model, tok, rows, schedule, precision=Precision.of("bfloat16"))
     assert len(result.losses) == 3 and all(type(x) is float for x in result.losses)
     assert abs(result.losses[0] - bf16_loss) <= 0.05 * gap
     assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it trained
 
 
-def test_evaluate_a_given_cpu_model_samples_under_its_precision():
-    from grpokit.rollout import KVCacheSampler
-    from grpokit.train.evaluation import evaluate
+def test_evaluate_samples_through_the_engine_it_is_given():
+    """Evaluation draws only through `engine.generate` (so on the engine's device, in its precision
+    and decode loop): greedy completions `batch_size` rows a call, then pass@k's sampled ones at the
+    settings' temperature and seed; the weights stay as the engine keeps them."""
+    from grpokit.config.plan import Evaluation
+    from grpokit.engine import EngineSpec, PolicyEngine
+    from grpokit.train.evaluation import EvalTask, evaluate
 
     tok = char_tokenizer("0123456789+=")
     model = build_policy(hidden_size=32, num_layers=1, num_heads=2, vocab_size=len(tok), dropout=0.0, seed=0)
-    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "4+4=", "answer": "8"}]
-    seen: list[tuple[bool, torch.dtype]] = []
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in (1, 4, 2)]
+    spec = EngineSpec(torch.device("cpu"), precision=Precision.of("bfloat16"))
+    engine = PolicyEngine.create(model, tok, spec)
+    calls: list[tuple[int, float, int | None, int]] = []
+    generate = engine.generate
 
-    class Spy(KVCacheSampler):
-        def sample(self, prompts, params):
-            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
-            return super().sample(prompts, params)
+    def spy(prompts, params, rows=None):
+        calls.append((len(prompts), params.temperature, params.seed, params.num_generations))
+        return generate(prompts, params, rows)
+
+    engine.generate = spy
 
     def reward(prompts, completions, **_):
         return [float(len(c)) for c in completions]
 
-    metrics = evaluate(
-        Spy(model, tok),
-        tok,
-        rows,
-        reward_funcs=[reward],
-        is_correct=lambda completion, row: completion.strip() == row["answer"],
-        max_completion_length=4,
-        precision=Precision.of("bfloat16"),
-    )
-    assert seen == [(True, torch.bfloat16)]
+    right = lambda completion, row: completion.strip() == row["answer"]  # noqa: E731
+    settings = Evaluation(pass_at_k=2, temperature=0.7, seed=5, batch_size=2)
+    metrics = evaluate(engine, EvalTask(rows, [reward], right, max_completion_length=4), settings)
+    # greedy: 2 + 1 prompts; pass@2: one prompt (2 rows) a call
+    assert calls == [(2, 0.0, None, 1), (1, 0.0, None, 1), (1, 0.7, 5, 2), (1, 0.7, 5, 2), (1, 0.7, 5, 2)]
     assert all(type(v) is float for v in metrics.values()) and 0.0 <= metrics["accuracy"] <= 1.0
-    plain = evaluate(model, tok, rows, reward_funcs=[reward], is_correct=None, max_completion_length=4)
+    assert 0.0 <= metrics["pass@2"] <= 1.0
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    calls.clear()
+    plain = evaluate(engine, EvalTask(rows, [reward], None, None, 4))
+    assert calls == [(3, 0.0, None, 1)]  # no batch_size: all at once; no correctness: no pass@k
     assert type(plain["reward"]) is float and "accuracy" not in plain
 
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from grpokit.config.plan import step_spec
 from grpokit.engine import EngineSpec, PolicyEngine, Wrapping
 from grpokit.models import Precision, build_policy, char_tokenizer
 from grpokit.ops import token_logps
@@ -131,7 +132,7 @@ def test_old_policy_log_probs_source(tmp_path, options, precision, expected):
     )
     model, tokenizer = tiny_policy()
     engine = engine_of(model, tokenizer, precision=precision)
-    assert old_logps_source(engine, StepParams.of(cfg, sampling)) == expected
+    assert old_logps_source(engine, StepParams.of(step_spec(cfg), sampling)) == expected
 
 
 def test_a_wrapped_policy_never_reuses_the_samplers_log_probs(tmp_path):
@@ -143,7 +144,8 @@ def test_a_wrapped_policy_never_reuses_the_samplers_log_probs(tmp_path):
         model, tokenizer, EngineSpec(torch.device("cpu")), wrapping=Wrapping(wrapper)
     )
     assert not engine.fused  # hooks of a wrapper live in the whole model's forward
-    assert old_logps_source(engine, StepParams.of(cfg, SamplingParams(num_generations=4))) == "forward"
+    params = StepParams.of(step_spec(cfg), SamplingParams(num_generations=4))
+    assert old_logps_source(engine, params) == "forward"
 
 
 @pytest.mark.parametrize("case", ["fsdp_in_place", "logits_backend", "dropout"])
@@ -165,7 +167,8 @@ def test_the_sampler_stands_in_for_the_forward_only_where_exact(tmp_path, case):
         )
     engine = PolicyEngine.create(model, tokenizer, spec, wrapping=wrapping)
     assert not engine.sampler_is_forward
-    assert old_logps_source(engine, StepParams.of(cfg, SamplingParams(num_generations=4))) == "forward"
+    params = StepParams.of(step_spec(cfg), SamplingParams(num_generations=4))
+    assert old_logps_source(engine, params) == "forward"
     if case == "fsdp_in_place":
         assert engine.frozen_mode is torch.no_grad and not engine.fused
     plain = engine_of(*tiny_policy())

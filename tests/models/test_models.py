@@ -8,10 +8,8 @@ import torch
 from grpokit.models import (
     build_policy,
     char_tokenizer,
-    default_group_size,
     load_policy,
     make_reference,
-    recommended_defaults,
     save_policy,
     should_sync,
     sync_reference,
@@ -58,7 +56,6 @@ def test_build_policy_defaults_are_edifices():
         "dropout": 0.1,
         "max_seq_len": 2048,
     }
-    assert default_group_size() == 8 and recommended_defaults()["group_size"] == 8
 
 
 def test_saved_and_loaded_policy_gives_identical_logits(tmp_path, tiny_policy):

@@ -20,6 +20,7 @@ from grpokit.train import distributed
 from grpokit.train.checkpoint import (
     MANIFEST,
     CheckpointError,
+    SaveTo,
     checkpoint_problem,
     list_checkpoints,
     load_training_state,
@@ -109,23 +110,24 @@ def test_when_every_checkpoint_is_damaged_resume_fails_with_one_line(tmp_path):
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint-1", "checkpoint-2"]  # nothing deleted
 
 
-def test_resume_says_each_allowed_config_change_once_on_rank_0(reference, monkeypatch):
-    """latest_checkpoint asks resume_changes about the chosen checkpoint's config.yaml and says each
-    of its notes once, as a warning, on rank 0 only (every rank calls it)."""
+def test_resume_says_each_allowed_config_change_once_on_rank_0(reference):
+    """latest_checkpoint asks its `compare` (the run's resume_changes) about the chosen checkpoint's
+    config.yaml and says each of its notes once, as a warning, on rank 0 only (every rank calls it)."""
+    from grpokit.config.plan import run_control
     from grpokit.train import run as run_module
 
     asked = []
 
-    def changes(cfg, saved):
+    def changes(saved):
         asked.append(saved)
         return ["logging_steps changed from 1 to 5", "eval_steps changed from 0 to 2"]
 
-    monkeypatch.setattr(run_module, "resume_changes", changes)
-    cfg = tiny_config(reference.parent, max_steps=3, resume=True)
+    control = run_control(tiny_config(reference.parent, max_steps=3, resume=True))
     for rank, expected in ((0, 2), (1, 0)):
         events: list[tuple] = []
         d = distributed.Dist(rank=rank, world_size=2)
-        assert run_module.latest_checkpoint(cfg, d, lambda *e: events.append(e)) == reference / "checkpoint-3"
+        found = run_module.latest_checkpoint(control, changes, d, lambda *e: events.append(e))
+        assert found == reference / "checkpoint-3"
         messages = [data["message"] for kind, _, data in events if kind == "warning"]
         assert len(messages) == expected and all("changed from" in m for m in messages)
     assert asked == [reference / "checkpoint-3" / "config.yaml"] * 2
@@ -308,7 +310,7 @@ def test_a_full_disk_reported_by_safetensors_is_an_os_error(tmp_path):
 
     model = types.SimpleNamespace(save_pretrained=full)
     with pytest.raises(OSError) as error:
-        save_checkpoint(out, 2, model, None, {}, "", keep=2)
+        save_checkpoint(SaveTo(out, "", keep=2), 2, model, None, {})
     assert error.value.errno == errno.ENOSPC and error.value.filename.endswith("model.safetensors")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1"]
     assert {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()} == before
@@ -322,7 +324,7 @@ def _save(run: Path, step: int, keep: int) -> Path:
 
     tok = char_tokenizer("0123456789+=")
     model = build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), max_seq_len=16, seed=0)
-    return save_checkpoint(run, step, model, tok, {"step": step}, "seed: 0\n", keep)
+    return save_checkpoint(SaveTo(run, "seed: 0\n", keep), step, model, tok, {"step": step})
 
 
 def test_a_damaged_newer_checkpoint_never_pushes_the_intact_ones_out(tmp_path):

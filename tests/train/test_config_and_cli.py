@@ -137,6 +137,7 @@ def test_bad_config_fails_before_any_model_is_loaded(tmp_path, capsys, monkeypat
     assert "nothing to train on" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_train_and_report_on_a_tiny_run(tmp_path):
     run = tmp_path / "run"
     args = [
@@ -175,6 +176,7 @@ def test_cli_train_and_report_on_a_tiny_run(tmp_path):
     assert '"accuracy"' in evaluation.stdout
 
 
+@pytest.mark.slow
 def test_cli_sft(tmp_path):
     out = tmp_path / "sft"
     result = subprocess.run(

@@ -124,7 +124,6 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
         {"max_completion_length": 2},
         lambda b, v: v["steps"][0]["completions/max_length"] <= 2 < b["steps"][0]["completions/max_length"],
     ),
-    "sampler": ({"sampler": "hf"}, lambda b, v: completions(v) != completions(b)),
     "temperature": ({"temperature": 0.5}, lambda b, v: completions(v) != completions(b)),
     "top_p": ({"top_p": 0.3}, lambda b, v: completions(v) != completions(b)),
     "top_k": ({"top_k": 2}, lambda b, v: completions(v) != completions(b)),
@@ -308,18 +307,21 @@ def test_every_option_has_a_test():
 def test_progress_can_be_switched_off():
     from rich.console import Console
 
+    from grpokit.config.plan import display
     from grpokit.train.progress import RichReporter
 
     for enabled in (True, False):
-        with RichReporter(Console(), GRPOConfig(progress=enabled), enabled=enabled) as reporter:
+        with RichReporter(Console(), display(GRPOConfig(progress=enabled)), enabled=enabled) as reporter:
             assert reporter.progress.disable is (not enabled)
 
 
 def test_gradient_checkpointing_is_switched_on(tmp_path):
+    from grpokit.config.plan import model_spec
     from grpokit.train.run import policy_and_tokenizer
 
     for flag in (False, True):
-        model, _ = policy_and_tokenizer(tiny_config(tmp_path, gradient_checkpointing=flag), "0123", 16)
+        spec = model_spec(tiny_config(tmp_path, gradient_checkpointing=flag))
+        model, _ = policy_and_tokenizer(spec, "0123", 16)
         assert model.is_gradient_checkpointing is flag
 
 

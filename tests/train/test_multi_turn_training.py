@@ -148,12 +148,16 @@ rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is a test depend
 
 @pytest.mark.parametrize("name", ["chain_sum", "countdown"])
 def test_reasoning_gym_tasks_score_with_their_own_scorer(name):
-    task = get_task(f"reasoning_gym:{name}", seed=1, num_eval=20)
+    from grpokit.data.reasoning_gym import reasoning_gym_task
+
+    # countdown generates ~100 rows a second: 200 training rows, not the 2000 a run draws
+    task = reasoning_gym_task(name, seed=1, num_eval=20, size=200)
     row = task.eval[0]
     assert task.is_correct(row["answer"], row) and task.is_correct(f"<answer>{row['answer']}</answer>", row)
     (wrong,) = task.reward([row["prompt"]], ["zzz"], **{k: [v] for k, v in row.items()})
     assert wrong < 0.1 and not task.is_correct("zzz", row)  # countdown gives 0.01 for any answer
     assert not {r["prompt"] for r in task.train} & {r["prompt"] for r in task.eval}
+    assert get_task("reasoning_gym:chain_sum", num_eval=5).name == "reasoning_gym:chain_sum"
     with pytest.raises(ValueError, match="reasoning-gym has no task 'nope'"):
         get_task("reasoning_gym:nope")
 
@@ -183,6 +187,7 @@ def nap(seconds: float) -> str:
 def test_the_episode_options_reach_the_environment(tmp_path):
     """tools (built-in and by reference), tool_call_format, tool_timeout and max_turns make the spec
     episodes run in; a task's own format cannot be swapped."""
+    from grpokit.config.plan import episode_spec
     from grpokit.train.grpo_setup import resolve_environment
 
     (tmp_path / "naps.py").write_text(SLOW_TOOL)
@@ -194,29 +199,31 @@ def test_the_episode_options_reach_the_environment(tmp_path):
         tool_timeout=0.1,
         max_turns=2,
     )
-    spec = resolve_environment(cfg, None)
+    spec = resolve_environment(episode_spec(cfg), None)
     assert spec.max_turns == 2 and spec.stop_strings == ("]",)
     assert [s["function"]["name"] for s in spec.tool_schemas] == ["calc", "nap"]
     env = spec.factory()
     assert env.step("[nap(1)]")[0] == "{error: nap timed out after 0.1s}"
     assert env.step('[calc("2*21")]')[0] == "{42}"
-    hermes = resolve_environment(cfg.model_copy(update={"tool_call_format": None}), None)
+    hermes = resolve_environment(episode_spec(cfg.model_copy(update={"tool_call_format": None})), None)
     assert hermes.stop_strings == ("</tool_call>",)  # the default format
-    assert resolve_environment(cfg.model_copy(update={"tools": []}), None) is None
+    assert resolve_environment(episode_spec(cfg.model_copy(update={"tools": []})), None) is None
     task = get_task("tool_addition", num_eval=10)
-    assert resolve_environment(GRPOConfig(task="tool_addition"), task).stop_strings == ("]",)
+    assert resolve_environment(episode_spec(GRPOConfig(task="tool_addition")), task).stop_strings == ("]",)
     with pytest.raises(ValueError, match="writes its tool calls as brackets"):
-        resolve_environment(GRPOConfig(task="tool_addition", tool_call_format="hermes"), task)
+        resolve_environment(episode_spec(GRPOConfig(task="tool_addition", tool_call_format="hermes")), task)
     with pytest.raises(ValueError, match="set task: null and dataset"):
         GRPOConfig(environment="env.py:Env")  # the default task is addition
 
 
 def test_accuracy_on_your_rows_judges_the_final_answer_after_the_tools():
-    from grpokit.train.grpo_setup import resolve_data
+    from grpokit.config.plan import grpo_plan
+    from grpokit.train.grpo_setup import Given, resolve_data
 
     rows = [{"prompt": "2*21=", "answer": "42"}]
-    cfg = GRPOConfig(task=None, tools=["calc"], tool_call_format="brackets", model="tiny")
-    data = resolve_data(cfg, rows, rows, [lambda p, c, **_: [0.0] * len(c)], None)
+    plan = grpo_plan(GRPOConfig(task=None, tools=["calc"], tool_call_format="brackets", model="tiny"))
+    given = Given(train_rows=rows, eval_rows=rows, reward_funcs=[lambda p, c, **_: [0.0] * len(c)])
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, given)
     assert data.is_correct('[calc("2*21")]{42}42', rows[0]) and not data.is_correct("{42}41", rows[0])
     assert set("[]{}") <= set(data.alphabet)  # the tiny tokenizer can write a call and read its answer
 

@@ -414,6 +414,7 @@ def _train(out: Path, reward: Path, steps: int, *extra: str) -> subprocess.Popen
     )
 
 
+@pytest.mark.slow
 def test_sigterm_while_a_reward_hangs_saves_the_step_before_and_exits(tmp_path):
     reward, hang, hanging = _reward_file(tmp_path, "hanging")
     hang.write_text("")

@@ -250,6 +250,7 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
     """{model: DIR} loads a trained reward model as a reward function; {builtin: ...} picks one."""
     from grpokit.models import save_policy
     from grpokit.train.grpo import train_grpo
+    from grpokit.config.plan import reward_spec
     from grpokit.train.grpo_setup import configured_rewards
     from tests.train.helpers import tiny_config
 
@@ -259,7 +260,7 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
         reward_funcs=[{"model": str(tmp_path / "rm"), "batch_size": 8}, {"builtin": "task"}],
         max_steps=1,
     )
-    funcs = configured_rewards(cfg, get_task("addition"))
+    funcs = configured_rewards(reward_spec(cfg), get_task("addition"))
     assert [getattr(f, "__name__", "") for f in funcs] == ["reward_model:rm", "reward"]
     result = train_grpo(cfg)
     rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
@@ -267,9 +268,10 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
     with pytest.raises(ConfigError, match="exactly one of 'model'"):
         load_config(GRPOConfig, None, ["reward_funcs=[{model: a, builtin: task}]"])
     with pytest.raises(ValueError, match="unknown builtin reward 'nope'"):
-        configured_rewards(GRPOConfig(reward_funcs=[{"builtin": "nope"}]), None)
+        configured_rewards(reward_spec(GRPOConfig(reward_funcs=[{"builtin": "nope"}])), None)
 
 
+@pytest.mark.slow
 def test_cli_reward_and_eval_reward(tmp_path):
     out = tmp_path / "rm"
     shared = [

@@ -385,6 +385,7 @@ def test_a_crash_while_resume_rewrites_metrics_leaves_them_intact(tmp_path, monk
 # ----------------------------------------------------------------------------- one line for the user
 
 
+@pytest.mark.slow
 def test_an_output_dir_that_is_a_file_is_one_line(tmp_path):
     out = tmp_path / "run"
     out.write_text("not a directory")

@@ -17,7 +17,8 @@ from grpokit.train.rundir import claim_output_dir, clear_earlier_run
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import ZeroSpreadWatch
 from grpokit.train.optim import lr_factor
-from grpokit.train.sft import run_sft
+from grpokit.config.plan import SFTSchedule, grpo_plan
+from grpokit.train.sft import SFTHooks, run_sft
 
 from .helpers import ones_reward, tiny_config, weights
 
@@ -135,17 +136,15 @@ def test_run_sft_stops_on_its_goal_or_on_a_signal(tmp_path):
             hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), dropout=0.0, seed=0
         )
 
-    done = run_sft(
-        model(), tok, task.train, steps=10, batch_size=8, learning_rate=1e-3, seed=0, done=lambda s: s == 4
-    )
+    schedule = SFTSchedule(steps=10, batch_size=8, learning_rate=1e-3, seed=0)
+    done = run_sft(model(), tok, task.train, schedule, SFTHooks(done=lambda s: s == 4))
     assert len(done.losses) == 4 and done.reached and not done.stopped
     asked = []
     stopped = run_sft(
-        model(), tok, task.train, steps=10, batch_size=8, learning_rate=1e-3, seed=0,
-        should_stop=lambda: asked.append(1) or len(asked) == 3,
-    )  # fmt: skip
+        model(), tok, task.train, schedule, SFTHooks(should_stop=lambda: asked.append(1) or len(asked) == 3)
+    )
     assert len(stopped.losses) == 3 and stopped.stopped and not stopped.reached
-    full = run_sft(model(), tok, task.train, steps=10, batch_size=8, learning_rate=1e-3, seed=0)
+    full = run_sft(model(), tok, task.train, schedule)
     assert full.losses[:3] == stopped.losses and len(full.losses) == 10  # the same steps, whatever ends them
 
 
@@ -205,8 +204,8 @@ def test_warm_start_target_needs_an_exact_accuracy(tmp_path):
     cfg = tiny_config(tmp_path, sft_steps=5, sft_target_accuracy=0.5)
     data = RunData([], [], [ones_reward], None, None, None, 4)  # no is_correct
     with pytest.raises(ValueError, match="sft_target_accuracy needs an exact accuracy"):
-        warm_start_goal(cfg, None, None, data, [])
-    assert warm_start_goal(tiny_config(tmp_path, sft_steps=5), None, None, data, []) is None
+        warm_start_goal(grpo_plan(cfg).warm_start, None, data, [])
+    assert warm_start_goal(grpo_plan(tiny_config(tmp_path, sft_steps=5)).warm_start, None, data, []) is None
 
 
 def test_warm_start_stops_once_the_probe_reaches_the_target(tmp_path):
@@ -270,6 +269,7 @@ def test_the_python_api_shows_progress_like_the_cli(tmp_path, capsys):
     assert weights(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_the_python_api_says_why_it_stopped(tmp_path, capsys):
     """progress=True: the same line as the command line, for a stop in the warm start and in GRPO."""
     from grpokit.train.progress import stop_message

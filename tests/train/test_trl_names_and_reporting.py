@@ -100,7 +100,7 @@ def test_strategies_by_steps_are_accepted_and_others_answered(said):
         (GRPOConfig, "logging_dir", "output_dir/tensorboard; set output_dir"),
         (GRPOConfig, "warmup_ratio", "set warmup_steps"),
         (GRPOConfig, "resume_from_checkpoint", "set resume=true"),
-        (GRPOConfig, "use_vllm", "set sampler"),
+        (GRPOConfig, "use_vllm", "set decode_loop"),
         (RewardConfig, "per_device_train_batch_size", "set batch_size and micro_batch_size"),
         (RewardConfig, "gradient_accumulation_steps", "set batch_size and micro_batch_size"),
         (RewardConfig, "num_train_epochs", "set max_steps"),

@@ -94,7 +94,6 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "min_p": ("fixed", _FIXED_SAMPLING),
     "repetition_penalty": ("fixed", _FIXED_SAMPLING),
     # how, not what, is computed: the same distributions and the same math, another implementation
-    "sampler": ("applied", "transformers' generate and the KV loop draw from the same distribution"),
     "decode_loop": ("applied", "a speed choice; the same distribution"),
     "fused_logps": ("applied", "the same log-probs, computed in chunks or not"),
     "gradient_checkpointing": ("applied", "memory only: the same gradients"),

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from ..ops.loss_types import LossType
 from . import trl_names
 from .load import shown
 
@@ -46,7 +47,6 @@ Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 # keeps a weighted sum of rewards finite in float32.
 RewardWeight = Annotated[float, Field(ge=-1e6, le=1e6)]
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 REPORTERS = ("tensorboard", "wandb")
 
 
@@ -280,13 +280,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     sft_learning_rate: LearningRate = Field(3e-3, description="warm start: peak learning rate")
 
     # ---------------------------------------------------------------- generation
-    sampler: Literal["kv", "hf"] = Field(
-        "kv", description="kv: grpokit's KV-cached decode loop (faster); hf: transformers' generate"
-    )
     decode_loop: Literal["auto", "eager", "static", "compiled", "cuda_graph"] = Field(
         "auto",
-        description="sampler=kv: eager (a loop with growing shapes), static (a static-shape step over "
-        "preallocated buffers, finished rows compacted away), compiled (static + torch.compile), "
+        description="how grpokit's one KV-cached decode loop runs: eager (a loop with growing shapes), "
+        "static (a static-shape step over preallocated buffers, finished rows compacted away), "
+        "compiled (static + torch.compile), "
         "cuda_graph (compiled, replayed as CUDA graphs); auto = cuda_graph on a GPU, eager on a CPU "
         "(measured fastest there: benchmarks/RESULTS.md)",
     )
@@ -480,11 +478,6 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
                 "into its own); use sampling_correction=none or another loss_type"
-            )
-        if self.sampler == "hf" and self.decode_loop not in ("auto", "eager"):
-            raise ValueError(
-                f"decode_loop={self.decode_loop} is grpokit's own decode loop; sampler=hf uses transformers' "
-                "generate. Use sampler=kv, or leave decode_loop at auto"
             )
         if self.use_peft and self.strategy == "fsdp":
             raise ValueError(

@@ -115,8 +115,8 @@ REJECTED: dict[str, dict[str, str]] = {
     },
     "run_name": {"*": "a run is named by its output_dir (also the wandb run name); set output_dir."},
     "use_vllm": {
-        "GRPOConfig": "grpokit samples with its own KV-cached loop (sampler=kv) or transformers' generate "
-        "(sampler=hf); set sampler.",
+        "GRPOConfig": "grpokit samples with its own KV-cached decode loop, from the training policy itself; "
+        "set decode_loop to choose how that loop runs.",
     },
     "vllm_importance_sampling_correction": {
         "GRPOConfig": "grpokit has no vLLM: its sampler is the training policy. To weigh tokens drawn from a "
@@ -182,6 +182,15 @@ warmup_steps weight_decay
 """.split()  # noqa: SIM905 - a list of 207 quoted names would hide them
 )
 
+# grpokit options that were removed: the one line a config that still sets one gets (schema -> line).
+REMOVED: dict[str, dict[str, str]] = {
+    "sampler": {
+        "GRPOConfig": "sampler was removed: grpokit samples with its one KV-cached decode loop "
+        "(transformers' generate is kept only as a test reference); delete sampler from the config "
+        "(decode_loop chooses how the loop runs).",
+    },
+}
+
 COMMANDS = {"GRPOConfig": "train", "RewardConfig": "reward", "SFTConfig": "sft"}
 
 _said: set[str] = set()
@@ -212,6 +221,9 @@ def unknown_key(schema_name: str, fields: Iterable[str], key: str) -> str:
     """One line for a key the config does not have: the grpokit option a TRL name stands for, or the
     closest valid name."""
     fields = list(fields)
+    removed = REMOVED.get(key, {}).get(schema_name)
+    if removed:
+        return removed
     answers = REJECTED.get(key, {})
     answer = answers.get(schema_name) or answers.get("*")
     if answer:

@@ -18,7 +18,8 @@ from .preferences import (
     pretokenize,
 )
 from .prompts import DataError, PromptSampler, columns_of, load_prompts, render_prompt
-from .tasks import TASKS, Task, evaluate_expression, get_task
+from .task import Task
+from .tasks import TASKS, evaluate_expression, get_task
 
 __all__ = [
     "PreferenceBatch",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 
 from .prompts import DataError, load_prompts
-from .tasks import Task
+from .task import Task
 
 
 def load_preferences(source: Any) -> list[dict[str, Any]]:

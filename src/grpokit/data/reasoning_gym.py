@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .tasks import Task
+from .task import Task
 
 TRAIN_ROWS = 2000  # countdown generates ~100 rows a second: 2000 keep set-up under 30 s
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -1,7 +1,6 @@
 """Policies, reference policies and tokenizers. transformers is imported lazily, inside the
 functions of `hf.py`, so `import grpokit.models` stays cheap."""
 
-from ..ops.compat import default_group_size, recommended_defaults
 from .device import Precision, enable_fast_matmul, model_device, place, resolve_device
 from .head import LMHead, last_hidden_states, lm_head_of
 from .hf import (
@@ -64,10 +63,8 @@ __all__ = [
     "pad_left",
     "reward_scores",
     "char_tokenizer",
-    "default_group_size",
     "load_policy",
     "make_reference",
-    "recommended_defaults",
     "quiet_saving",
     "save_policy",
     "should_sync",

@@ -42,9 +42,9 @@ import torch
 
 from .kl import KLEstimator, kl_penalty
 from .masking import check_mask
+from .loss_types import LossType
 from .outputs import LossOutput
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 ImportanceSamplingLevel = Literal["token", "sequence", "sequence_token"]
 NegativeAdvantageClip = Literal["ppo", "easydel"]
 

@@ -19,6 +19,7 @@ import pickle
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,14 +39,35 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------- checkpoints
 
 
+@dataclass(frozen=True)
+class TrainingParts:
+    """What a checkpoint saves and restores: the model (as training passes go through it: DDP's
+    wrapper, FSDP's sharded module, or the module itself), its tokenizer, the optimizer, its schedule
+    and the prompt sampler's position."""
+
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    sampler: Any
+
+
+@dataclass(frozen=True)
+class SaveTo:
+    """Where a run's checkpoints go: `output_dir`, each with the run's `config_yaml`, the last `keep`
+    of them kept."""
+
+    output_dir: Path
+    config_yaml: str
+    keep: int
+
+
 def save_checkpoint(
-    output_dir: Path,
+    to: SaveTo,
     step: int,
     model: Any,
     tokenizer: Any,
     training_state: dict[str, Any],
-    config_yaml: str,
-    keep: int,
     *,
     weights: dict[str, torch.Tensor] | None = None,
     keep_staged: bool = False,
@@ -58,6 +80,7 @@ def save_checkpoint(
 
     A write that fails (a full disk, a quota, an I/O error) removes the temporary directory, leaves
     every earlier checkpoint as it was, and raises OSError with `filename` the path being written."""
+    output_dir, config_yaml, keep = to.output_dir, to.config_yaml, to.keep
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = checkpoint_staging(output_dir, step)
     if not keep_staged:  # FSDP ranks have already written their shards into the staging directory
@@ -369,49 +392,41 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_distributed(
     d: Any,
     strategy: str,
-    output_dir: Path,
+    to: SaveTo,
     step: int,
-    model: Any,
-    tokenizer: Any,
-    optimizer: Any,
-    scheduler: Any,
-    sampler: Any,
+    parts: TrainingParts,
     eval_before: dict[str, float],
-    config_yaml: str,
-    keep: int,
     extra: dict[str, Any] | None = None,
 ) -> None:
     """A complete checkpoint from any world size. Under FSDP every rank writes its model and
     optimizer shards (dcp/rank-<r>.safetensors and .json, `distributed.save_sharded`), and rank 0
     adds consolidated safetensors weights for inference; otherwise rank 0 writes everything."""
     sharded = d.enabled and strategy == "fsdp"
-    state = training_state(step, optimizer, scheduler, sampler, eval_before) | (extra or {})
+    model, optimizer = parts.model, parts.optimizer
+    state = training_state(step, optimizer, parts.scheduler, parts.sampler, eval_before) | (extra or {})
     if sharded:
         state.pop("optimizer")  # it lives in the DCP shards
         if d.is_main:
-            shutil.rmtree(checkpoint_staging(output_dir, step), ignore_errors=True)
+            shutil.rmtree(checkpoint_staging(to.output_dir, step), ignore_errors=True)
         distributed.barrier(d)
-        distributed.save_sharded(d, checkpoint_staging(output_dir, step) / "dcp", model, optimizer)
+        distributed.save_sharded(d, checkpoint_staging(to.output_dir, step) / "dcp", model, optimizer)
     weights = distributed.full_state_dict(d, model)  # collective under FSDP
     if d.is_main:
         save_checkpoint(
-            output_dir,
+            to,
             step,
             distributed.unwrap(model),
-            tokenizer,
+            parts.tokenizer,
             state,
-            config_yaml,
-            keep,
             weights=weights,
             keep_staged=sharded,
         )
     distributed.barrier(d)
 
 
-def restore_distributed(
-    d: Any, strategy: str, checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, sampler: Any
-) -> dict[str, Any]:
+def restore_distributed(d: Any, strategy: str, checkpoint: Path, parts: TrainingParts) -> dict[str, Any]:
     """The inverse of `save_distributed`, for the same world size; returns the checkpoint's state."""
+    model, optimizer, scheduler, sampler = parts.model, parts.optimizer, parts.scheduler, parts.sampler
     if d.enabled and strategy == "fsdp":
         try:
             distributed.load_sharded(d, checkpoint / "dcp", model, optimizer)

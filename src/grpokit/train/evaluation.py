@@ -8,72 +8,64 @@ from typing import Any
 
 import torch
 
+from ..config.plan import Evaluation
 from ..data import columns_of, render_prompt
-from ..models.device import Precision, model_device
+from ..engine import PolicyEngine
 from ..rewards import score_completions
-from ..rollout import EpisodeSampler, HFGenerateSampler, Rollout, Sampler, SamplingParams
+from ..rollout import Rollout, SamplingParams
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """What is evaluated and how it is judged: the rows, the reward functions (mean `reward`), the
+    exact-answer check (`accuracy`, pass@k; None: neither) and the lengths completions are drawn at."""
+
+    rows: Sequence[dict[str, Any]]
+    reward_funcs: Sequence[Callable[..., Any]]
+    is_correct: Callable[[str, dict[str, Any]], bool] | None
+    max_prompt_length: int | None = None
+    max_completion_length: int = 256
 
 
 def evaluate(
-    model_or_sampler: Any,
-    tokenizer: Any,
-    rows: Sequence[dict[str, Any]],
-    *,
-    reward_funcs: Sequence[Callable[..., Any]],
-    is_correct: Callable[[str, dict[str, Any]], bool] | None,
-    prompt_column: str = "prompt",
-    max_prompt_length: int | None = None,
-    max_completion_length: int = 256,
-    pass_at_k: int = 0,
-    temperature: float = 1.0,
-    seed: int = 0,
-    on_reward_error: str = "raise",
-    reward_timeout: float | None = None,
+    engine: PolicyEngine,
+    task: EvalTask,
+    settings: Evaluation = Evaluation(),
     should_stop: Callable[[], bool] | None = None,
-    batch_size: int | None = None,
-    precision: Precision | None = None,
-    environment: Any = None,
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
-    `reward`; with pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt.
-    batch_size: completions sampled per call (None: all at once); bounds evaluation's memory.
-    The model samples where it is (prompts go to its device; completions, rewards and metrics come
-    back to the host); precision: sampling runs under its autocast (a model stored wider than it
-    computes), None: as the model is stored. environment (an `envs.EnvironmentSpec`): completions are
-    multi-turn episodes, each started from its row. reward_timeout and should_stop: as
+    `reward`; with settings.pass_at_k = k > 0, also `pass@k` from k sampled completions per prompt.
+    settings.batch_size: completions sampled per call (None: all at once); bounds evaluation's memory.
+    The engine samples as training does (its device, precision and decode loop; completions, rewards
+    and metrics come back to the host); with an environment (`engine.environment`) completions are
+    multi-turn episodes, each started from its row. settings.reward_timeout and `should_stop`: as
     `score_completions`' timeout and should_stop (the training step's rules for reward functions)."""
-    sampler: Sampler = (
-        model_or_sampler
-        if hasattr(model_or_sampler, "sample")
-        else HFGenerateSampler(model_or_sampler, tokenizer)
-    )
-    if environment is not None and not isinstance(sampler, EpisodeSampler):
-        sampler = EpisodeSampler(getattr(sampler, "model", model_or_sampler), tokenizer, environment)
-    episodic = isinstance(sampler, EpisodeSampler)
-    if precision is not None:
-        device = model_device(getattr(sampler, "model", model_or_sampler))
-        sampler = _Autocast(sampler, lambda: precision.autocast(device))
-    tools = environment.tool_schemas if environment is not None else None
-    prompts = [render_prompt(r[prompt_column], tokenizer, tools) for r in rows]
+    rows, is_correct = task.rows, task.is_correct
+    environment = engine.environment
+    episodic = environment is not None
+    tools = environment.tool_schemas if episodic else None
+    prompts = [render_prompt(r[settings.prompt_column], engine.tokenizer, tools) for r in rows]
+    max_prompt_length, max_completion_length = task.max_prompt_length, task.max_completion_length
+    batch_size, pass_at_k = settings.batch_size, settings.pass_at_k
     greedy = SamplingParams(
         num_generations=1,
         max_completion_length=max_completion_length,
         temperature=0.0,
         max_prompt_length=max_prompt_length,
     )
-    sampled = _sample_in_chunks(sampler, prompts, greedy, batch_size, list(rows) if episodic else None)
+    sampled = _sample_in_chunks(engine, prompts, greedy, batch_size, list(rows) if episodic else None)
     completions, completion_ids = sampled.texts, sampled.ids
-    columns = columns_of(rows, prompt_column)
+    columns = columns_of(rows, settings.prompt_column)
     if episodic:
         columns["env_reward"] = sampled.env_rewards
     scores = score_completions(
-        reward_funcs,
+        task.reward_funcs,
         prompts,
         completions,
         columns=columns,
-        on_error=on_reward_error,  # type: ignore[arg-type]
+        on_error=settings.on_reward_error,  # type: ignore[arg-type]
         completion_ids=completion_ids,
-        timeout=reward_timeout,
+        timeout=settings.reward_timeout,
         should_stop=should_stop,
     )
     metrics = {
@@ -88,13 +80,13 @@ def evaluate(
         metrics["accuracy"] = right / len(rows)
         if pass_at_k > 0:
             drawn = _sample_in_chunks(
-                sampler,
+                engine,
                 prompts,
                 SamplingParams(
                     num_generations=pass_at_k,
                     max_completion_length=max_completion_length,
-                    temperature=temperature or 1.0,
-                    seed=seed,
+                    temperature=settings.temperature or 1.0,
+                    seed=settings.seed,
                     max_prompt_length=max_prompt_length,
                 ),
                 batch_size,
@@ -106,17 +98,6 @@ def evaluate(
     return metrics
 
 
-class _Autocast:
-    """A sampler whose every call runs in `context()` (autocast)."""
-
-    def __init__(self, sampler: Sampler, context: Callable[[], Any]) -> None:
-        self.sampler, self.context = sampler, context
-
-    def sample(self, prompts: list[str], params: SamplingParams, *rows: Any) -> Rollout:
-        with self.context():
-            return self.sampler.sample(prompts, params, *rows)
-
-
 @dataclass(frozen=True)
 class _Sampled:
     texts: list[str]  # completions (multi-turn: whole transcripts)
@@ -126,7 +107,7 @@ class _Sampled:
 
 
 def _sample_in_chunks(
-    sampler: Sampler,
+    engine: PolicyEngine,
     prompts: list[str],
     params: SamplingParams,
     batch_size: int | None,
@@ -138,8 +119,7 @@ def _sample_in_chunks(
     out = _Sampled([], [], [], [])
     for start in range(0, len(prompts), per_call):
         chunk = slice(start, start + per_call)
-        extra = () if rows is None else (rows[chunk],)
-        rollout = sampler.sample(prompts[chunk], params, *extra)  # type: ignore[call-arg]
+        rollout: Rollout = engine.generate(prompts[chunk], params, None if rows is None else rows[chunk])
         out.texts.extend(rollout.completions)
         kept = zip(rollout.completion_ids, rollout.completion_mask, strict=True)
         out.ids.extend(row[mask].tolist() for row, mask in kept)

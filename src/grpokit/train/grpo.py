@@ -17,17 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from ..config import GRPOConfig
+from ..config.plan import GRPOPlan, grpo_plan
+from ..config.resume import resume_changes
 from ..models import check_lora_targets, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
 from . import distributed
-from .checkpoint import list_checkpoints, rng_state, set_rng_state
+from .checkpoint import SaveTo, list_checkpoints, rng_state, set_rng_state
 from .grpo_setup import (
+    Given,
+    Hooks,
     build_trainee,
     check_context,
     check_step_prompts,
     evaluator,
     place_policy,
+    precision_of,
+    probe_engine,
     resolve_data,
     restore,
     save,
@@ -40,11 +46,12 @@ from .run import (
     Emit,
     Run,
     RunResult,
+    Starting,
     StopSignals,
     TooManySkips,
+    add_lora,
     check_known_characters,
     latest_checkpoint,
-    lora_from_config,
     policy_and_tokenizer,
     prepare_output_dir,
     seed_everything,
@@ -87,90 +94,85 @@ def train_grpo(
 
     The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
     (rundir.py): a second run into the same directory meanwhile is refused."""
-    d = distributed.init(cfg.device)  # (joins the process group once; _train_grpo gets the same)
+    plan = grpo_plan(cfg)  # the config, resolved once: nothing below reads `cfg`
+    given = Given(model, tokenizer, train_rows, eval_rows, reward_funcs, is_correct, environment)
+    compare = lambda saved: resume_changes(cfg, saved)  # noqa: E731 - a checkpoint's config.yaml vs this
+    placement = plan.trainee.placement
+    d = distributed.init(placement.device)  # (joins the process group once; _train_grpo gets the same)
     with (
         StopSignals() as stop,
-        exclusive_output_dir(d, Path(cfg.output_dir)),
-        ThreadGovernor.start(cfg.num_threads, d.device) as threads,  # CPU threads, for the whole run
+        exclusive_output_dir(d, Path(plan.run.output_dir)),
+        ThreadGovernor.start(placement.num_threads, d.device) as threads,  # CPU threads, for the whole run
     ):
-        return _train_grpo(
-            cfg,
-            stop,
-            threads,
-            model,
-            tokenizer,
-            reward_funcs,
-            train_rows,
-            eval_rows,
-            is_correct,
-            on_event,
-            environment,
-        )
+        emit: Emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
+        return _train_grpo(plan, given, Hooks(emit, stop, threads), on_event, compare)
 
 
 def _train_grpo(  # noqa: C901 - the loop is deliberately one function that reads top to bottom
-    cfg: GRPOConfig,
-    stop: StopSignals,
-    threads: ThreadGovernor,
-    model: Any,
-    tokenizer: Any,
-    reward_funcs: Sequence[Callable[..., Any]] | None,
-    train_rows: Sequence[dict[str, Any]] | None,
-    eval_rows: Sequence[dict[str, Any]] | None,
-    is_correct: Callable[[str, dict[str, Any]], bool] | None,
+    plan: GRPOPlan,
+    given: Given,
+    hooks: Hooks,
     on_event: Callable[[str, int, dict[str, Any]], None] | None,
-    environment: Any,
+    compare: Callable[[Path], list[str]],
 ) -> TrainResult:
     # ------------------------------------------------------------------ set-up: validate before any work
-    d = distributed.init(cfg.device)  # this rank's device: the config's, or cuda:LOCAL_RANK under torchrun
-    emit: Emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
-    if cfg.prompts_per_step % d.world_size != 0:
+    spec, control = plan.trainee, plan.run
+    emit, stop, threads = hooks.emit, hooks.stop, hooks.threads
+    # this rank's device: the config's, or cuda:LOCAL_RANK under torchrun
+    d = distributed.init(spec.placement.device)
+    prompts_per_step = spec.step.prompts_per_step
+    if prompts_per_step % d.world_size != 0:
         raise ValueError(
-            f"prompts_per_step={cfg.prompts_per_step} must be divisible by the world size {d.world_size}: "
+            f"prompts_per_step={prompts_per_step} must be divisible by the world size {d.world_size}: "
             "each rank samples complete groups of its own prompts."
         )
-    check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
-    if cfg.use_peft:
+    check_reporters(list(control.report_to))  # a missing tensorboard / wandb is said before any work
+    if plan.lora is not None:
         require_peft()
-    output_dir = Path(cfg.output_dir)
-    replacing = claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-    data = resolve_data(
-        cfg, train_rows, eval_rows, reward_funcs, is_correct, device=d.device, environment=environment
-    )
-    seed_everything(cfg.seed)
+    output_dir = Path(control.output_dir)
+    replacing = claim_output_dir(output_dir, resume=control.resume, overwrite=control.overwrite)
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, given, device=d.device)
+    seed_everything(plan.seed)
+    model, tokenizer = given.model, given.tokenizer
     if model is None:
         max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
-        model, tokenizer = policy_and_tokenizer(cfg, data.alphabet, max_len)
-    check_context(cfg, model, tokenizer, data)
+        model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, max_len)
+    columns = plan.data.prompt_column, plan.data.answer_column
+    check_context(columns[0], model, tokenizer, data)
     check_known_characters(  # a character tokenizer would read an unknown character as <unk>
         tokenizer,
-        cfg.model,
+        plan.model.name,
         [(data.train_source, data.train_rows), (data.eval_source, data.eval_rows)],
-        [cfg.prompt_column, cfg.answer_column] if cfg.sft_steps else [cfg.prompt_column],
+        list(columns) if plan.warm_start.schedule.steps else [columns[0]],
     )
-    check_step_prompts(cfg, data)  # enough rows for one step's distinct prompts
-    if cfg.use_peft and cfg.lora_target_modules:
-        check_lora_targets(model, cfg.lora_target_modules)
-    prepare_output_dir(d, cfg, replacing)  # every rank's input is valid: clear an earlier run, config.yaml
-    resume_from = latest_checkpoint(cfg, d, on_event)  # resume=true: the newest intact checkpoint
+    check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
+    if plan.lora is not None and plan.lora.target_modules:
+        check_lora_targets(model, list(plan.lora.target_modules))
+    prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
+    resume_from = latest_checkpoint(control, compare, d, on_event)  # resume=true: the newest intact one
     # ------------------------------------------------------------------ set-up: the policy
-    model = place_policy(cfg, model, d)  # on the device, weights in the master dtype
-    # a supervised warm start (identical on every rank), unless resuming
-    warmed = cfg.sft_steps and resume_from is None and warm_start(cfg, model, tokenizer, data, d, stop, emit, threads)
-    if warmed and warmed.stopped:
-        return _stopped_early(emit, stop, output_dir, "warm start")
-    if cfg.use_peft:  # LoRA on the warm-started weights: only the adapters train (reference: adapters off)
-        model = lora_from_config(cfg, model)
-    trainee = build_trainee(cfg, model, tokenizer, data, d)  # engine (reference, wrapping), optimizer
+    model = place_policy(precision_of(spec.engine), model, d)  # on the device, weights in the master dtype
+    # a supervised warm start (identical on every rank), unless resuming; its probe samples as training does
+    if plan.warm_start.schedule.steps and resume_from is None:
+        probe = probe_engine(spec.engine, model, tokenizer, data, d.device)
+        warmed = warm_start(plan.warm_start, probe, data, d, hooks, output_dir)
+        if warmed.stopped:
+            return _stopped_early(emit, stop, output_dir, "warm start")
+    if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
+        model = add_lora(model, plan.lora)
+    trainee = build_trainee(spec, model, tokenizer, data, d)  # engine (reference, wrapping), optimizer
     if stop.signal is not None and resume_from is None:  # Ctrl-C while loading or warming up, before step 1
         return _stopped_early(emit, stop, output_dir, "set-up")
-    restore_from = lambda path: restore(cfg, trainee, d, path)  # noqa: E731
+    strategy = spec.placement.strategy
+    saves_to = SaveTo(output_dir, control.config_yaml, control.save_total_limit)
+    checkpoint = lambda s: save(trainee, strategy, saves_to, d, s, run.eval_before)  # noqa: E731
+    restore_from = lambda path: restore(trainee, strategy, d, path)  # noqa: E731
     # a stop signal abandons a reward function that is still running (one process only: under several,
     # the ranks would part mid-step; there the step finishes and the stop is honoured after it)
     should_stop = (lambda: stop.signal is not None) if d.world_size == 1 else None
     try:
-        evaluate = evaluator(cfg, trainee, data, should_stop)
-        run = Run.open(cfg, d, emit, stop, resume_from, restore_from, evaluate, threads)
+        evaluate = evaluator(trainee.engine, data, plan.evaluation, should_stop)
+        run = Run.open(control, d, emit, stop, Starting(resume_from, restore_from, evaluate), threads)
     except ScoringStopped:  # while scoring the starting policy's evaluation: nothing to save yet
         return _stopped_early(emit, stop, output_dir, "set-up")
 
@@ -178,21 +180,12 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     step, zero_spread, unscored = run.start, ZeroSpreadWatch(), UnscoredWatch(data.reward_funcs)
     abandoned: ScoringStopped | None = None
     with run:  # the metrics writer is closed however the loop ends
-        for step in range(run.start + 1, cfg.max_steps + 1):
+        for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
             # what a checkpoint of the previous step holds beyond the (unchanged) weights and optimizer
             before = (rng_state(), trainee.prompts.state_dict())
             try:  # sample, score, advantages, old/reference log-probs, μ updates (train/grpo_step.py)
-                out = grpo_step(
-                    trainee.engine,
-                    trainee.update,
-                    trainee.prompts,
-                    data.reward_funcs,
-                    trainee.params,
-                    step,
-                    d,
-                    should_stop=should_stop,
-                )
+                out = grpo_step(trainee, data.reward_funcs, step, d, should_stop=should_stop)
             except ScoringStopped as stopped:  # a signal while a reward function ran: drop this step
                 abandoned = stopped
                 set_rng_state(before[0])
@@ -203,14 +196,14 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             metrics = out.metrics | {"step_time": seconds, "tokens_per_second": tokens / seconds}
             metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
             run.log(step, metrics)
-            cannot_learn = not cfg.dynamic_sampling and zero_spread.update(
+            cannot_learn = not spec.step.dynamic_sampling and zero_spread.update(
                 float(metrics["frac_reward_zero_std"]), float(metrics["reward"])
             )
             if cannot_learn and d.is_main:
                 warn(on_event, step, cannot_learn)
             for message in unscored.update(metrics) if d.is_main else []:
                 warn(on_event, step, message)
-            if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
+            if control.log_completions_steps and step % control.log_completions_steps == 0:
                 batch = out.batch
                 texts = {"prompts": batch.prompts, "completions": batch.completions}
                 emit("completions", step, texts | {"rewards": batch.rewards.tolist()})
@@ -221,25 +214,21 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                     warn(on_event, step, f"evaluation at step {step} abandoned: {stopped}")
             # a checkpoint where due; a stop signal (on any rank) ends the run after it
             skipped = metrics["skipped_update"] > 0
-            if skipped and run.skips + 1 >= cfg.max_consecutive_skips:  # the guard trips at this step
+            if skipped and run.skips + 1 >= control.max_consecutive_skips:  # the guard trips at this step
                 refuse_destroyed_weights(trainee.engine.train_module, d, run.skips + 1, step)
-            if run.finish_step(step, skipped, lambda s: save(cfg, trainee, d, s, run.eval_before)):
+            if run.finish_step(step, skipped, checkpoint):
                 break
     if abandoned is not None:
-        return _abandoned(cfg, trainee, d, run, emit, stop, step, abandoned, on_event)
+        return _abandoned(run, step, abandoned, on_event, checkpoint)
     return run.result(TrainResult, step)
 
 
 def _abandoned(
-    cfg: GRPOConfig,
-    trainee: Any,
-    d: distributed.Dist,
     run: Run,
-    emit: Emit,
-    stop: StopSignals,
     step: int,
     why: ScoringStopped,
     on_event: Callable[[str, int, dict[str, Any]], None] | None,
+    checkpoint: Callable[[int], None],
 ) -> TrainResult:
     """A stop signal arrived while step `step`'s reward functions ran: the step is dropped (its
     completions were never used: the weights, optimizer, schedule and reference are those after step
@@ -247,7 +236,7 @@ def _abandoned(
     saved, so resume=true redoes step `step` exactly as an uninterrupted run does it. Before step 1
     of a fresh run there is nothing to save: the run directory is left as a stop during set-up leaves
     it, and the same command starts over."""
-    output_dir = Path(cfg.output_dir)
+    output_dir, d, emit, stop = Path(run.output_dir), run.d, run.emit, run.stop
     if d.is_main:
         warn(on_event, step, f"step {step} abandoned: {why}")
     if step - 1 == 0:
@@ -256,7 +245,7 @@ def _abandoned(
             shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
         return _stopped_early(emit, stop, output_dir, f"step {step}")
     if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in list_checkpoints(output_dir):
-        save(cfg, trainee, d, step - 1, run.eval_before)  # (one already there holds this very state)
+        checkpoint(step - 1)  # (one already there holds this very state)
     signal = stop.signal or "a signal on another rank"
     emit("stopped", step - 1, {"signal": signal, "output_dir": str(output_dir)})
     return run.result(TrainResult, step - 1)

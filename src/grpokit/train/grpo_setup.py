@@ -1,17 +1,28 @@
 """Setting up a GRPO run: what it trains on (`resolve_data`), the policy engine, optimizer and step
 parameters (`build_trainee`), the supervised warm start, evaluation, and checkpoints. The loop that
-uses them is train/grpo.py; one step is train/grpo_step.py."""
+uses them is train/grpo.py; one step is train/grpo_step.py. Each function takes the parts of the
+run's plan (`config.plan`) it reads, never the whole config."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import GRPOConfig, to_yaml
+from ..config.plan import (
+    DataSpec,
+    EngineSettings,
+    EpisodeSpec,
+    Evaluation,
+    ModelSpec,
+    RewardSpec,
+    SamplingSpec,
+    TraineeSpec,
+    WarmStart,
+)
 from ..data import (
     DataError,
     PromptSampler,
@@ -28,15 +39,30 @@ from ..data import (
 from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..engine import EngineSpec, PolicyEngine, Wrapping
 from ..models import Precision, enable_fast_matmul, make_reference, place
-from ..rollout import SAMPLERS, SamplingParams
+from ..rollout import SamplingParams
 from . import distributed
-from .checkpoint import restore_distributed, save_distributed
-from .evaluation import evaluate
-from .grpo_step import StepParams, Update
+from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
+from .evaluation import EvalTask, evaluate
+from .grpo_step import StepParams, Trainee, Update
 from .metrics import write_sft_metrics
 from .optim import make_optimizer, make_scheduler
 from .run import Emit, StopSignals
-from .sft import SFTResult, run_sft
+from .sft import SFTHooks, SFTResult, run_sft
+
+
+@dataclass(frozen=True)
+class Given:
+    """What a caller of the Python API passed in place of what the config would make (None: the
+    config's): the policy and its tokenizer, rows, reward functions, the exact-answer check and
+    the episodes' environment (an `envs.EnvironmentSpec`)."""
+
+    model: Any = None
+    tokenizer: Any = None
+    train_rows: Sequence[dict[str, Any]] | None = None
+    eval_rows: Sequence[dict[str, Any]] | None = None
+    reward_funcs: Sequence[Callable[..., Any]] | None = None
+    is_correct: Callable[[str, dict[str, Any]], bool] | None = None
+    environment: EnvironmentSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -55,24 +81,24 @@ class RunData:
     environment: EnvironmentSpec | None = None  # multi-turn episodes (tools or your environment), or None
 
 
-def resolve_environment(cfg: GRPOConfig, task: Any) -> EnvironmentSpec | None:
+def resolve_environment(spec: EpisodeSpec, task: Any) -> EnvironmentSpec | None:
     """The episodes' environment: `environment` (your factory), else `tools` (None: the task's), else
     None (single-turn completions)."""
     from ..rewards import load_reward_reference
 
-    if cfg.environment is not None:
+    if spec.environment is not None:
         factory = load_reward_reference(
-            cfg.environment,
-            label=f"environment {cfg.environment!r}",
+            spec.environment,
+            label=f"environment {spec.environment!r}",
             signature="a class or function returning an object with reset(row) and step(text)",
         )
         return EnvironmentSpec(
             factory,
-            max_turns=cfg.max_turns,
+            max_turns=spec.max_turns,
             stop_strings=tuple(getattr(factory, "stop_strings", ())),  # a class attribute, if any
-            name=getattr(factory, "__name__", cfg.environment),
+            name=getattr(factory, "__name__", spec.environment),
         )
-    names = cfg.tools if cfg.tools is not None else list(task.tools if task is not None else ())
+    names = spec.tools if spec.tools is not None else list(task.tools if task is not None else ())
     if not names:
         return None
     tools = []
@@ -87,17 +113,17 @@ def resolve_environment(cfg: GRPOConfig, task: Any) -> EnvironmentSpec | None:
         else:
             tools.append(load_reward_reference(name, label=f"tools entry {name!r}", signature="a function"))
     fixed = task.tool_call_format if task is not None else None
-    if fixed and cfg.tool_call_format not in (None, fixed):
+    if fixed and spec.tool_call_format not in (None, fixed):
         raise ValueError(
             f"task {task.name} writes its tool calls as {fixed} (its alphabet and answers are built for "
-            f"it); leave tool_call_format unset, not {cfg.tool_call_format}"
+            f"it); leave tool_call_format unset, not {spec.tool_call_format}"
         )
-    fmt = cfg.tool_call_format or fixed or "hermes"
-    return tool_environment(tools, fmt, max_turns=cfg.max_turns, timeout=cfg.tool_timeout)
+    fmt = spec.tool_call_format or fixed or "hermes"
+    return tool_environment(tools, fmt, max_turns=spec.max_turns, timeout=spec.tool_timeout)
 
 
 def configured_rewards(
-    cfg: GRPOConfig, task: Any, device: torch.device | None = None, episodic: bool = False
+    spec: RewardSpec, task: Any, device: torch.device | None = None, episodic: bool = False
 ) -> list[Callable[..., Any]]:
     """The reward functions the config names (`reward_funcs`), or the task's reward. A reward model
     goes to its entry's `device`, else the policy's (`device`; None: the config's)."""
@@ -110,7 +136,7 @@ def configured_rewards(
         math_answer,
     )
 
-    if cfg.reward_funcs is None:
+    if spec.funcs is None:
         if task is not None:
             return [task.reward]
         return [env_reward] if episodic else []  # what the episodes' environment paid
@@ -123,21 +149,21 @@ def configured_rewards(
     if task is not None:
         builtins["task"] = task.reward
     funcs = []
-    for spec in cfg.reward_funcs:
-        if "model" in spec:
+    for entry in spec.funcs:
+        if "model" in entry:
             funcs.append(
                 RewardModelFunction.from_path(
-                    spec["model"],
-                    batch_size=int(spec.get("batch_size", 64)),
-                    device=spec.get("device") or device or cfg.device,
+                    entry["model"],
+                    batch_size=int(entry.get("batch_size", 64)),
+                    device=entry.get("device") or device or spec.device,
                 )
             )
-        elif "python" in spec:  # your own function, by reference (FILE.py:NAME or package.module:NAME)
-            funcs.append(load_reward_reference(spec["python"]))
-        elif spec["builtin"] in builtins:
-            funcs.append(builtins[spec["builtin"]])
+        elif "python" in entry:  # your own function, by reference (FILE.py:NAME or package.module:NAME)
+            funcs.append(load_reward_reference(entry["python"]))
+        elif entry["builtin"] in builtins:
+            funcs.append(builtins[entry["builtin"]])
         else:
-            raise ValueError(f"unknown builtin reward {spec['builtin']!r}; valid: {', '.join(builtins)}.")
+            raise ValueError(f"unknown builtin reward {entry['builtin']!r}; valid: {', '.join(builtins)}.")
     return funcs
 
 
@@ -152,7 +178,7 @@ def correctness_reward(is_correct: Callable[[str, dict[str, Any]], bool]) -> Cal
 
 
 def _own_data(
-    cfg: GRPOConfig,
+    spec: DataSpec,
     task: Any,
     train_rows: list[dict[str, Any]],
     eval_rows: list[dict[str, Any]],
@@ -164,69 +190,72 @@ def _own_data(
     in multi-turn episodes, the answer is the transcript's final answer (after the last tool response)."""
     if task is not None:
         return task.alphabet, is_correct
-    if is_correct is None and has_answers(eval_rows or train_rows, cfg.answer_column):
-        is_correct = answer_checker(cfg.answer_column)
+    if is_correct is None and has_answers(eval_rows or train_rows, spec.answer_column):
+        is_correct = answer_checker(spec.answer_column)
         if environment is not None:
             exact, final = is_correct, environment.final_answer
             is_correct = lambda completion, row: exact(final(completion), row)  # noqa: E731
     alphabet = None
-    if cfg.model == "tiny":
+    if spec.tiny_model:
         alphabet = data_alphabet(
             train_rows,
             eval_rows,
-            prompt_column=cfg.prompt_column,
-            answer_column=cfg.answer_column,
+            prompt_column=spec.prompt_column,
+            answer_column=spec.answer_column,
             extra="".join(environment.markers) if environment is not None else "",
         )
     return alphabet, is_correct
 
 
 def resolve_data(
-    cfg: GRPOConfig,
-    train_rows: Any,
-    eval_rows: Any,
-    reward_funcs: Any,
-    is_correct: Any,
+    spec: DataSpec,
+    episodes: EpisodeSpec,
+    rewards: RewardSpec,
+    given: Given = Given(),
     *,
     require_rewards: bool = True,
     device: torch.device | None = None,
-    environment: EnvironmentSpec | None = None,
 ) -> RunData:
-    """What the run trains on: the arguments where given, else the config's task or dataset.
-    `environment` (Python API) replaces what the config's tools / environment would make."""
-    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_prompts) if cfg.task else None
+    """What the run trains on: what the caller `given` where given, else the config's task or
+    dataset. `given.environment` (Python API) replaces what the config's tools / environment make.
+    Training, `grpokit sft` and `grpokit eval` all resolve their data here."""
+    task = get_task(spec.task, seed=spec.seed, num_eval=spec.num_eval_prompts) if spec.task else None
     train_source, eval_source = "the training rows", "the held-out rows"
+    train_rows, eval_rows = given.train_rows, given.eval_rows
     if train_rows is None:
-        if task is None and cfg.dataset is None:
+        if task is None and spec.dataset is None:
             raise ValueError("nothing to train on: set task or dataset in the config, or pass train rows.")
-        train_rows = task.train if task else load_prompts(cfg.dataset, prompt_column=cfg.prompt_column)
-        train_source = f"task {cfg.task!r}" if task else str(cfg.dataset)
+        train_rows = task.train if task else load_prompts(spec.dataset, prompt_column=spec.prompt_column)
+        train_source = f"task {spec.task!r}" if task else str(spec.dataset)
     if eval_rows is None:
         eval_rows = task.eval if task else []
-        eval_source = f"task {cfg.task!r} (held out)" if task else eval_source
-        if task is None and cfg.eval_dataset:
-            eval_rows = load_prompts(cfg.eval_dataset, prompt_column=cfg.prompt_column)
-            eval_source = str(cfg.eval_dataset)
-    train_rows, eval_rows = list(train_rows), list(eval_rows)[: cfg.num_eval_prompts]
-    environment = environment or resolve_environment(cfg, task)
-    if cfg.sft_steps and environment is not None:
-        require_demonstrations(train_rows[: cfg.sft_examples], train_source)  # say it now, not after loading
-    elif cfg.sft_steps:  # the warm start learns the answers: say so now, not after loading a model
+        eval_source = f"task {spec.task!r} (held out)" if task else eval_source
+        if task is None and spec.eval_dataset:
+            eval_rows = load_prompts(spec.eval_dataset, prompt_column=spec.prompt_column)
+            eval_source = str(spec.eval_dataset)
+    train_rows, eval_rows = list(train_rows), list(eval_rows)[: spec.num_eval_prompts]
+    environment = given.environment or resolve_environment(episodes, task)
+    learned = train_rows[: spec.sft_examples]
+    if spec.answers_for is not None and environment is not None:
+        require_demonstrations(learned, train_source)  # say it now, not after loading
+    elif spec.answers_for is not None:  # a warm start learns the answers: say so now, not after loading
         require_answers(
-            train_rows[: cfg.sft_examples],
-            cfg.answer_column,
+            learned,
+            spec.answer_column,
             source=train_source,
-            purpose=f"the supervised warm start (sft_steps={cfg.sft_steps})",
+            purpose=spec.answers_for,
+            otherwise=spec.answers_otherwise,
         )
-    alphabet, is_correct = _own_data(cfg, task, train_rows, eval_rows, is_correct, environment)
-    funcs = list(reward_funcs or configured_rewards(cfg, task, device, episodic=environment is not None))
+    alphabet, is_correct = _own_data(spec, task, train_rows, eval_rows, given.is_correct, environment)
+    episodic = environment is not None
+    funcs = list(given.reward_funcs or configured_rewards(rewards, task, device, episodic=episodic))
     if not funcs and not require_rewards and is_correct is not None:
         funcs = [correctness_reward(is_correct)]  # evaluation alone: 1.0 for a right answer, else 0.0
     if not funcs:
         raise ValueError("no reward functions: pass reward_funcs, or use a built-in task.")
-    if cfg.reward_weights is not None and len(cfg.reward_weights) != len(funcs):
+    if rewards.weights is not None and len(rewards.weights) != len(funcs):
         raise ValueError(
-            f"reward_weights has {len(cfg.reward_weights)} weights for {len(funcs)} reward functions."
+            f"reward_weights has {len(rewards.weights)} weights for {len(funcs)} reward functions."
         )
     return RunData(
         train_rows=train_rows,
@@ -234,20 +263,20 @@ def resolve_data(
         reward_funcs=funcs,
         is_correct=is_correct or (task.is_correct if task else None),
         alphabet=alphabet,
-        max_prompt_length=cfg.max_prompt_length or (task.max_prompt_length if task else None),
-        max_completion_length=cfg.max_completion_length or _task_completion_length(task, environment),
+        max_prompt_length=spec.max_prompt_length or (task.max_prompt_length if task else None),
+        max_completion_length=spec.max_completion_length or _task_completion_length(task, environment),
         train_source=train_source,
         eval_source=eval_source,
         environment=environment,
     )
 
 
-def check_step_prompts(cfg: GRPOConfig, data: RunData) -> None:
+def check_step_prompts(prompts_per_step: int, data: RunData) -> None:
     """Training only, before any work: a step draws `prompts_per_step` prompts from the shuffled rows,
     continuing into the next epoch when the rows run out, so with fewer rows than that one step would
     hold the same prompt twice (two groups of one prompt, that prompt weighed double). Refused, with
     the fix."""
-    rows, wanted = len(data.train_rows), cfg.prompts_per_step
+    rows, wanted = len(data.train_rows), prompts_per_step
     if rows < wanted:
         raise DataError(
             f"{data.train_source} has {rows} training row{'s' * (rows != 1)} but prompts_per_step={wanted}: "
@@ -265,13 +294,13 @@ def _task_completion_length(task: Any, environment: EnvironmentSpec | None) -> i
     return task.max_completion_length
 
 
-def check_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: RunData) -> None:
+def check_context(prompt_column: str, model: Any, tokenizer: Any, data: RunData) -> None:
     """Prompt + completion must fit the model's context; say which numbers to change if not."""
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if context is None:
         return
     tools = data.environment.tool_schemas if data.environment is not None else None
-    rendered = (render_prompt(r[cfg.prompt_column], tokenizer, tools) for r in data.train_rows[:2000])
+    rendered = (render_prompt(r[prompt_column], tokenizer, tools) for r in data.train_rows[:2000])
     longest = data.max_prompt_length or max(
         (len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered), default=0
     )
@@ -283,71 +312,71 @@ def check_context(cfg: GRPOConfig, model: Any, tokenizer: Any, data: RunData) ->
         )
 
 
-def sampling_params(cfg: GRPOConfig, data: RunData) -> SamplingParams:
+def sampling_params(spec: SamplingSpec, data: RunData) -> SamplingParams:
     """How completions are drawn during training (the per-step seed is set by the step)."""
     return SamplingParams(
-        num_generations=cfg.num_generations,
+        num_generations=spec.num_generations,
         max_completion_length=data.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        min_p=cfg.min_p,
-        repetition_penalty=cfg.repetition_penalty,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=spec.top_k,
+        min_p=spec.min_p,
+        repetition_penalty=spec.repetition_penalty,
         max_prompt_length=data.max_prompt_length,
-        prompt_truncation=cfg.prompt_truncation,
+        prompt_truncation=spec.prompt_truncation,  # type: ignore[arg-type]
     )
 
 
-def engine_spec(cfg: GRPOConfig, device: torch.device) -> EngineSpec:
+def engine_spec(settings: EngineSettings, device: torch.device) -> EngineSpec:
+    """The engine's spec on this rank's `device`: the same for training, evaluation, the warm-start
+    probe and `grpokit eval`."""
     return EngineSpec(
         device=device,
-        precision=precision_of(cfg),
-        decode_loop=cfg.decode_loop,
-        fused_logps=cfg.fused_logps,
-        temperature=cfg.temperature,  # > 0: the config refuses greedy training
-        group_size=cfg.num_generations,
+        precision=precision_of(settings),
+        decode_loop=settings.decode_loop,
+        fused_logps=settings.fused_logps,
+        temperature=settings.temperature,
+        group_size=settings.group_size,
     )
 
 
-def precision_of(cfg: GRPOConfig) -> Precision:
-    return Precision.of(cfg.dtype, cfg.master_weights)
+def precision_of(spec: ModelSpec | EngineSettings) -> Precision:
+    return Precision.of(spec.dtype, spec.master_weights)
 
 
-def place_policy(cfg: GRPOConfig, model: Any, d: distributed.Dist) -> Any:
+def place_policy(precision: Precision, model: Any, d: distributed.Dist) -> Any:
     """The policy on this rank's device, its weights in the master dtype (TF32 on for a GPU)."""
     enable_fast_matmul(d.device)
-    return place(model, d.device, precision_of(cfg))
+    return place(model, d.device, precision)
 
 
-@dataclass(frozen=True)
-class Trainee:
-    """What the loop trains with: the policy engine, what updates it, the step's parameters and the
-    training prompts in order."""
-
-    engine: PolicyEngine
-    update: Update
-    params: StepParams
-    prompts: PromptSampler
+def probe_engine(
+    settings: EngineSettings, model: Any, tokenizer: Any, data: RunData, device: torch.device
+) -> PolicyEngine:
+    """An engine over `model` that only generates, configured as training's (the warm-start probe,
+    `grpokit eval`): no reference, not wrapped."""
+    return PolicyEngine.create(model, tokenizer, engine_spec(settings, device), environment=data.environment)
 
 
 def build_trainee(
-    cfg: GRPOConfig, model: Any, tokenizer: Any, data: RunData, d: distributed.Dist | None = None
+    spec: TraineeSpec, model: Any, tokenizer: Any, data: RunData, d: distributed.Dist | None = None
 ) -> Trainee:
     """The reference copy (beta ≠ 0), DDP/FSDP wrapping, the engine, AdamW and its schedule.
     `model` is already placed (`place_policy`)."""
     d = d or distributed.Dist()
-    precision = precision_of(cfg)
-    reference = make_reference(model, cfg.beta)  # a plain copy, before any wrapping
+    placement = spec.placement
+    precision = precision_of(spec.engine)
+    reference = make_reference(model, spec.step.loss.beta)  # a plain copy, before any wrapping
     wrapped = distributed.wrap(
-        d, model, cfg.strategy, cpu_offload=cfg.fsdp_cpu_offload, compute_dtype=precision.compute
+        d, model, placement.strategy, cpu_offload=placement.fsdp_cpu_offload, compute_dtype=precision.compute
     )
-    sharded = d.enabled and cfg.strategy == "fsdp"
+    sharded = d.enabled and placement.strategy == "fsdp"
     if reference is not None and sharded:
         reference = distributed.wrap(
             d,
             reference,
             "fsdp",
-            cpu_offload=cfg.fsdp_cpu_offload,
+            cpu_offload=placement.fsdp_cpu_offload,
             trainable=False,
             compute_dtype=precision.compute,
         )
@@ -357,17 +386,17 @@ def build_trainee(
     engine = PolicyEngine.create(
         distributed.unwrap(wrapped),
         tokenizer,
-        engine_spec(cfg, d.device),
+        engine_spec(spec.engine, d.device),
         reference=reference,
         wrapping=Wrapping(wrapped, lockstep) if d.enabled else None,
         environment=data.environment,
     )
-    optimizer = make_optimizer(wrapped.parameters(), cfg)
+    optimizer = make_optimizer(wrapped.parameters(), spec.optimizer)
     return Trainee(
         engine=engine,
-        update=Update(optimizer, make_scheduler(optimizer, cfg, cfg.max_steps * cfg.num_iterations)),
-        params=StepParams.of(cfg, sampling_params(cfg, data), d.world_size),
-        prompts=PromptSampler(data.train_rows, cfg.prompts_per_step, seed=cfg.seed),
+        update=Update(optimizer, make_scheduler(optimizer, spec.optimizer)),
+        params=StepParams.of(spec.step, sampling_params(spec.sampling, data), d.world_size),
+        prompts=PromptSampler(data.train_rows, spec.step.prompts_per_step, seed=spec.step.seed),
     )
 
 
@@ -375,67 +404,62 @@ SFT_PROBE_ROWS, SFT_PROBE_EVERY = 256, 10
 
 
 def warm_start_goal(
-    cfg: GRPOConfig,
-    model: Any,
-    tokenizer: Any,
-    data: RunData,
-    probed: list[float],
-    precision: Precision | None = None,
+    spec: WarmStart, engine: PolicyEngine, data: RunData, probed: list[float]
 ) -> Callable[[int], bool] | None:
-    """With sft_target_accuracy: every SFT_PROBE_EVERY steps, greedy accuracy on the first
-    SFT_PROBE_ROWS training prompts (never held-out ones), appended to `probed`; True once it reaches
-    the target. Stopping at a measured accuracy, not a step count, makes GRPO start from the same
-    place whatever the seed or the CPU's float round-off (a warm start's accuracy climbs steeply, so
-    where a fixed step count lands is not reproducible across machines)."""
-    if cfg.sft_target_accuracy is None:
+    """With sft_target_accuracy: every SFT_PROBE_EVERY steps, greedy accuracy of `engine` (over the
+    model being warmed up) on the first SFT_PROBE_ROWS training prompts (never held-out ones),
+    appended to `probed`; True once it reaches the target. Stopping at a measured accuracy, not a
+    step count, makes GRPO start from the same place whatever the seed or the CPU's float round-off
+    (a warm start's accuracy climbs steeply, so where a fixed step count lands is not reproducible
+    across machines)."""
+    target = spec.target_accuracy
+    if target is None:
         return None
     if data.is_correct is None:
         raise ValueError(
             "sft_target_accuracy needs an exact accuracy to measure: use a built-in task, or rows with an "
             "answer column; or unset sft_target_accuracy to run sft_steps."
         )
-    sampler = SAMPLERS[cfg.sampler](model, tokenizer)
-    probe = data.train_rows[:SFT_PROBE_ROWS]
+    probe = EvalTask(
+        data.train_rows[:SFT_PROBE_ROWS],
+        reward_funcs=[correctness_reward(data.is_correct)],  # accuracy is all it needs
+        is_correct=data.is_correct,
+        max_prompt_length=data.max_prompt_length,
+        max_completion_length=data.max_completion_length,
+    )
+    settings = Evaluation(prompt_column=spec.prompt_column, batch_size=spec.probe_batch_size)
 
     def done(step: int) -> bool:
         if step % SFT_PROBE_EVERY:
             return False
-        metrics = evaluate(
-            sampler,
-            tokenizer,
-            probe,
-            reward_funcs=[correctness_reward(data.is_correct)],  # accuracy is all it needs
-            is_correct=data.is_correct,
-            prompt_column=cfg.prompt_column,
-            max_prompt_length=data.max_prompt_length,
-            max_completion_length=data.max_completion_length,
-            batch_size=cfg.micro_batch_size,
-            precision=precision,
-            environment=data.environment,
-        )
-        model.train()
+        metrics = evaluate(engine, probe, settings)
+        engine.module.train()
         probed.append(metrics["accuracy"])
-        return metrics["accuracy"] >= cfg.sft_target_accuracy
+        return metrics["accuracy"] >= target
 
     return done
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a phase of a run reports to and is stopped by: `emit` (on_event on rank 0), the stop
+    signals, and the CPU-thread governor (None: none)."""
+
+    emit: Emit
+    stop: StopSignals
+    threads: Any = None
+
+
 def warm_start(
-    cfg: GRPOConfig,
-    model: Any,
-    tokenizer: Any,
-    data: RunData,
-    d: distributed.Dist,
-    stop: StopSignals,
-    emit: Emit,
-    threads: Any = None,
+    spec: WarmStart, engine: PolicyEngine, data: RunData, d: distributed.Dist, hooks: Hooks, output_dir: Path
 ) -> SFTResult:
-    """The supervised warm start (sft_steps), identical on every rank; its losses go to
-    sft_metrics.jsonl, and with sft_target_accuracy it ends once a probe of training prompts is solved."""
+    """The supervised warm start (sft_steps) of `engine`'s model, identical on every rank; its losses go
+    to output_dir/sft_metrics.jsonl, and with sft_target_accuracy it ends once a probe of training
+    prompts is solved (greedy, through `engine`)."""
+    emit, stop, threads = hooks.emit, hooks.stop, hooks.threads
     emit("sft_start", 0, {})
     probed: list[float] = []
-    precision = precision_of(cfg)
-    goal = warm_start_goal(cfg, model, tokenizer, data, probed, precision)
+    goal = warm_start_goal(spec, engine, data, probed)
 
     def sft_step(step: int, loss: float) -> None:
         emit("sft_step", step, {"loss": loss})
@@ -444,120 +468,88 @@ def warm_start(
             emit("warning", step, {"message": note})
 
     warm = run_sft(
-        model,
-        tokenizer,
+        engine.module,
+        engine.tokenizer,
         sft_rows(
-            data.train_rows[: cfg.sft_examples],
-            tokenizer,
-            cfg.prompt_column,
-            cfg.answer_column,
+            data.train_rows[: spec.examples],
+            engine.tokenizer,
+            spec.prompt_column,
+            spec.answer_column,
             demonstrations=data.environment is not None,  # whole episodes, the policy's turns learned
             tools=data.environment.tool_schemas if data.environment is not None else None,
         ),
-        steps=cfg.sft_steps,
-        batch_size=cfg.sft_batch_size,
-        learning_rate=cfg.sft_learning_rate,
-        warmup_steps=cfg.sft_warmup_steps,
-        seed=cfg.seed,
-        on_step=lambda s, loss: sft_step(s, loss),
-        should_stop=lambda: distributed.any_rank(d, stop.signal is not None),
-        done=None if goal is None else lambda s: distributed.any_rank(d, goal(s)),  # ranks agree
-        precision=precision,
+        spec.schedule,
+        SFTHooks(
+            on_step=sft_step,
+            should_stop=lambda: distributed.any_rank(d, stop.signal is not None),
+            done=None if goal is None else lambda s: distributed.any_rank(d, goal(s)),  # ranks agree
+        ),
+        precision=engine.precision,
     )
     if d.is_main:
-        write_sft_metrics(Path(cfg.output_dir), warm.losses)
+        write_sft_metrics(output_dir, warm.losses)
     if probed:
         emit("sft_done", len(warm.losses), {"probe_accuracy": probed[-1], "reached": warm.reached})
     return warm
 
 
 def held_out_metrics(
-    cfg: GRPOConfig,
-    model_or_sampler: Any,
-    tokenizer: Any,
+    engine: PolicyEngine,
     data: RunData,
-    precision: Precision,
+    settings: Evaluation,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
-    """Greedy accuracy and reward on the held-out rows (and pass@k), `micro_batch_size` rows a pass:
-    what a run reports as eval/ and the `eval` command prints. Reward functions run as in training:
-    within `reward_timeout`, and a `should_stop` that turns True abandons the evaluation
-    (`rewards.scoring.ScoringStopped`)."""
-    return evaluate(
-        model_or_sampler,
-        tokenizer,
+    """Greedy accuracy and reward on the held-out rows (and pass@k), `settings.batch_size` rows a
+    pass, sampled by `engine`: what a run reports as eval/ and the `eval` command prints. Reward
+    functions run as in training: within `reward_timeout`, and a `should_stop` that turns True
+    abandons the evaluation (`rewards.scoring.ScoringStopped`)."""
+    task = EvalTask(
         data.eval_rows,
         reward_funcs=data.reward_funcs,
         is_correct=data.is_correct,
-        prompt_column=cfg.prompt_column,
         max_prompt_length=data.max_prompt_length,
         max_completion_length=data.max_completion_length,
-        pass_at_k=cfg.pass_at_k,
-        temperature=cfg.temperature,
-        seed=cfg.seed,
-        on_reward_error=cfg.on_reward_error,
-        reward_timeout=cfg.reward_timeout,
-        should_stop=should_stop,
-        batch_size=cfg.micro_batch_size,  # rows per forward pass, as in training
-        precision=precision,
-        environment=data.environment,
     )
+    return evaluate(engine, task, settings, should_stop)
 
 
 def evaluator(
-    cfg: GRPOConfig, trainee: Trainee, data: RunData, should_stop: Callable[[], bool] | None = None
+    engine: PolicyEngine, data: RunData, settings: Evaluation, should_stop: Callable[[], bool] | None = None
 ) -> Callable[[], dict[str, float]]:
-    """`held_out_metrics` with the training sampler ({} without held-out rows)."""
-    engine = trainee.engine
+    """`held_out_metrics` with the training engine ({} without held-out rows)."""
 
     def run() -> dict[str, float]:
         if not data.eval_rows:
             return {}
-        sampler = engine.episodes or engine.sampler
-        return held_out_metrics(cfg, sampler, engine.tokenizer, data, engine.precision, should_stop)
+        return held_out_metrics(engine, data, settings, should_stop)
 
     return run
 
 
+def _parts(trainee: Trainee) -> TrainingParts:
+    engine, update = trainee.engine, trainee.update
+    return TrainingParts(
+        engine.train_module, engine.tokenizer, update.optimizer, update.scheduler, trainee.prompts
+    )
+
+
 def save(
-    cfg: GRPOConfig, trainee: Trainee, d: distributed.Dist, step: int, eval_before: dict[str, float]
+    trainee: Trainee, strategy: str, to: SaveTo, d: distributed.Dist, step: int, eval_before: dict[str, float]
 ) -> None:
     """checkpoint-<step>: weights, optimizer, schedule, data position, RNG (and a synced reference)."""
     engine = trainee.engine
     extra = {}
-    if engine.reference is not None and cfg.sync_ref_model:
+    if engine.reference is not None and trainee.params.reference_sync is not None:
         extra["reference"] = distributed.full_state_dict(d, engine.reference)
-    save_distributed(
-        d,
-        cfg.strategy,
-        Path(cfg.output_dir),
-        step,
-        engine.train_module,
-        engine.tokenizer,
-        trainee.update.optimizer,
-        trainee.update.scheduler,
-        trainee.prompts,
-        eval_before,
-        to_yaml(cfg),
-        cfg.save_total_limit,
-        extra,
-    )
+    save_distributed(d, strategy, to, step, _parts(trainee), eval_before, extra)
 
 
 def restore(
-    cfg: GRPOConfig, trainee: Trainee, d: distributed.Dist, checkpoint: Path
+    trainee: Trainee, strategy: str, d: distributed.Dist, checkpoint: Path
 ) -> tuple[int, dict[str, float]]:
     """Weights, optimizer, schedule, data position and RNG from `checkpoint`: (step, eval_before)."""
     engine = trainee.engine
-    state = restore_distributed(
-        d,
-        cfg.strategy,
-        checkpoint,
-        engine.train_module,
-        trainee.update.optimizer,
-        trainee.update.scheduler,
-        trainee.prompts,
-    )
+    state = restore_distributed(d, strategy, checkpoint, _parts(trainee))
     if engine.reference is not None and "reference" in state:
         distributed.unwrap(engine.reference).load_state_dict(state["reference"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}

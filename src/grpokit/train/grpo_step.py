@@ -1,8 +1,9 @@
 """One GRPO step, on tensors: sample -> score -> advantages -> log-probs -> loss -> update.
 
-`grpo_step(engine, update, prompts, rewards, params, step)` does all of it for one generation batch
-and returns the batch and its metrics; the loop around it (train/grpo.py) only reports, evaluates and
-saves. Everything the step needs from the config is in `StepParams`, built once (`StepParams.of`).
+`grpo_step(trainee, rewards, step)` does all of it for one generation batch (the trainee: the engine,
+its update, the step's parameters and the prompts) and returns the batch and its metrics; the loop
+around it (train/grpo.py) only reports, evaluates and saves. Everything the step needs from the config
+is in `StepParams`, built once (`StepParams.of`, from the plan's `StepSpec`).
 
 Deliberate choices, where TRL differs or is silent:
 * one generation batch per step, consumed by num_iterations (μ) optimizer steps;
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..config.plan import StepSpec
 from ..data import PromptSampler, columns_of, render_prompt
 from ..engine import PolicyEngine
 from ..models import should_sync, sync_reference
@@ -105,38 +107,27 @@ class StepParams:
     sampling_correction_bounds: tuple[float | None, float | None]  # (C_min, C_max)
 
     @classmethod
-    def of(cls, cfg: Any, sampling: SamplingParams, world_size: int = 1) -> StepParams:
+    def of(cls, spec: StepSpec, sampling: SamplingParams, world_size: int = 1) -> StepParams:
+        """The config's step (`config.plan.StepSpec`) with its sampling and this rank's share."""
         return cls(
-            prompts_per_rank=cfg.prompts_per_step // world_size,
-            micro_batch_size=cfg.micro_batch_size,
-            num_iterations=cfg.num_iterations,
+            prompts_per_rank=spec.prompts_per_step // world_size,
+            micro_batch_size=spec.micro_batch_size,
+            num_iterations=spec.num_iterations,
             sampling=sampling,
-            loss=LossParams(
-                loss_type=cfg.loss_type,
-                beta=cfg.beta,
-                epsilon=cfg.epsilon,
-                epsilon_high=cfg.epsilon_high,
-                delta=cfg.delta,
-                importance_sampling_level=cfg.importance_sampling_level,
-                top_entropy_quantile=cfg.top_entropy_quantile,
-                use_bias_correction_kl=cfg.use_bias_correction_kl,
-                max_completion_length=sampling.max_completion_length,
-            ),
-            prompt_column=cfg.prompt_column,
-            scale_rewards=cfg.scale_rewards,
-            reward_weights=cfg.reward_weights,
-            on_reward_error=cfg.on_reward_error,
-            reward_timeout=cfg.reward_timeout,
-            mask_truncated_completions=cfg.mask_truncated_completions,
-            dynamic_sampling=cfg.dynamic_sampling,
-            max_resample_batches=cfg.max_resample_batches,
-            seed=cfg.seed,
-            max_grad_norm=cfg.max_grad_norm,
-            reference_sync=(cfg.ref_model_sync_steps, cfg.ref_model_mixup_alpha)
-            if cfg.sync_ref_model
-            else None,
-            sampling_correction=cfg.sampling_correction,
-            sampling_correction_bounds=(cfg.sampling_correction_min, cfg.sampling_correction_max),
+            loss=LossParams(**asdict(spec.loss), max_completion_length=sampling.max_completion_length),
+            prompt_column=spec.prompt_column,
+            scale_rewards=spec.scale_rewards,
+            reward_weights=None if spec.reward_weights is None else list(spec.reward_weights),
+            on_reward_error=spec.on_reward_error,
+            reward_timeout=spec.reward_timeout,
+            mask_truncated_completions=spec.mask_truncated_completions,
+            dynamic_sampling=spec.dynamic_sampling,
+            max_resample_batches=spec.max_resample_batches,
+            seed=spec.seed,
+            max_grad_norm=spec.max_grad_norm,
+            reference_sync=spec.reference_sync,
+            sampling_correction=spec.sampling_correction,
+            sampling_correction_bounds=spec.sampling_correction_bounds,
         )
 
 
@@ -211,7 +202,7 @@ def generate_and_score(
     for attempt in range(attempts):
         began = time.perf_counter()
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
-        tools = engine.episodes.environment.tool_schemas if engine.episodes is not None else None
+        tools = engine.environment.tool_schemas if engine.environment is not None else None
         texts = [render_prompt(r[params.prompt_column], engine.tokenizer, tools) for r in rows]
         seed = params.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
         # ends on the host: synced (multi-turn episodes start from their rows)
@@ -426,12 +417,20 @@ def synced_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+@dataclass(frozen=True)
+class Trainee:
+    """What the loop trains with: the policy engine, what updates it, the step's parameters and the
+    training prompts in order."""
+
+    engine: PolicyEngine
+    update: Update
+    params: StepParams
+    prompts: PromptSampler
+
+
 def grpo_step(
-    engine: PolicyEngine,
-    update: Update,
-    prompts: PromptSampler,
+    trainee: Trainee,
     reward_funcs: Sequence[Callable[..., Any]],
-    params: StepParams,
     step: int,
     d: distributed.Dist | None = None,
     should_stop: Callable[[], bool] | None = None,
@@ -441,8 +440,10 @@ def grpo_step(
     `should_stop` (a stop signal) is looked at while reward functions run: True abandons the step
     with `ScoringStopped`, the weights and optimizer untouched (scoring precedes every update)."""
     d = d or distributed.Dist()
+    engine, update, params = trainee.engine, trainee.update, trainee.params
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
+    prompts = trainee.prompts
     host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
     began = time.perf_counter()
     batch = host_batch.to(engine.device)

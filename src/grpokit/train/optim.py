@@ -10,16 +10,18 @@ from typing import Any
 
 import torch
 
+from ..config.plan import OptimizerSpec
 from . import distributed
 
 
-def make_optimizer(params: Any, cfg: Any) -> torch.optim.Optimizer:
+def make_optimizer(params: Any, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    """AdamW over the parameters that train."""
     return torch.optim.AdamW(
         [p for p in params if p.requires_grad],
-        lr=cfg.learning_rate,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_epsilon,
-        weight_decay=cfg.weight_decay,
+        lr=spec.learning_rate,
+        betas=spec.betas,
+        eps=spec.eps,
+        weight_decay=spec.weight_decay,
         fused=True,  # one kernel over all parameters (CPU and CUDA), deterministic
     )
 
@@ -38,12 +40,13 @@ def lr_factor(step: int, *, kind: str, warmup_steps: int, max_steps: int) -> flo
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: Any, total_updates: int
+    optimizer: torch.optim.Optimizer, spec: OptimizerSpec
 ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warm-up, then the spec's schedule over its `total_updates` optimizer steps."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda s: lr_factor(
-            s, kind=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps, max_steps=total_updates
+            s, kind=spec.schedule, warmup_steps=spec.warmup_steps, max_steps=spec.total_updates
         ),
     )
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..config.plan import Display
+
 Events = Callable[[str, int, dict[str, Any]], None]
 
 
@@ -26,23 +28,25 @@ def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
 
 
 @contextmanager
-def reporting(cfg: Any, on_event: Events | None = None) -> Iterator[Events | None]:
+def reporting(display: Display, on_event: Events | None = None) -> Iterator[Events | None]:
     """What the Python trainers report to: the caller's `on_event` if given; else, with
-    `cfg.progress` on the main process, the same progress display as the command line; else nothing
-    (warnings then go to the `grpokit` logger)."""
-    if on_event is not None or not cfg.progress or os.environ.get("RANK", "0") != "0":
+    `display.progress` on the main process, the same progress display as the command line; else
+    nothing (warnings then go to the `grpokit` logger)."""
+    if on_event is not None or not display.progress or os.environ.get("RANK", "0") != "0":
         yield on_event
         return
     from rich.console import Console
 
-    with RichReporter(Console(), cfg) as reporter:
+    with RichReporter(Console(), display) as reporter:
         yield reporter.on_event
 
 
 class RichReporter:
-    def __init__(self, console: Any, cfg: Any, *, enabled: bool = True) -> None:
-        self.console, self.cfg, self.enabled = console, cfg, enabled
-        self.label = "grpo" if hasattr(cfg, "num_generations") else "train"
+    """The progress display of a run (`config.plan.Display`: its label, lengths and group size)."""
+
+    def __init__(self, console: Any, display: Display, *, enabled: bool = True) -> None:
+        self.console, self.display, self.enabled = console, display, enabled
+        self.label = display.label
         self.progress: Any = None
         self.sft_task = self.grpo_task = None
 
@@ -68,9 +72,10 @@ class RichReporter:
             disable=not self.enabled,
         )
         self.progress.__enter__()
-        if getattr(self.cfg, "sft_steps", 0):
-            self.sft_task = self.progress.add_task("sft ", total=self.cfg.sft_steps, status="")
-        self.grpo_task = self.progress.add_task(self.label, total=self.cfg.max_steps, status="", start=False)
+        if self.display.sft_steps:
+            self.sft_task = self.progress.add_task("sft ", total=self.display.sft_steps, status="")
+        total = self.display.max_steps
+        self.grpo_task = self.progress.add_task(self.label, total=total, status="", start=False)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -130,7 +135,7 @@ class RichReporter:
             table.add_column(column)
         for prompt, completion, reward in list(
             zip(data["prompts"], data["completions"], data["rewards"], strict=True)
-        )[:: self.cfg.num_generations][:6]:
+        )[:: self.display.num_generations][:6]:
             # as plain text: "[calc(...)]" would otherwise be read as rich markup and vanish
             table.add_row(Text(prompt), Text(repr(completion)), f"{reward:.2f}")
         self.console.print(table)

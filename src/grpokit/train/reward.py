@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-from ..config import RewardConfig, to_yaml
+from ..config import RewardConfig
+from ..config.plan import ModelSpec, PairSpec, PairStep, RewardPlan, reward_plan
+from ..config.resume import resume_changes
 from ..data import (
     PreferenceBatch,
     PromptSampler,
@@ -44,10 +46,10 @@ from ..models import (
 )
 from ..ops import bradley_terry_loss
 from . import distributed
-from .checkpoint import restore_distributed, save_distributed
+from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
 from .metrics import check_reporters
 from .optim import apply_update, make_optimizer, make_scheduler
-from .run import Run, RunResult, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
+from .run import Run, RunResult, Starting, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
 from .rundir import claim_output_dir, exclusive_output_dir
 from .threads import ThreadGovernor
 
@@ -60,13 +62,13 @@ class RewardResult(RunResult):
 
 
 def reward_model_and_tokenizer(
-    cfg: RewardConfig, alphabet: str | None, dtype: torch.dtype | None = None
+    spec: ModelSpec, alphabet: str | None, max_length: int, dtype: torch.dtype | None = None
 ) -> tuple[Any, Any]:
-    """`cfg.model` and its tokenizer, on the CPU, its weights in `dtype` (default: `cfg.dtype`;
-    training stores them in its master dtype)."""
-    dtype = dtype or getattr(torch, cfg.dtype)
-    if cfg.model != "tiny":
-        loaded = load_reward_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    """The model `spec` names and its tokenizer, on the CPU, its weights in `dtype` (default:
+    `spec.dtype`; training stores them in its master dtype); a tiny one holds `max_length` tokens."""
+    dtype = dtype or getattr(torch, spec.dtype)
+    if spec.name != "tiny":
+        loaded = load_reward_model(spec.name, dtype=dtype, trust_remote_code=spec.trust_remote_code)
         return loaded.model, loaded.tokenizer
     if alphabet is None:
         raise ValueError(
@@ -74,13 +76,13 @@ def reward_model_and_tokenizer(
         )
     tokenizer = char_tokenizer(alphabet)
     model = build_reward_model(
-        hidden_size=cfg.tiny_hidden_size,
-        num_layers=cfg.tiny_num_layers,
-        num_heads=cfg.tiny_num_heads,
+        hidden_size=spec.tiny.hidden_size,
+        num_layers=spec.tiny.num_layers,
+        num_heads=spec.tiny.num_heads,
         vocab_size=len(tokenizer),
-        max_seq_len=min(cfg.max_length, 4096),
-        seed=cfg.seed,
-        intermediate_size=cfg.tiny_intermediate_size,
+        max_seq_len=min(max_length, 4096),
+        seed=spec.seed,
+        intermediate_size=spec.tiny.intermediate_size,
         pad_token_id=tokenizer.pad_token_id,
     )
     return model.to(dtype), tokenizer
@@ -144,7 +146,7 @@ def evaluate_reward_model(
 
 
 def reward_step(
-    cfg: RewardConfig,
+    spec: PairStep,
     model: Any,
     tokenizer: Any,
     rows: Sequence[dict[str, Any]],
@@ -153,15 +155,15 @@ def reward_step(
     d: Any = None,
 ) -> dict[str, Any]:
     """One optimizer step over `rows`, accumulating micro-batches weighted by their pair counts. The
-    batches go to the model's device; its forward passes run under autocast in `cfg.dtype` (with
+    batches go to the model's device; its forward passes run under autocast in `spec.dtype` (with
     wider master weights), the loss in float32."""
     optimizer.zero_grad(set_to_none=True)
-    device, precision = model_device(model), Precision.of(cfg.dtype, cfg.master_weights)
+    device, precision = model_device(model), Precision.of(spec.dtype, spec.master_weights)
     totals: dict[str, Any] = {"num_truncated": 0, "num_dropped": 0}
     kept = 0
-    micro = [rows[s : s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
+    micro = [rows[s : s + spec.micro_batch_size] for s in range(0, len(rows), spec.micro_batch_size)]
     batches = [
-        on_device(collate_preferences(tokenizer, m, cfg.max_length, cfg.long_pairs), device) for m in micro
+        on_device(collate_preferences(tokenizer, m, spec.max_length, spec.long_pairs), device) for m in micro
     ]
     total_pairs = sum(b.num_pairs for b in batches)
     for batch in batches:
@@ -173,7 +175,7 @@ def reward_step(
             scores[:n],
             scores[n:],
             margin=batch.margin,
-            center_rewards_coefficient=cfg.center_rewards_coefficient,
+            center_rewards_coefficient=spec.center_rewards_coefficient,
         )
         (out.loss * (n / total_pairs)).backward()
         totals["loss"] = totals.get("loss", 0.0) + out.loss.detach() * (n / total_pairs)
@@ -184,34 +186,34 @@ def reward_step(
         kept += n
     return (
         totals
-        | apply_update(model, optimizer, scheduler, totals["loss"], cfg.max_grad_norm, d)
+        | apply_update(model, optimizer, scheduler, totals["loss"], spec.max_grad_norm, d)
         | {"num_pairs": kept}
     )
 
 
 def preference_data(
-    cfg: RewardConfig, train_rows: Any, eval_rows: Any
+    spec: PairSpec, train_rows: Any, eval_rows: Any
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
     """(training pairs, held-out pairs, the tiny model's alphabet): the rows given, else the task's
     built-in pairs or the dataset files the config names."""
-    task = get_task(cfg.task, seed=cfg.seed, num_eval=cfg.num_eval_pairs) if cfg.task else None
+    task = get_task(spec.task, seed=spec.seed, num_eval=spec.num_eval_pairs) if spec.task else None
     if train_rows is None:
-        if task is None and cfg.dataset is None:
+        if task is None and spec.dataset is None:
             raise ValueError(
                 "nothing to train on: set task or dataset in the config, or pass preference rows."
             )
         train_rows = (
-            preference_pairs(task, task.train, seed=cfg.seed, near_miss=cfg.near_miss)
+            preference_pairs(task, task.train, seed=spec.seed, near_miss=spec.near_miss)
             if task
-            else load_preferences(cfg.dataset)
+            else load_preferences(spec.dataset)
         )
     if eval_rows is None:
         eval_rows = (
-            preference_pairs(task, task.eval, seed=cfg.seed + 1, near_miss=cfg.near_miss) if task else []
+            preference_pairs(task, task.eval, seed=spec.seed + 1, near_miss=spec.near_miss) if task else []
         )
-        if task is None and cfg.eval_dataset:
-            eval_rows = load_preferences(cfg.eval_dataset)
-    return list(train_rows), list(eval_rows)[: cfg.num_eval_pairs], task.alphabet if task else None
+        if task is None and spec.eval_dataset:
+            eval_rows = load_preferences(spec.eval_dataset)
+    return list(train_rows), list(eval_rows)[: spec.num_eval_pairs], task.alphabet if task else None
 
 
 def train_reward(
@@ -225,44 +227,56 @@ def train_reward(
 ) -> RewardResult:
     """Train a Bradley–Terry reward model as configured. The run holds `cfg.output_dir`
     exclusively until it returns or raises (rundir.py): a second run into it meanwhile is refused."""
+    plan = reward_plan(cfg)  # the config, resolved once: nothing below reads `cfg`
+    compare = lambda saved: resume_changes(cfg, saved)  # noqa: E731 - a checkpoint's config.yaml vs this
     d = distributed.init()
+    placement = plan.placement
     with (
-        exclusive_output_dir(d, Path(cfg.output_dir)),
-        ThreadGovernor.start(cfg.num_threads, d.device if d.enabled else resolve_device(cfg.device)) as threads,
+        exclusive_output_dir(d, Path(plan.run.output_dir)),
+        ThreadGovernor.start(
+            placement.num_threads, d.device if d.enabled else resolve_device(placement.device)
+        ) as threads,
     ):
-        return _train_reward(cfg, d, threads, model, tokenizer, train_rows, eval_rows, on_event)
+        return _train_reward(plan, d, threads, (model, tokenizer), (train_rows, eval_rows), on_event, compare)
 
 
 def _train_reward(
-    cfg: RewardConfig,
+    plan: RewardPlan,
     d: Any,
     threads: ThreadGovernor,
-    model: Any,
-    tokenizer: Any,
-    train_rows: Sequence[dict[str, Any]] | None,
-    eval_rows: Sequence[dict[str, Any]] | None,
+    given: tuple[Any, Any],
+    rows_given: tuple[Sequence[dict[str, Any]] | None, Sequence[dict[str, Any]] | None],
     on_event: Callable[[str, int, dict[str, Any]], None] | None,
+    compare: Callable[[Path], list[str]],
 ) -> RewardResult:
+    """`train_reward` with its config resolved: `given` the (model, tokenizer) passed (or Nones),
+    `rows_given` the (training, held-out) pairs passed (None: the plan's)."""
+    control, spec, strategy = plan.run, plan.step, plan.placement.strategy
     emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
-    if cfg.batch_size % d.world_size != 0:
-        raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the world size {d.world_size}.")
-    check_reporters(cfg.report_to)  # a missing tensorboard / wandb is said before any work
-    device = d.device if d.enabled else resolve_device(cfg.device)  # under torchrun, the rank's
-    precision = Precision.of(cfg.dtype, cfg.master_weights)
+    if plan.batch_size % d.world_size != 0:
+        raise ValueError(f"batch_size={plan.batch_size} must be divisible by the world size {d.world_size}.")
+    check_reporters(list(control.report_to))  # a missing tensorboard / wandb is said before any work
+    device = d.device if d.enabled else resolve_device(plan.placement.device)  # under torchrun, the rank's
+    precision = Precision.of(spec.dtype, spec.master_weights)
     enable_fast_matmul(device)
     # ------------------------------------------------------------------ set-up
-    output_dir = Path(cfg.output_dir)
-    replacing = claim_output_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-    train_pairs, eval_pairs, alphabet = preference_data(cfg, train_rows, eval_rows)
-    seed_everything(cfg.seed)
+    output_dir = Path(control.output_dir)
+    replacing = claim_output_dir(output_dir, resume=control.resume, overwrite=control.overwrite)
+    train_pairs, eval_pairs, alphabet = preference_data(plan.pairs, *rows_given)
+    seed_everything(plan.seed)
+    model, tokenizer = given
     if model is None:
-        model, tokenizer = reward_model_and_tokenizer(cfg, alphabet, dtype=precision.master)
-    prepare_output_dir(d, cfg, replacing)  # every rank's input is valid: clear an earlier run, config.yaml
-    model = distributed.wrap(d, model.to(device=device, dtype=precision.master), cfg.strategy)
-    optimizer = make_optimizer(model.parameters(), cfg)
-    scheduler = make_scheduler(optimizer, cfg, cfg.max_steps)
-    sampler = PromptSampler(pretokenize(tokenizer, train_pairs), cfg.batch_size, seed=cfg.seed)
-    share = cfg.batch_size // d.world_size  # pairs per rank and step
+        model, tokenizer = reward_model_and_tokenizer(
+            plan.model, alphabet, spec.max_length, dtype=precision.master
+        )
+    prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
+    model = distributed.wrap(d, model.to(device=device, dtype=precision.master), strategy)
+    optimizer = make_optimizer(model.parameters(), plan.optimizer)
+    scheduler = make_scheduler(optimizer, plan.optimizer)
+    sampler = PromptSampler(pretokenize(tokenizer, train_pairs), plan.batch_size, seed=plan.seed)
+    share = plan.batch_size // d.world_size  # pairs per rank and step
+    parts = TrainingParts(model, tokenizer, optimizer, scheduler, sampler)
+    saves_to = SaveTo(output_dir, control.config_yaml, control.save_total_limit)
 
     def evaluate_now() -> dict[str, float]:
         if not eval_pairs:
@@ -271,8 +285,8 @@ def _train_reward(
             model,
             tokenizer,
             eval_pairs,
-            max_length=cfg.max_length,
-            batch_size=cfg.micro_batch_size,
+            max_length=spec.max_length,
+            batch_size=spec.micro_batch_size,
             precision=precision,
         )
         if d.is_main:
@@ -280,36 +294,24 @@ def _train_reward(
         return metrics
 
     def restore(path: Path) -> tuple[int, dict[str, float]]:
-        state = restore_distributed(d, cfg.strategy, path, model, optimizer, scheduler, sampler)
+        state = restore_distributed(d, strategy, path, parts)
         return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
     def save(step: int) -> None:
-        save_distributed(
-            d,
-            cfg.strategy,
-            output_dir,
-            step,
-            model,
-            tokenizer,
-            optimizer,
-            scheduler,
-            sampler,
-            run.eval_before,
-            to_yaml(cfg),
-            cfg.save_total_limit,
-        )
+        save_distributed(d, strategy, saves_to, step, parts, run.eval_before)
 
     stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
-    run = Run.open(cfg, d, emit, stop, latest_checkpoint(cfg, d, on_event), restore, evaluate_now, threads)
+    starting = Starting(latest_checkpoint(control, compare, d, on_event), restore, evaluate_now)
+    run = Run.open(control, d, emit, stop, starting, threads)
 
     # ------------------------------------------------------------------ the loop
     step = run.start
     with run, stop:  # the signal handlers are restored, then the metrics writer closed
-        for step in range(run.start + 1, cfg.max_steps + 1):
+        for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
             model.train()
             rows = sampler.next_batch()[d.rank * share : (d.rank + 1) * share]  # this rank's pairs
-            metrics = reward_step(cfg, model, tokenizer, rows, optimizer, scheduler, d)
+            metrics = reward_step(spec, model, tokenizer, rows, optimizer, scheduler, d)
             metrics["step_time"] = time.perf_counter() - began
             metrics = distributed.mean_metrics(d, metrics)
             run.log(step, metrics)

@@ -6,12 +6,12 @@ or raises):
 
     replacing = claim_output_dir(...)          # before any work: refuse to mix with an earlier run
     ... load and validate the input, build the model ...
-    prepare_output_dir(d, cfg, replacing)      # only now: clear the earlier run, write config.yaml
-    checkpoint = latest_checkpoint(cfg, d, on_event)   # resume=true: the newest intact one (else None)
-    run = Run.open(cfg, d, emit, stop, checkpoint, restore, evaluate)   # resume or evaluate
+    prepare_output_dir(d, control, replacing)  # only now: clear the earlier run, write config.yaml
+    checkpoint = latest_checkpoint(control, compare, d, on_event)   # resume=true: the newest intact one
+    run = Run.open(control, d, emit, stop, Starting(checkpoint, restore, evaluate))   # resume or evaluate
     step = run.start
     with run:                                  # the metrics writer is closed however the loop ends
-        for step in range(run.start + 1, cfg.max_steps + 1):
+        for step in range(run.start + 1, control.max_steps + 1):
             ... one update ...
             run.log(step, metrics)             # every logging_steps
             run.evaluate_if_due(step)          # every eval_steps, and at the last step
@@ -19,8 +19,9 @@ or raises):
                 break
     return run.result(TrainResult, step)       # a RunResult
 
-Also here: seeding, the policy and tokenizer a config names, LoRA from the config, SIGINT/SIGTERM
-handling and the guard against runs of non-finite updates.
+`control` is the run's `config.plan.RunControl`: its directory, length and cadence. Also here:
+seeding, the policy and tokenizer a `ModelSpec` names, LoRA adapters, SIGINT/SIGTERM handling and
+the guard against runs of non-finite updates.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..config import load_config, to_yaml
-from ..config.resume import resume_changes
+from ..config.plan import LoraSpec, ModelSpec, RunControl
 from ..models import build_policy, char_tokenizer, load_policy
 from . import distributed
 from .checkpoint import CHECKPOINT_PREFIX, newest_intact_checkpoint
@@ -53,20 +53,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
-    """Load `cfg.model` from a local directory, or build the tiny Llama over the task's alphabet; its
+def policy_and_tokenizer(spec: ModelSpec, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
+    """Load the model from a local directory, or build the tiny Llama over the task's alphabet; its
     weights in the master dtype (float32, or the compute dtype with master_weights=dtype)."""
-    stored = (
-        getattr(cfg, "dtype", "float32")
-        if getattr(cfg, "master_weights", "float32") == "dtype"
-        else "float32"
-    )
-    if cfg.model != "tiny":
+    if spec.name != "tiny":
         loaded = load_policy(
-            cfg.model,
-            dtype=stored,
-            gradient_checkpointing=getattr(cfg, "gradient_checkpointing", False),
-            trust_remote_code=getattr(cfg, "trust_remote_code", False),
+            spec.name,
+            dtype=spec.stored,
+            gradient_checkpointing=spec.gradient_checkpointing,
+            trust_remote_code=spec.trust_remote_code,
         )
         return loaded.model, loaded.tokenizer
     if alphabet is None:
@@ -76,16 +71,16 @@ def policy_and_tokenizer(cfg: Any, alphabet: str | None, max_seq_len: int) -> tu
         )
     tokenizer = char_tokenizer(alphabet)
     model = build_policy(
-        hidden_size=cfg.tiny_hidden_size,
-        num_layers=cfg.tiny_num_layers,
-        num_heads=cfg.tiny_num_heads,
+        hidden_size=spec.tiny.hidden_size,
+        num_layers=spec.tiny.num_layers,
+        num_heads=spec.tiny.num_heads,
         vocab_size=len(tokenizer),
         dropout=0.0,
         max_seq_len=max_seq_len,
-        seed=cfg.seed,
-        intermediate_size=cfg.tiny_intermediate_size,
-    ).to(getattr(torch, stored))
-    if getattr(cfg, "gradient_checkpointing", False):
+        seed=spec.seed,
+        intermediate_size=spec.tiny.intermediate_size,
+    ).to(getattr(torch, spec.stored))
+    if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tokenizer
 
@@ -106,17 +101,17 @@ def check_known_characters(
         check_characters(rows, known, columns=columns, source=source, model=model)
 
 
-def lora_from_config(cfg: Any, model: Any) -> Any:
-    """`model` with LoRA adapters as the config says (use_peft, lora_r, lora_alpha, lora_dropout,
-    lora_target_modules; None = every linear projection except the LM head)."""
+def add_lora(model: Any, spec: LoraSpec) -> Any:
+    """`model` with LoRA adapters as `spec` says (target_modules None: every linear projection except
+    the LM head)."""
     from ..models import apply_lora
 
     return apply_lora(
         model,
-        r=cfg.lora_r,
-        alpha=cfg.lora_alpha,
-        dropout=cfg.lora_dropout,
-        target_modules=cfg.lora_target_modules or "all-linear",
+        r=spec.r,
+        alpha=spec.alpha,
+        dropout=spec.dropout,
+        target_modules=list(spec.target_modules) if spec.target_modules else "all-linear",
     )
 
 
@@ -174,25 +169,28 @@ def skip_guard(consecutive: int, skipped: bool, limit: int, step: int) -> int:
     return consecutive
 
 
-def begin(
-    d: Any,
-    output_dir: Path,
-    checkpoint: Path | None,
-    restore: Callable[[Path], tuple[int, dict[str, float]]],
-    evaluate: Callable[[], dict[str, float]],
-    emit: Callable[[str, int, dict[str, Any]], None],
-    cfg: Any = None,
-) -> tuple[int, dict[str, float], Any]:
-    """Resume from `checkpoint` (dropping metric rows written after it) or evaluate the starting
-    policy; open the metrics writer (rank 0 only) with `cfg.report_to`. Returns (start step, eval
+@dataclass(frozen=True)
+class Starting:
+    """How a run begins: from `checkpoint` through `restore` (-> start step, eval before), or, when it
+    is None, by evaluating the starting policy with `evaluate`."""
+
+    checkpoint: Path | None
+    restore: Callable[[Path], tuple[int, dict[str, float]]]
+    evaluate: Callable[[], dict[str, float]]
+
+
+def begin(d: Any, control: RunControl, starting: Starting, emit: Emit) -> tuple[int, dict[str, float], Any]:
+    """Resume from the checkpoint (dropping metric rows written after it) or evaluate the starting
+    policy; open the metrics writer (rank 0 only) with `control.report_to`. Returns (start step, eval
     before, writer)."""
-    if checkpoint is not None:
-        start, eval_before = restore(checkpoint)
+    output_dir = Path(control.output_dir)
+    if starting.checkpoint is not None:
+        start, eval_before = starting.restore(starting.checkpoint)
         if d.is_main:
             truncate_metrics_after(output_dir, start)
-        emit("resumed", start, {"checkpoint": str(checkpoint)})
+        emit("resumed", start, {"checkpoint": str(starting.checkpoint)})
     else:
-        start, eval_before = 0, evaluate()
+        start, eval_before = 0, starting.evaluate()
         # a fresh start (resume found no checkpoint): earlier rows are not this run's. Safe to delete:
         # the run holds output_dir's lock, so no other run can be writing them
         if d.is_main:
@@ -201,8 +199,8 @@ def begin(
     writer = (
         MetricsWriter(
             output_dir,
-            report_to=getattr(cfg, "report_to", ()),
-            config=cfg.model_dump(mode="json") if cfg is not None else None,
+            report_to=list(control.report_to),
+            config=dict(control.config_values),
             start_step=start,
         )
         if d.is_main
@@ -217,22 +215,27 @@ def begin(
 # ----------------------------------------------------------------------------- the run scaffold
 
 
-def prepare_output_dir(d: Any, cfg: Any, replacing: bool) -> None:
+def prepare_output_dir(d: Any, control: RunControl, replacing: bool) -> None:
     """Once every rank has validated its input: delete the earlier run that `overwrite=true` replaces
-    (`replacing`, from `claim_output_dir`), create `cfg.output_dir` and write its config.yaml."""
-    output_dir = Path(cfg.output_dir)
+    (`replacing`, from `claim_output_dir`), create `control.output_dir` and write its config.yaml."""
+    output_dir = Path(control.output_dir)
     distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
     if d.is_main:
         if replacing:  # overwrite=true, and the input is valid: only now is the earlier run deleted
             clear_earlier_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         clear_staging(output_dir)  # killed runs' half-written checkpoints (under the lock: none is ours)
-        (output_dir / "config.yaml").write_text(to_yaml(cfg))
+        (output_dir / "config.yaml").write_text(control.config_yaml)
     distributed.barrier(d)
 
 
-def latest_checkpoint(cfg: Any, d: Any = None, on_event: Emit | None = None) -> Path | None:
-    """With `resume=true`, the newest intact checkpoint of `cfg.output_dir`, else None: the run
+def latest_checkpoint(
+    control: RunControl,
+    compare: Callable[[Path], list[str]],
+    d: Any = None,
+    on_event: Emit | None = None,
+) -> Path | None:
+    """With `resume=true`, the newest intact checkpoint of `control.output_dir`, else None: the run
     starts fresh.
 
     Intact: its files match its manifest.json (`newest_intact_checkpoint`). Newer ones that do not (a
@@ -241,12 +244,12 @@ def latest_checkpoint(cfg: Any, d: Any = None, on_event: Emit | None = None) -> 
     taken as it is. The chosen one's config.yaml is then validated, and a config error there stops
     the run (a ConfigError, no fallback: the manifest vouches for the file's bytes, so the error is an
     option this grpokit rejects, which older checkpoints of the run would share), and compared with
-    `cfg` (`resume_changes`: options that cannot change are a ConfigError; each one that may and did
-    is said once as a warning). Warnings go to `on_event` (else the `grpokit` logger), on rank 0 of
-    `d` only."""
-    if not cfg.resume:
+    the run's config by `compare(config.yaml)` (`config.resume.resume_changes`: options that cannot
+    change are a ConfigError; each one that may and did is said once as a warning). Warnings go to
+    `on_event` (else the `grpokit` logger), on rank 0 of `d` only."""
+    if not control.resume:
         return None
-    chosen, corrupt = newest_intact_checkpoint(Path(cfg.output_dir))
+    chosen, corrupt = newest_intact_checkpoint(Path(control.output_dir))
     if chosen is None:
         return None
     says = d is None or d.is_main  # one warning per run, not one per rank
@@ -254,23 +257,21 @@ def latest_checkpoint(cfg: Any, d: Any = None, on_event: Emit | None = None) -> 
     if corrupt and says:
         skipped = "; ".join(corrupt)
         warn(on_event, step, f"damaged checkpoint skipped ({skipped}); resuming from {chosen.name}")
-    saved = chosen / "config.yaml"
-    load_config(type(cfg), saved)  # a checkpoint's config is validated too
-    notes = resume_changes(cfg, saved)
+    notes = compare(chosen / "config.yaml")  # validates the checkpoint's config too
     for note in notes if says else []:
         warn(on_event, step, note)
     return chosen
 
 
-def should_save(step: int, cfg: Any, stopping: bool, skips: int, skipped: bool) -> bool:
+def should_save(step: int, control: RunControl, stopping: bool, skips: int, skipped: bool) -> bool:
     """Whether step `step` ends with a checkpoint: the last step, every `save_steps`, a stop signal
     (on any rank), or a skipped update about to trip the skip guard (`skips` consecutive ones
     before it), so the checkpoint holds the last good weights."""
     return bool(
-        step == cfg.max_steps
-        or (cfg.save_steps and step % cfg.save_steps == 0)
+        step == control.max_steps
+        or (control.save_steps and step % control.save_steps == 0)
         or stopping
-        or (skipped and skips + 1 >= cfg.max_consecutive_skips)
+        or (skipped and skips + 1 >= control.max_consecutive_skips)
     )
 
 
@@ -291,7 +292,7 @@ class Run:
     `writer` (closed on leaving `with run:`), the stop request and the count of consecutive skipped
     updates. Its methods are the ends of a step every loop shares; the step itself is the loop's."""
 
-    cfg: Any  # output_dir, max_steps, logging_steps, eval_steps, save_steps, max_consecutive_skips
+    control: RunControl  # output_dir, max_steps, logging_steps, eval_steps, save_steps, max_consecutive_skips
     d: Any  # distributed.Dist
     emit: Emit  # on_event on rank 0, a no-op elsewhere
     stop: StopSignals
@@ -305,18 +306,16 @@ class Run:
     @classmethod
     def open(
         cls,
-        cfg: Any,
+        control: RunControl,
         d: Any,
         emit: Emit,
         stop: StopSignals,
-        checkpoint: Path | None,
-        restore: Callable[[Path], tuple[int, dict[str, float]]],
-        evaluate: Callable[[], dict[str, float]],
+        starting: Starting,
         threads: Any = None,
     ) -> Run:
-        """Resume from `checkpoint` or evaluate the starting model, and open the metrics (`begin`)."""
-        start, eval_before, writer = begin(d, Path(cfg.output_dir), checkpoint, restore, evaluate, emit, cfg)
-        return cls(cfg, d, emit, stop, evaluate, writer, start, eval_before, threads=threads)
+        """Resume from a checkpoint or evaluate the starting model, and open the metrics (`begin`)."""
+        start, eval_before, writer = begin(d, control, starting, emit)
+        return cls(control, d, emit, stop, starting.evaluate, writer, start, eval_before, threads=threads)
 
     def __enter__(self) -> Run:
         return self
@@ -326,14 +325,15 @@ class Run:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """The step's metrics, every `logging_steps` steps and at the last."""
-        if step % self.cfg.logging_steps == 0 or step == self.cfg.max_steps:
+        if step % self.control.logging_steps == 0 or step == self.control.max_steps:
             if self.threads is not None:
                 metrics = metrics | {"cpu_threads": float(self.threads.current)}
             self.emit("step", step, self.writer.write(step, metrics))
 
     def evaluate_if_due(self, step: int) -> None:
         """Evaluate every `eval_steps` steps and at the last."""
-        if step == self.cfg.max_steps or (self.cfg.eval_steps and step % self.cfg.eval_steps == 0):
+        every = self.control.eval_steps
+        if step == self.control.max_steps or (every and step % every == 0):
             self.emit("eval", step, self.writer.write(step, self.evaluate(), prefix="eval/"))
 
     def finish_step(self, step: int, skipped: bool, save: Callable[[int], None]) -> bool:
@@ -341,9 +341,9 @@ class Run:
         update (TooManySkips once too many in a row) and, on a stop signal on any rank, say so.
         Returns whether the loop stops here."""
         stopping = distributed.any_rank(self.d, self.stop.signal is not None)  # SIGINT / SIGTERM, any rank
-        if should_save(step, self.cfg, stopping, self.skips, skipped):
+        if should_save(step, self.control, stopping, self.skips, skipped):
             save(step)
-        self.skips = skip_guard(self.skips, skipped, self.cfg.max_consecutive_skips, step)
+        self.skips = skip_guard(self.skips, skipped, self.control.max_consecutive_skips, step)
         self.follow_load(step)
         if stopping:
             self.emit(
@@ -362,7 +362,7 @@ class Run:
     def result(self, kind: type[Result], steps: int) -> Result:
         """The run's outcome after `steps` steps, as a `kind` (a RunResult)."""
         return kind(
-            output_dir=Path(self.cfg.output_dir),
+            output_dir=Path(self.control.output_dir),
             steps=steps,
             eval_before=self.eval_before,
             eval_after=self.eval_after,
@@ -371,7 +371,7 @@ class Run:
 
     @property
     def output_dir(self) -> str:
-        return str(Path(self.cfg.output_dir))
+        return str(Path(self.control.output_dir))
 
     @property
     def eval_after(self) -> dict[str, float]:

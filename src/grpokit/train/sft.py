@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..config.plan import SFTSchedule
 from ..models.device import Precision, model_device
 from .optim import lr_factor
 
@@ -71,37 +72,42 @@ class SFTResult:
     reached: bool = False  # `done` ended it (the warm start reached its goal)
 
 
+@dataclass(frozen=True)
+class SFTHooks:
+    """What a supervised run reports to and stops on: `on_step(step, loss)` after each step;
+    `done(step)` True ends it as complete (its goal reached); `should_stop()` True ends it as
+    interrupted (a signal)."""
+
+    on_step: Callable[[int, float], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    done: Callable[[int], bool] | None = None
+
+
 def run_sft(
     model: Any,
     tokenizer: Any,
     rows: Sequence[dict[str, Any]],
-    *,
-    steps: int,
-    batch_size: int,
-    learning_rate: float,
-    seed: int,
-    warmup_steps: int = 0,
-    max_grad_norm: float | None = 1.0,
-    on_step: Callable[[int, float], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    done: Callable[[int], bool] | None = None,
+    schedule: SFTSchedule,
+    hooks: SFTHooks = SFTHooks(),
     precision: Precision | None = None,
 ) -> SFTResult:
-    """Up to `steps` AdamW steps on random batches of `rows` (warm-up then cosine decay, gradients
-    clipped to `max_grad_norm`). After each step, `done(step)` True ends the warm start as complete
-    (its goal reached); `should_stop()` True ends it as interrupted (a signal).
+    """Up to `schedule.steps` AdamW steps on random batches of `rows` (warm-up then cosine decay,
+    gradients clipped to `schedule.max_grad_norm`), reporting to and stopped by `hooks`.
 
     The model trains where it is (`model_device`): batches go there, losses come back to the host.
     precision: the model is stored in `precision.master` and its forward passes run under autocast
     in `precision.compute` (float16 with wider weights: with a gradient scaler); None: as stored."""
+    steps, batch_size, max_grad_norm = schedule.steps, schedule.batch_size, schedule.max_grad_norm
+    on_step, should_stop, done = hooks.on_step, hooks.should_stop, hooks.done
     device = model_device(model)
     precision = precision or Precision(compute=torch.float32, master=torch.float32)
     # float16 gradients of float32 weights underflow without scaling; bfloat16's range needs none
     scaler = torch.amp.GradScaler(device.type, enabled=precision.mixed and precision.compute == torch.float16)
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    rng = random.Random(schedule.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=schedule.learning_rate, weight_decay=0.0)
     # warm-up, then cosine decay to 0: a warm start that ends settled, not half-way down a steep stretch
-    schedule = torch.optim.lr_scheduler.LambdaLR(
+    warmup_steps = schedule.warmup_steps
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, kind="cosine", warmup_steps=warmup_steps, max_steps=steps)
     )
     model.train()
@@ -118,7 +124,7 @@ def run_sft(
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         scaler.step(optimizer)
         scaler.update()
-        schedule.step()
+        lr_schedule.step()
         losses.append(loss.item())
         if on_step is not None:
             on_step(step, losses[-1])

@@ -64,20 +64,20 @@ def greedy_accuracy(theta: torch.Tensor, target: torch.Tensor) -> float:
     return (theta.argmax(-1) == target).all(-1).float().mean().item()
 
 
-def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
+def run(toy: ToyConfig, on_step=None) -> dict[str, float]:
     """Train; call `on_step(step, metrics)` after each step. Returns accuracy before and after."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    P, G = cfg.num_prompts, cfg.num_generations
+    gen = torch.Generator().manual_seed(toy.seed)
+    torch.manual_seed(toy.seed)
+    device = resolve_device(toy.device)
+    P, G = toy.num_prompts, toy.num_generations
     target = answers(P).to(device)  # [P, T]
     theta = torch.nn.Parameter((0.5 * torch.randn(P, T, DIGITS, generator=gen)).to(device))  # [P, T, V]
     ref_theta = theta.detach().clone()  # the reference policy: the initial table
-    optimizer = torch.optim.Adam([theta], lr=cfg.learning_rate)
+    optimizer = torch.optim.Adam([theta], lr=toy.learning_rate)
     weights = torch.tensor([1.0, 0.25], device=device)
     before = greedy_accuracy(theta.detach(), target)
 
-    for step in range(1, cfg.steps + 1):
+    for step in range(1, toy.steps + 1):
         # sample G completions per prompt from the current policy
         with torch.no_grad():
             probs = torch.softmax(theta, -1).repeat_interleave(G, dim=0)  # [B, T, V]
@@ -92,7 +92,7 @@ def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
             old_logps = token_logps(theta.repeat_interleave(G, dim=0), completions)  # [B, T]
             ref_logps = token_logps(ref_theta.repeat_interleave(G, dim=0), completions)  # [B, T]
         mask = torch.ones(P * G, T, dtype=torch.bool, device=device)  # [B, T] every digit counts
-        for _ in range(cfg.num_iterations):
+        for _ in range(toy.num_iterations):
             logps = token_logps(theta.repeat_interleave(G, dim=0), completions)  # [B, T]
             out = grpo_loss(
                 logps,
@@ -100,10 +100,10 @@ def run(cfg: ToyConfig, on_step=None) -> dict[str, float]:
                 mask,
                 old_logps=old_logps,
                 ref_logps=ref_logps,
-                loss_type=cfg.loss_type,
-                beta=cfg.beta,
-                epsilon=cfg.epsilon,
-                epsilon_high=cfg.epsilon_high,
+                loss_type=toy.loss_type,
+                beta=toy.beta,
+                epsilon=toy.epsilon,
+                epsilon_high=toy.epsilon_high,
             )
             optimizer.zero_grad()
             out.loss.backward()

@@ -1,20 +1,29 @@
-"""The seed systems' documented functions, each expressed through the grpokit API.
+"""The seed systems' documented functions, each expressed through the grpokit API (tests only).
 
 Every function here is a thin composition of `grpokit.ops` with the seed's own defaults, so that
-a user porting code from EasyDeL, DI-engine or Edifice gets the same numbers, and so that the
-tests can name the seed they reproduce. Where a seed has a defect, the correct behaviour is
-implemented and the deviation is stated in the docstring.
+the golden tests can name the seed they reproduce and check that grpokit's arguments give its
+numbers (the README's table "The seed systems, function by function" names each composition).
+It lives with the tests, not in the package: nothing in grpokit needs the seeds' spellings. Where
+a seed has a defect, the correct behaviour is implemented and the deviation is stated in the
+docstring.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .advantages import group_advantages
-from .logprobs import TokenLogps, completion_logits, sequence_logps, token_logps, token_logps_and_entropy
-from .outputs import LossOutput
-from .policy_loss import LossType, grpo_loss
-from .reward_loss import bradley_terry_loss
+from grpokit.ops import (
+    LossOutput,
+    LossType,
+    TokenLogps,
+    bradley_terry_loss,
+    completion_logits,
+    group_advantages,
+    grpo_loss,
+    sequence_logps,
+    token_logps,
+    token_logps_and_entropy,
+)
 
 # ----------------------------------------------------------------------------- DI-engine
 

@@ -1,0 +1,592 @@
+"""A config, resolved once into the small typed objects the code runs on.
+
+The user-facing configs (schema.py) stay flat, with TRL's names: one place to read and set every
+option. The code below them does not take that whole config: `grpo_plan(cfg)` (and `reward_plan`,
+`sft_plan`) turn it, once, at the entry point, into frozen dataclasses that each say one thing (which
+model, which data, how to sample, one step, the optimizer, the run's cadence, evaluation), and every
+function takes only the objects it reads. A function's signature then says what it depends on, and a
+test builds just those.
+
+No torch import here (the config package stays instant); the objects that need torch (the device,
+`rollout.SamplingParams`, `engine.EngineSpec`) are made from these by train/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .load import to_yaml
+from .schema import GRPOConfig, RewardConfig, SFTConfig
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class TinySize:
+    """The built-in tiny Llama's size (model: tiny)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model, and how it is loaded and stored."""
+
+    name: str  # a local directory, or "tiny"
+    seed: int  # the tiny model's initialisation
+    dtype: str = "float32"  # compute precision
+    master_weights: str = "float32"  # "float32", or "dtype": the weights stored in `dtype`
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    tiny: TinySize = field(default_factory=TinySize)
+
+    @property
+    def stored(self) -> str:
+        """The dtype the trainable weights are stored in."""
+        return self.dtype if self.master_weights == "dtype" else "float32"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA adapters (use_peft); target_modules None: every linear projection except the LM head."""
+
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the run executes, and how it is spread over processes."""
+
+    device: str = "auto"
+    strategy: str = "ddp"
+    fsdp_cpu_offload: bool = False
+    num_threads: int | None = None
+
+
+# ----------------------------------------------------------------------------- data and rewards
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the prompts come from and how they are read (`train.grpo_setup.resolve_data`)."""
+
+    task: str | None
+    seed: int  # a task's generator
+    dataset: str | None = None
+    eval_dataset: str | None = None
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+    num_eval_prompts: int = 200
+    max_prompt_length: int | None = None  # None: the task's (or no limit)
+    max_completion_length: int | None = None  # None: the task's (or 256)
+    tiny_model: bool = True  # the tiny model's character tokenizer is built over the data's alphabet
+    # what learns the answers of the first `sft_examples` training rows (None: nothing), which they
+    # must then have, and the way out an error names
+    answers_for: str | None = None
+    answers_otherwise: str = "set sft_steps=0"
+    sft_examples: int | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Multi-turn episodes: tools (None: the task's) or your environment."""
+
+    tools: tuple[str, ...] | None = None
+    environment: str | None = None
+    max_turns: int = 4
+    tool_call_format: str | None = None
+    tool_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """The reward functions the config names (None: the task's), their weights, and the device a
+    reward model goes to when its entry names none."""
+
+    funcs: tuple[Mapping[str, Any], ...] | None = None
+    weights: tuple[float, ...] | None = None
+    device: str = "auto"
+
+
+# ----------------------------------------------------------------------------- generation and the step
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How training completions are drawn (with the data's lengths: `rollout.SamplingParams`)."""
+
+    num_generations: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    prompt_truncation: str = "left"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the policy engine runs it (with a device: `engine.EngineSpec`, train/grpo_setup.py)."""
+
+    dtype: str = "float32"
+    master_weights: str = "float32"
+    decode_loop: str = "auto"
+    fused_logps: bool = True
+    temperature: float = 1.0  # log-probs are taken at the sampling temperature
+    group_size: int = 1  # G
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """`ops.grpo_loss`'s semantic choices (fields named as its arguments)."""
+
+    loss_type: str = "dapo"
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    top_entropy_quantile: float = 1.0
+    use_bias_correction_kl: bool = True
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One GRPO step as the config sets it (`train.grpo_step.StepParams.of` adds the sampling and the
+    world size)."""
+
+    prompts_per_step: int
+    micro_batch_size: int
+    num_iterations: int
+    loss: LossSpec
+    prompt_column: str
+    scale_rewards: str
+    reward_weights: tuple[float, ...] | None
+    on_reward_error: str
+    reward_timeout: float | None
+    mask_truncated_completions: bool
+    dynamic_sampling: bool
+    max_resample_batches: int
+    seed: int
+    max_grad_norm: float
+    reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
+    sampling_correction: str
+    sampling_correction_bounds: tuple[float | None, float | None]  # (C_min, C_max)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """AdamW and its schedule over `total_updates` optimizer steps."""
+
+    learning_rate: float
+    total_updates: int
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: str = "linear"  # constant, linear or cosine after the warm-up
+    warmup_steps: int = 0
+
+
+@dataclass(frozen=True)
+class SFTSchedule:
+    """A supervised run (`train.sft.run_sft`): AdamW, warm-up then cosine decay to 0."""
+
+    steps: int
+    batch_size: int
+    learning_rate: float
+    seed: int
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The supervised warm start before GRPO (schedule.steps = 0: none)."""
+
+    schedule: SFTSchedule
+    examples: int | None  # learn from the first N training rows (None: all)
+    target_accuracy: float | None  # stop once a probe of training prompts is this accurate
+    probe_batch_size: int  # rows per forward pass of the probe (as in training)
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class RunControl:
+    """The run's directory, length and cadence, and the config as it is recorded."""
+
+    output_dir: str
+    max_steps: int
+    logging_steps: int = 1
+    eval_steps: int = 0
+    save_steps: int = 0
+    save_total_limit: int = 2
+    max_consecutive_skips: int = 3
+    log_completions_steps: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    report_to: tuple[str, ...] = ()
+    config_yaml: str = ""  # config.yaml of the run and of each checkpoint
+    config_values: Mapping[str, Any] = field(default_factory=dict)  # for the metrics' reporters
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How held-out evaluation samples and scores (`train.evaluation.evaluate`)."""
+
+    prompt_column: str = "prompt"
+    pass_at_k: int = 0
+    temperature: float = 1.0  # of pass@k's samples; accuracy is greedy
+    seed: int = 0
+    on_reward_error: str = "raise"
+    reward_timeout: float | None = None
+    batch_size: int | None = None  # completions per call (None: all at once)
+
+
+@dataclass(frozen=True)
+class Display:
+    """What the progress display shows (`train.progress`)."""
+
+    progress: bool = True
+    label: str = "grpo"
+    max_steps: int = 0
+    sft_steps: int = 0
+    num_generations: int = 1  # the completions table shows one row per group
+
+
+@dataclass(frozen=True)
+class TraineeSpec:
+    """What the policy trains with (`train.grpo_setup.build_trainee`): where, the engine, how it
+    samples, one step, and the optimizer."""
+
+    placement: Placement
+    engine: EngineSettings
+    sampling: SamplingSpec
+    step: StepSpec
+    optimizer: OptimizerSpec
+
+
+@dataclass(frozen=True)
+class GRPOPlan:
+    """A GRPO run, resolved from its config (`grpo_plan`)."""
+
+    seed: int
+    model: ModelSpec
+    lora: LoraSpec | None  # None: every weight trains
+    data: DataSpec
+    episodes: EpisodeSpec
+    rewards: RewardSpec
+    warm_start: WarmStart
+    trainee: TraineeSpec
+    run: RunControl
+    evaluation: Evaluation
+    display: Display
+
+
+def _tuple(values: Any) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def model_spec(cfg: GRPOConfig | SFTConfig | RewardConfig) -> ModelSpec:
+    """The model a config names (an SFTConfig has no precision options: float32)."""
+    return ModelSpec(
+        name=cfg.model,
+        seed=cfg.seed,
+        dtype=getattr(cfg, "dtype", "float32"),
+        master_weights=getattr(cfg, "master_weights", "float32"),
+        trust_remote_code=getattr(cfg, "trust_remote_code", False),
+        gradient_checkpointing=getattr(cfg, "gradient_checkpointing", False),
+        tiny=TinySize(
+            cfg.tiny_hidden_size, cfg.tiny_num_layers, cfg.tiny_num_heads, cfg.tiny_intermediate_size
+        ),
+    )
+
+
+def run_control(cfg: GRPOConfig | RewardConfig) -> RunControl:
+    return RunControl(
+        output_dir=cfg.output_dir,
+        max_steps=cfg.max_steps,
+        logging_steps=cfg.logging_steps,
+        eval_steps=cfg.eval_steps,
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        max_consecutive_skips=cfg.max_consecutive_skips,
+        log_completions_steps=getattr(cfg, "log_completions_steps", 0),
+        resume=cfg.resume,
+        overwrite=cfg.overwrite,
+        report_to=tuple(cfg.report_to),
+        config_yaml=to_yaml(cfg),
+        config_values=cfg.model_dump(mode="json"),
+    )
+
+
+def optimizer_spec(cfg: GRPOConfig | RewardConfig, total_updates: int) -> OptimizerSpec:
+    return OptimizerSpec(
+        learning_rate=cfg.learning_rate,
+        total_updates=total_updates,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps,
+    )
+
+
+def placement(cfg: GRPOConfig | SFTConfig | RewardConfig) -> Placement:
+    return Placement(
+        device=cfg.device,
+        strategy=getattr(cfg, "strategy", "ddp"),
+        fsdp_cpu_offload=getattr(cfg, "fsdp_cpu_offload", False),
+        num_threads=cfg.num_threads,
+    )
+
+
+def data_spec(cfg: GRPOConfig) -> DataSpec:
+    return DataSpec(
+        task=cfg.task,
+        seed=cfg.seed,
+        dataset=cfg.dataset,
+        eval_dataset=cfg.eval_dataset,
+        prompt_column=cfg.prompt_column,
+        answer_column=cfg.answer_column,
+        num_eval_prompts=cfg.num_eval_prompts,
+        max_prompt_length=cfg.max_prompt_length,
+        max_completion_length=cfg.max_completion_length,
+        tiny_model=cfg.model == "tiny",
+        answers_for=f"the supervised warm start (sft_steps={cfg.sft_steps})" if cfg.sft_steps else None,
+        sft_examples=cfg.sft_examples,
+    )
+
+
+def episode_spec(cfg: GRPOConfig) -> EpisodeSpec:
+    return EpisodeSpec(
+        tools=_tuple(cfg.tools),
+        environment=cfg.environment,
+        max_turns=cfg.max_turns,
+        tool_call_format=cfg.tool_call_format,
+        tool_timeout=cfg.tool_timeout,
+    )
+
+
+def reward_spec(cfg: GRPOConfig) -> RewardSpec:
+    return RewardSpec(funcs=_tuple(cfg.reward_funcs), weights=_tuple(cfg.reward_weights), device=cfg.device)
+
+
+def evaluation(cfg: GRPOConfig) -> Evaluation:
+    return Evaluation(
+        prompt_column=cfg.prompt_column,
+        pass_at_k=cfg.pass_at_k,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+        on_reward_error=cfg.on_reward_error,
+        reward_timeout=cfg.reward_timeout,
+        batch_size=cfg.micro_batch_size,  # rows per forward pass, as in training
+    )
+
+
+def engine_settings(cfg: GRPOConfig) -> EngineSettings:
+    return EngineSettings(
+        dtype=cfg.dtype,
+        master_weights=cfg.master_weights,
+        decode_loop=cfg.decode_loop,
+        fused_logps=cfg.fused_logps,
+        temperature=cfg.temperature,  # > 0: the config refuses greedy training
+        group_size=cfg.num_generations,
+    )
+
+
+def step_spec(cfg: GRPOConfig) -> StepSpec:
+    return StepSpec(
+        prompts_per_step=cfg.prompts_per_step,
+        micro_batch_size=cfg.micro_batch_size,
+        num_iterations=cfg.num_iterations,
+        loss=LossSpec(
+            loss_type=cfg.loss_type,
+            beta=cfg.beta,
+            epsilon=cfg.epsilon,
+            epsilon_high=cfg.epsilon_high,
+            delta=cfg.delta,
+            importance_sampling_level=cfg.importance_sampling_level,
+            top_entropy_quantile=cfg.top_entropy_quantile,
+            use_bias_correction_kl=cfg.use_bias_correction_kl,
+        ),
+        prompt_column=cfg.prompt_column,
+        scale_rewards=cfg.scale_rewards,
+        reward_weights=_tuple(cfg.reward_weights),
+        on_reward_error=cfg.on_reward_error,
+        reward_timeout=cfg.reward_timeout,
+        mask_truncated_completions=cfg.mask_truncated_completions,
+        dynamic_sampling=cfg.dynamic_sampling,
+        max_resample_batches=cfg.max_resample_batches,
+        seed=cfg.seed,
+        max_grad_norm=cfg.max_grad_norm,
+        reference_sync=(cfg.ref_model_sync_steps, cfg.ref_model_mixup_alpha) if cfg.sync_ref_model else None,
+        sampling_correction=cfg.sampling_correction,
+        sampling_correction_bounds=(cfg.sampling_correction_min, cfg.sampling_correction_max),
+    )
+
+
+def grpo_plan(cfg: GRPOConfig) -> GRPOPlan:
+    """Everything a GRPO run reads from its config, resolved once."""
+    lora = None
+    if cfg.use_peft:
+        lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, _tuple(cfg.lora_target_modules))
+    return GRPOPlan(
+        seed=cfg.seed,
+        model=model_spec(cfg),
+        lora=lora,
+        data=data_spec(cfg),
+        episodes=episode_spec(cfg),
+        rewards=reward_spec(cfg),
+        warm_start=WarmStart(
+            schedule=SFTSchedule(
+                steps=cfg.sft_steps,
+                batch_size=cfg.sft_batch_size,
+                learning_rate=cfg.sft_learning_rate,
+                seed=cfg.seed,
+                warmup_steps=cfg.sft_warmup_steps,
+            ),
+            examples=cfg.sft_examples,
+            target_accuracy=cfg.sft_target_accuracy,
+            probe_batch_size=cfg.micro_batch_size,
+            prompt_column=cfg.prompt_column,
+            answer_column=cfg.answer_column,
+        ),
+        trainee=TraineeSpec(
+            placement=placement(cfg),
+            engine=engine_settings(cfg),
+            sampling=SamplingSpec(
+                num_generations=cfg.num_generations,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                min_p=cfg.min_p,
+                repetition_penalty=cfg.repetition_penalty,
+                prompt_truncation=cfg.prompt_truncation,
+            ),
+            step=step_spec(cfg),
+            optimizer=optimizer_spec(cfg, cfg.max_steps * cfg.num_iterations),
+        ),
+        run=run_control(cfg),
+        evaluation=evaluation(cfg),
+        display=display(cfg),
+    )
+
+
+def display(cfg: GRPOConfig | RewardConfig) -> Display:
+    grpo = isinstance(cfg, GRPOConfig)
+    return Display(
+        progress=cfg.progress,
+        label="grpo" if grpo else "train",
+        max_steps=cfg.max_steps,
+        sft_steps=cfg.sft_steps if grpo else 0,
+        num_generations=cfg.num_generations if grpo else 1,
+    )
+
+
+# ----------------------------------------------------------------------------- reward models
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Where the preference pairs come from (`train.reward.preference_data`)."""
+
+    task: str | None
+    seed: int
+    near_miss: float = 0.0
+    dataset: str | None = None
+    eval_dataset: str | None = None
+    num_eval_pairs: int = 200
+
+
+@dataclass(frozen=True)
+class PairStep:
+    """One reward-model update (`train.reward.reward_step`)."""
+
+    micro_batch_size: int
+    max_length: int
+    long_pairs: str
+    center_rewards_coefficient: float | None
+    max_grad_norm: float
+    dtype: str = "float32"
+    master_weights: str = "float32"
+
+
+@dataclass(frozen=True)
+class RewardPlan:
+    """A reward-model run, resolved from its config (`reward_plan`)."""
+
+    seed: int
+    model: ModelSpec
+    placement: Placement
+    pairs: PairSpec
+    batch_size: int  # pairs per optimizer step
+    step: PairStep
+    optimizer: OptimizerSpec
+    run: RunControl
+    display: Display
+
+
+def reward_plan(cfg: RewardConfig) -> RewardPlan:
+    return RewardPlan(
+        seed=cfg.seed,
+        model=model_spec(cfg),
+        placement=placement(cfg),
+        pairs=PairSpec(
+            task=cfg.task,
+            seed=cfg.seed,
+            near_miss=cfg.near_miss,
+            dataset=cfg.dataset,
+            eval_dataset=cfg.eval_dataset,
+            num_eval_pairs=cfg.num_eval_pairs,
+        ),
+        batch_size=cfg.batch_size,
+        step=PairStep(
+            micro_batch_size=cfg.micro_batch_size,
+            max_length=cfg.max_length,
+            long_pairs=cfg.long_pairs,
+            center_rewards_coefficient=cfg.center_rewards_coefficient,
+            max_grad_norm=cfg.max_grad_norm,
+            dtype=cfg.dtype,
+            master_weights=cfg.master_weights,
+        ),
+        optimizer=optimizer_spec(cfg, cfg.max_steps),
+        run=run_control(cfg),
+        display=display(cfg),
+    )
+
+
+# ----------------------------------------------------------------------------- grpokit sft
+
+
+def sft_data(cfg: SFTConfig) -> DataSpec:
+    """`grpokit sft`'s data, resolved as training resolves it (its rows must all have answers)."""
+    return DataSpec(
+        task=cfg.task,
+        seed=cfg.seed,
+        dataset=cfg.dataset,
+        eval_dataset=cfg.eval_dataset,
+        prompt_column=cfg.prompt_column,
+        answer_column=cfg.answer_column,
+        num_eval_prompts=cfg.num_eval_prompts,
+        tiny_model=cfg.model == "tiny",
+        answers_for="grpokit sft",
+        answers_otherwise="use task",
+    )
+
+
+def sft_schedule(cfg: SFTConfig) -> SFTSchedule:
+    return SFTSchedule(
+        steps=cfg.max_steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed
+    )
