@@ -1,9 +1,8 @@
 """Policies, reference policies and tokenizers. transformers is imported lazily, inside the
 functions of `hf.py`, so `import grpokit.models` stays cheap."""
 
-from ..ops.compat import default_group_size, recommended_defaults
 from .device import Precision, enable_fast_matmul, model_device, place, resolve_device
-from .head import LMHead, last_hidden_states, lm_head_of
+from .backend import Capabilities, LeanBackend, LMHead, TransformersBackend, backend_of, has_dropout, lm_head_of, whole_groups
 from .hf import (
     LoadedPolicy,
     build_policy,
@@ -40,10 +39,15 @@ __all__ = [
     "resolve_device",
     "KVCache",
     "LMHead",
+    "Capabilities",
+    "LeanBackend",
+    "TransformersBackend",
+    "backend_of",
+    "has_dropout",
+    "whole_groups",
     "LeanLlamaDecoder",
     "lean_decoder",
     "LoadedPolicy",
-    "last_hidden_states",
     "lm_head_of",
     "ADAPTER_DIR",
     "apply_lora",
@@ -64,10 +68,8 @@ __all__ = [
     "pad_left",
     "reward_scores",
     "char_tokenizer",
-    "default_group_size",
     "load_policy",
     "make_reference",
-    "recommended_defaults",
     "quiet_saving",
     "save_policy",
     "should_sync",
