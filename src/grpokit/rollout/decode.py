@@ -282,7 +282,7 @@ class _Static:
         return False
 
 
-class _StopStrings:
+class StopStrings:
     """Ends a row's turn once the text it wrote this turn contains a stop string: after every draw the
     last few tokens of each row that wrote are decoded (a stop string can only have completed within
     its length in tokens, possibly merged with what follows it, a BPE token "]\n")."""
@@ -344,7 +344,7 @@ class Decoder:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
         if self.environment is not None and (rows is None or len(rows) != len(prompts)):
             given = "no" if rows is None else len(rows)
-            raise ValueError(f"{given} rows for {len(prompts)} prompts: a multi-turn episode starts from its row.")
+            raise ValueError(f"{given} rows for {len(prompts)} prompts: an episode needs its row (rows=, one a prompt).")
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
         device = self.backend.device  # inputs go to the model; the Rollout comes back on the host
         call = _Call(
@@ -433,7 +433,7 @@ class Decoder:
     def _one_turn(self, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call) -> _Drawn:
         run = self._start(prompt, call)
         stops = call.params.stop_strings
-        check = _StopStrings(self.tokenizer, stops, run, [0] * run.logits.shape[0]) if stops else None
+        check = StopStrings(self.tokenizer, stops, run, [0] * run.logits.shape[0]) if stops else None
         width = decode_turn(run, call.params.max_completion_length, call.check_every, check)
         stop_ends = torch.tensor(check.ends) if check is not None else None
         return _Drawn(run.tape, width, run.rows.column, stop_ends)
@@ -475,7 +475,7 @@ class Decoder:
                 episodes.pending = [[] for _ in episodes.pending]
             run.rows.finished.copy_(torch.tensor([not r for r in episodes.running]))
             starts = run.rows.column.tolist()
-            check = _StopStrings(self.tokenizer, stops, run, starts) if stops else None
+            check = StopStrings(self.tokenizer, stops, run, starts) if stops else None
             decode_turn(run, T, call.check_every, check)
             self._answer(run, episodes, starts, check, turn)
             if call.sync(not any(episodes.running)):
@@ -493,7 +493,7 @@ class Decoder:
                 columns[i] += len(ids)
         run.rows.column.copy_(torch.tensor(columns))
 
-    def _answer(self, run: _Eager, episodes: _Episodes, starts: list[int], check: _StopStrings | None, turn: int) -> None:
+    def _answer(self, run: _Eager, episodes: _Episodes, starts: list[int], check: StopStrings | None, turn: int) -> None:
         """The environment's turn: each episode whose policy turn ended (not cut by the budget) is
         stepped with the text of that turn; its observation is written and pending, after the token
         that ended the turn, unless the episode is done or out of budget."""

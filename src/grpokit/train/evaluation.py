@@ -11,7 +11,8 @@ import torch
 from ..data import columns_of, render_prompt
 from ..models.device import Precision, model_device
 from ..rewards import score_completions
-from ..rollout import EpisodeSampler, HFGenerateSampler, Rollout, Sampler, SamplingParams
+from ..engine import EngineSpec, PolicyEngine
+from ..rollout import SamplingParams
 
 
 def evaluate(
@@ -42,17 +43,12 @@ def evaluate(
     computes), None: as the model is stored. environment (an `envs.EnvironmentSpec`): completions are
     multi-turn episodes, each started from its row. reward_timeout and should_stop: as
     `score_completions`' timeout and should_stop (the training step's rules for reward functions)."""
-    sampler: Sampler = (
-        model_or_sampler
-        if hasattr(model_or_sampler, "sample")
-        else HFGenerateSampler(model_or_sampler, tokenizer)
-    )
-    if environment is not None and not isinstance(sampler, EpisodeSampler):
-        sampler = EpisodeSampler(getattr(sampler, "model", model_or_sampler), tokenizer, environment)
-    episodic = isinstance(sampler, EpisodeSampler)
-    if precision is not None:
-        device = model_device(getattr(sampler, "model", model_or_sampler))
-        sampler = _Autocast(sampler, lambda: precision.autocast(device))
+    sampler = model_or_sampler
+    if not isinstance(sampler, PolicyEngine):
+        spec = EngineSpec(model_device(sampler), precision or Precision(), decode_loop="eager")
+        sampler = PolicyEngine.create(sampler, tokenizer, spec, environment=environment)
+    environment = sampler.environment
+    episodic = environment is not None
     tools = environment.tool_schemas if environment is not None else None
     prompts = [render_prompt(r[prompt_column], tokenizer, tools) for r in rows]
     greedy = SamplingParams(
@@ -106,17 +102,6 @@ def evaluate(
     return metrics
 
 
-class _Autocast:
-    """A sampler whose every call runs in `context()` (autocast)."""
-
-    def __init__(self, sampler: Sampler, context: Callable[[], Any]) -> None:
-        self.sampler, self.context = sampler, context
-
-    def sample(self, prompts: list[str], params: SamplingParams, *rows: Any) -> Rollout:
-        with self.context():
-            return self.sampler.sample(prompts, params, *rows)
-
-
 @dataclass(frozen=True)
 class _Sampled:
     texts: list[str]  # completions (multi-turn: whole transcripts)
@@ -126,7 +111,7 @@ class _Sampled:
 
 
 def _sample_in_chunks(
-    sampler: Sampler,
+    sampler: PolicyEngine,
     prompts: list[str],
     params: SamplingParams,
     batch_size: int | None,
@@ -138,8 +123,7 @@ def _sample_in_chunks(
     out = _Sampled([], [], [], [])
     for start in range(0, len(prompts), per_call):
         chunk = slice(start, start + per_call)
-        extra = () if rows is None else (rows[chunk],)
-        rollout = sampler.sample(prompts[chunk], params, *extra)  # type: ignore[call-arg]
+        rollout = sampler.generate(prompts[chunk], params, None if rows is None else rows[chunk])
         out.texts.extend(rollout.completions)
         kept = zip(rollout.completion_ids, rollout.completion_mask, strict=True)
         out.ids.extend(row[mask].tolist() for row, mask in kept)

@@ -28,7 +28,7 @@ from ..data import (
 from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..engine import EngineSpec, PolicyEngine, Wrapping
 from ..models import Precision, enable_fast_matmul, make_reference, place
-from ..rollout import SAMPLERS, SamplingParams
+from ..rollout import SamplingParams
 from . import distributed
 from .checkpoint import restore_distributed, save_distributed
 from .evaluation import evaluate
@@ -394,7 +394,7 @@ def warm_start_goal(
             "sft_target_accuracy needs an exact accuracy to measure: use a built-in task, or rows with an "
             "answer column; or unset sft_target_accuracy to run sft_steps."
         )
-    sampler = SAMPLERS[cfg.sampler](model, tokenizer)
+    sampler = model
     probe = data.train_rows[:SFT_PROBE_ROWS]
 
     def done(step: int) -> bool:
@@ -513,8 +513,7 @@ def evaluator(
     def run() -> dict[str, float]:
         if not data.eval_rows:
             return {}
-        sampler = engine.episodes or engine.sampler
-        return held_out_metrics(cfg, sampler, engine.tokenizer, data, engine.precision, should_stop)
+        return held_out_metrics(cfg, engine, engine.tokenizer, data, engine.precision, should_stop)
 
     return run
 

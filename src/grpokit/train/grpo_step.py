@@ -211,7 +211,7 @@ def generate_and_score(
     for attempt in range(attempts):
         began = time.perf_counter()
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
-        tools = engine.episodes.environment.tool_schemas if engine.episodes is not None else None
+        tools = engine.environment.tool_schemas if engine.environment is not None else None
         texts = [render_prompt(r[params.prompt_column], engine.tokenizer, tools) for r in rows]
         seed = params.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
         # ends on the host: synced (multi-turn episodes start from their rows)
