@@ -113,6 +113,12 @@ def completion_mask_from_ids(
     return positions < end[:, None], ~is_eos.any(-1) & ~stopped
 
 
+def uniforms(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """The uniform numbers draws are made with, in [0, 1): taken here only, by both steps (tests of
+    two devices draw them on the host here, so that both devices see one stream)."""
+    return torch.rand(shape, generator=generator, device=device)
+
+
 def episode_seed(seed: int | None, row: dict[str, Any], g: int) -> int:
     """The seed an episode's environment is reset with: from the sampling seed (None: 0), the row and
     the episode's place g in its group; 31 bits, so any random number generator takes it. Independent
@@ -190,8 +196,7 @@ class _Eager:
     def first(self) -> None:
         u = None
         if self.call.draw.temperature != 0.0:
-            B, device = self.logits.shape[0], self.logits.device
-            u = torch.rand(B, generator=self.call.generator, device=device)  # [B]
+            u = uniforms(self.logits.shape[:1], self.call.generator, self.logits.device)  # [B]
         self.token = draw_and_record(self.logits, self.call.draw, self.rows, u, self.tape)
 
     def step(self) -> None:
@@ -255,7 +260,7 @@ class _Static:
         state.rows.row.copy_(torch.arange(B, device=ids.device))
         state.rows.column.zero_()
         # [T, B] by output row: on a CPU the same numbers, in the same order, as the eager loop's draws
-        state.uniform[:T] = torch.rand(T, B, generator=call.generator, device=ids.device)
+        state.uniform[:T] = uniforms((T, B), call.generator, ids.device)
         state.step.zero_()
         state.slot.fill_(Lp)
         state.tape.tokens.fill_(call.draw.pad_token_id)
