@@ -176,7 +176,7 @@ def _kv(tiny_policy, **kwargs):
     return _decoder(model, tok, **kwargs)
 
 
-def test_kv_sampler_greedy_equals_generate(tiny_policy):
+def test_decoder_greedy_equals_generate(tiny_policy):
     model, tok = tiny_policy
     params = SamplingParams(num_generations=3, max_completion_length=6, temperature=0.0)
     prompts = ["12+3=", "7+8=", "1="]
@@ -192,7 +192,7 @@ def test_kv_sampler_greedy_equals_generate(tiny_policy):
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7}])
-def test_kv_sampler_logps_equal_a_forward_pass(tiny_policy, kwargs):
+def test_decoder_logps_equal_a_forward_pass(tiny_policy, kwargs):
     model, tok = tiny_policy
     params = SamplingParams(num_generations=4, max_completion_length=6, seed=3, **kwargs)
     r = _kv(tiny_policy).sample(["12+3=", "7+8="], params)
@@ -206,7 +206,7 @@ def test_kv_sampler_logps_equal_a_forward_pass(tiny_policy, kwargs):
 
 
 @pytest.mark.parametrize("stop_strings", [None, ["3"]])
-def test_kv_sampler_returns_ordinary_tensors_that_train(tiny_policy, stop_strings):
+def test_decoder_returns_ordinary_tensors_that_train(tiny_policy, stop_strings):
     """The decode loop runs in inference mode; what it returns must be ordinary tensors, or the
     training forward that embeds the sampled ids fails ('Inference tensors cannot be saved for
     backward')."""
@@ -221,7 +221,7 @@ def test_kv_sampler_returns_ordinary_tensors_that_train(tiny_policy, stop_string
     model.zero_grad()
 
 
-def test_kv_sampler_samples_in_eval_mode_when_the_model_has_dropout():
+def test_decoder_samples_in_eval_mode_when_the_model_has_dropout():
     """Sampling leaves a model without dropout in training mode (switching walks every module), but
     one with an active dropout module (a LoRA dropout, here a wrapped projection) is sampled in
     eval mode, as transformers' path is, and handed back in training mode."""
@@ -241,7 +241,7 @@ def test_kv_sampler_samples_in_eval_mode_when_the_model_has_dropout():
     torch.testing.assert_close(ours.sampling_logps, expected.sampling_logps, rtol=0, atol=0)
 
 
-def test_kv_sampler_is_seeded_and_stops_early(tiny_policy):
+def test_decoder_is_seeded_and_stops_early(tiny_policy):
     model, _ = tiny_policy
     kv = _kv(tiny_policy)
     prompts = [f"{a}+{a + 3}=" for a in range(16)]
@@ -273,7 +273,7 @@ def test_checking_for_finished_rows_less_often_only_adds_padding(tiny_policy):
 @pytest.mark.parametrize(
     "kwargs", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.8}, {"min_p": 0.3, "repetition_penalty": 1.5}]
 )
-def test_kv_sampler_draws_from_the_same_distribution_as_generate(tiny_policy, kwargs):
+def test_decoder_draws_from_the_same_distribution_as_generate(tiny_policy, kwargs):
     """Statistical test: 20 000 two-token completions of one prompt from each sampler. The total
     variation distance between the two empirical distributions of the first two tokens must be
     below 0.03 (for identical distributions its expected value here is about 0.01)."""
