@@ -9,8 +9,27 @@ from typing import Any
 import torch
 
 from grpokit.models import model_device
-from grpokit.rollout import Rollout, SamplingParams, completion_mask_from_ids, tokenize_prompts
+from grpokit.rollout import Rollout, SamplingParams, tokenize_prompts
 from grpokit.rollout.decode import eos_and_pad
+
+
+def completion_mask_from_ids(
+    completion_ids: torch.Tensor, eos_token_ids: list[int], stop_ends: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask and truncation flags of one-turn completions, from their ids alone. [B, T] -> ([B, T], [B])
+
+    A row ends at its first EOS, which counts; or where a stop string completed (`stop_ends` [B],
+    exclusive, −1 = none), whichever comes first. A row with neither was cut by max_completion_length:
+    all its tokens count and it is flagged truncated. (The decode loop records the same as it draws.)
+    """
+    B, T = completion_ids.shape
+    positions = torch.arange(T).expand(B, T)  # [B, T]
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids))  # [B, T]
+    end = torch.where(is_eos, positions + 1, T).amin(-1)  # [B] exclusive; T when no EOS
+    stopped = torch.zeros(B, dtype=torch.bool) if stop_ends is None else stop_ends >= 0  # [B]
+    if stop_ends is not None:
+        end = torch.where(stopped, torch.minimum(end, stop_ends), end)
+    return positions < end[:, None], ~is_eos.any(-1) & ~stopped
 
 
 class _Recorder:

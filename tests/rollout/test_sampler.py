@@ -10,9 +10,9 @@ import torch
 
 from grpokit.ops import completion_logps
 from grpokit.models import backend_of
-from grpokit.rollout import Decoder, LoopControl, SamplingParams, completion_mask_from_ids
+from grpokit.rollout import Decoder, LoopControl, SamplingParams
 
-from .reference_generate import reference_generate
+from .reference_generate import completion_mask_from_ids, reference_generate
 
 EOS = 2
 
@@ -302,3 +302,17 @@ def test_top_p_without_a_full_sort_keeps_exactly_the_same_tokens(top_p, sharpnes
     assert torch.equal(fast.isfinite(), full.isfinite())
     assert torch.equal(fast[fast.isfinite()], scores[fast.isfinite()])  # kept tokens keep their scores
     assert fast.isfinite().sum(-1).min() >= 1
+
+
+def test_the_recorded_masks_are_those_the_ids_imply(tiny_policy):
+    """The loop records which tokens the policy drew and where rows were cut as it draws: the masks,
+    flags and texts equal those derived from the ids afterwards, for rows ending at every length."""
+    model, tok = tiny_policy
+    params = SamplingParams(num_generations=16, max_completion_length=6, seed=5)
+    with biased_logits(model, EOS, 1.0):
+        r = _decoder(model, tok).sample(["1+2=", "33+4="], params)
+    lengths = r.completion_mask.sum(-1)
+    assert lengths.min() < 4 and r.truncated.any() and not r.truncated.all()
+    mask, truncated = completion_mask_from_ids(r.completion_ids, [EOS])
+    assert torch.equal(r.completion_mask, mask) and torch.equal(r.truncated, truncated)
+    assert r.completions == tok.batch_decode(torch.where(mask, r.completion_ids, 0), skip_special_tokens=True)

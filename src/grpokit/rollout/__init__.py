@@ -1,7 +1,7 @@
 """Sampling G completions (or G multi-turn episodes) per prompt: the one decode loop (`decode.py`),
 the distribution it draws from (`processing.py`) and its static-shape step (`static_decode.py`)."""
 
-from .decode import Decoder, LoopControl, completion_mask_from_ids, episode_seed, tokenize_prompts
+from .decode import Decoder, LoopControl, episode_seed, tokenize_prompts
 from .static_decode import DECODE_LOOPS, resolve_decode_loop
 from .types import Rollout, SamplingParams
 
@@ -11,7 +11,6 @@ __all__ = [
     "LoopControl",
     "Rollout",
     "SamplingParams",
-    "completion_mask_from_ids",
     "episode_seed",
     "resolve_decode_loop",
     "tokenize_prompts",

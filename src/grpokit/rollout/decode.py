@@ -54,14 +54,14 @@ class LoopControl:
     """How the loop runs besides what it draws. Sharded training replaces the defaults so that every
     rank runs the same number of forward passes, and FSDP's unsharded parameters stay ordinary."""
 
-    sync_finished: Callable[[bool], bool] = _alone  # done on this process -> stop (collective under FSDP)
+    sync_finished: Callable[[bool], bool] = _alone  # done here -> stop everywhere (collective under FSDP)
     grad_free: Callable[[], Any] = torch.inference_mode  # the loop's gradient-free mode
-    check_every: int | None = None  # tokens between "all finished?" reads; None: 1 on a CPU, 8 on a GPU
+    check_every: int | None = None  # draws between "all finished?" reads; None: 1 on a CPU, 8 on a GPU
 
 
-def tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, int]:
+def tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams) -> tuple[Any, Any, int]:
     """Prompt texts -> left-padded ids [P, Lp], mask [P, Lp] bool, and how many were cut to
-    max_prompt_length (or refused, with prompt_truncation='error')."""
+    max_prompt_length (with prompt_truncation='error', refused instead)."""
     encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     limit = params.max_prompt_length
     too_long = [i for i, ids in enumerate(encoded) if limit is not None and len(ids) > limit]
@@ -69,11 +69,12 @@ def tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams)
         first = too_long[0]
         raise ValueError(
             f"prompt {first} has {len(encoded[first])} tokens, more than max_prompt_length={limit} "
-            f"({len(too_long)} prompts are too long); raise max_prompt_length or set prompt_truncation='left'."
+            f"({len(too_long)} prompts are too long); "
+            "raise max_prompt_length or set prompt_truncation='left'."
         )
     if too_long:
         logger.warning("%d prompt(s) longer than max_prompt_length=%d were cut from the left", len(too_long), limit)
-        encoded = [ids[-limit:] if limit is not None else ids for ids in encoded]
+        encoded = [ids[-limit:] for ids in encoded]
     if any(len(ids) == 0 for ids in encoded):
         raise ValueError("a prompt tokenized to zero tokens; every prompt needs at least one token.")
     ids, mask = pad_left(encoded, tokenizer.pad_token_id)  # [P, Lp] left padding
@@ -91,31 +92,9 @@ def eos_and_pad(model: Any, tokenizer: Any) -> tuple[list[int], int]:
     return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
 
-def completion_mask_from_ids(
-    completion_ids: torch.Tensor, eos_token_ids: list[int], stop_ends: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask and truncation flags of one-turn completions. [B, T] -> ([B, T] bool, [B] bool)
-
-    A row ends at its first EOS, which counts; or where a stop string completed (`stop_ends` [B],
-    exclusive, −1 = none), whichever comes first. A row with neither was cut by max_completion_length:
-    all its tokens count and it is flagged truncated.
-    """
-    B, T = completion_ids.shape
-    device = completion_ids.device
-    positions = torch.arange(T, device=device).expand(B, T)  # [B, T]
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=device))  # [B, T]
-    end = torch.where(is_eos, positions + 1, T).amin(-1)  # [B] exclusive; T when no EOS
-    stopped = torch.zeros(B, dtype=torch.bool, device=device)
-    if stop_ends is not None:
-        stop_ends = stop_ends.to(device)
-        stopped = stop_ends >= 0  # [B]
-        end = torch.where(stopped, torch.minimum(end, stop_ends), end)
-    return positions < end[:, None], ~is_eos.any(-1) & ~stopped
-
-
 def uniforms(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """The uniform numbers draws are made with, in [0, 1): taken here only, by both steps (tests of
-    two devices draw them on the host here, so that both devices see one stream)."""
+    """The uniform numbers in [0, 1) that draws are made with, taken here only, by either step (tests
+    across devices draw them on the host here: one stream on both)."""
     return torch.rand(shape, generator=generator, device=device)
 
 
@@ -125,18 +104,6 @@ def episode_seed(seed: int | None, row: dict[str, Any], g: int) -> int:
     of the batch the row is in (an evaluation's chunking changes nothing)."""
     key = json.dumps([seed or 0, g, row], sort_keys=True, default=repr)
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
-
-
-@dataclass
-class _Episodes:
-    """Each row's episode, on the host: its environment and what the loop remembers of it."""
-
-    envs: list[Any]
-    reward: list[float | None]
-    turns: list[int]
-    running: list[bool]
-    truncated: list[bool]
-    pending: list[list[int]]  # tokens in the transcript, not yet in the cache (fed at the next turn)
 
 
 @dataclass(frozen=True)
@@ -151,14 +118,15 @@ class _Call:
 
 
 @dataclass
-class _Drawn:
-    """What the loop leaves: the tape, the columns drawn (one turn: the loop's steps), each row's next
-    column, and where a stop string ended each one-turn row (−1: none; None: no stop strings)."""
+class _Episodes:
+    """Each row's episode, on the host: its environment and what the loop remembers of it."""
 
-    tape: Tape
-    width: int
-    columns: torch.Tensor  # [B] long
-    stop_ends: torch.Tensor | None = None  # [B] long, exclusive, on the host
+    envs: list[Any]
+    reward: list[float | None]
+    turns: list[int]
+    running: list[bool]
+    truncated: list[bool]
+    pending: list[list[int]]  # tokens in the transcript, not yet in the cache (fed at the next turn)
 
 
 def decode_turn(run: Any, T: int, check_every: int, after_draw: Callable[[], None] | None = None) -> int:
@@ -200,36 +168,25 @@ class _Eager:
         self.token = draw_and_record(self.logits, self.call.draw, self.rows, u, self.tape)
 
     def step(self) -> None:
-        valid = ~self.rows.finished  # [B] rows still writing their turn
-        ids = torch.where(valid, self.token, self.call.draw.pad_token_id)[:, None]  # [B, 1]
-        self.key_mask = torch.cat([self.key_mask, valid[:, None]], dim=1)  # [B, S + 1]
-        positions = self.position[:, None] + 1  # [B, 1]
-        self.cache, self.logits = self.backend.append(self.cache, ids, self.key_mask, positions, None)
-        self.rows.ids = torch.cat([self.rows.ids, ids], dim=1)  # what the repetition penalty reads
-        self.position = self.position + valid.long()
+        valid = ~self.rows.finished[:, None]  # [B, 1] rows still writing their turn
+        self.feed(torch.where(valid, self.token[:, None], self.call.draw.pad_token_id), valid)
         self.first()
 
     def check(self) -> bool:
         return self.call.sync(bool(self.rows.finished.all()))  # (waits for the device)
 
-    def feed(self, pending: list[list[int]]) -> None:
-        """Each row's pending tokens, right-padded into one chunk [B, L]; every row's positions continue
-        from its own last real one, and its logits become those after its last real token (a row fed
-        nothing keeps its own)."""
-        B, width = len(pending), max(1, max(len(p) for p in pending))
-        ids = torch.full((B, width), self.call.draw.pad_token_id, dtype=torch.long)  # [B, L]
-        valid = torch.zeros(B, width, dtype=torch.bool)  # [B, L]
-        for i, p in enumerate(pending):
-            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-            valid[i, : len(p)] = True
-        ids, valid = ids.to(self.logits.device), valid.to(self.logits.device)
+    def feed(self, ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """ids [B, L] whose real tokens are `valid` (each row's first): every row's positions continue
+        from its own last real one, its logits become those after its last real token (a row fed
+        nothing keeps its own), and the repetition penalty sees what was fed."""
         steps = valid.long().cumsum(-1)  # [B, L]
         positions = self.position[:, None] + steps.clamp(min=1)  # [B, L] (padding: masked anyway)
         self.key_mask = torch.cat([self.key_mask, valid], dim=1)  # [B, S + L]
         count = steps[:, -1]  # [B] real tokens fed per row
-        at = (count - 1).clamp(min=0)  # [B] each row's last real token
+        at = None if ids.shape[1] == 1 else (count - 1).clamp(min=0)  # [B] each row's last real token
         self.cache, fresh = self.backend.append(self.cache, ids, self.key_mask, positions, at)
-        self.logits = torch.where((count > 0)[:, None], fresh, self.logits)
+        # one token: a row that fed nothing has ended its turn, and its logits are never read
+        self.logits = fresh if at is None else torch.where((count > 0)[:, None], fresh, self.logits)
         self.rows.ids = torch.cat([self.rows.ids, ids], dim=1)
         self.position = self.position + count
 
@@ -244,22 +201,21 @@ class _Static:
         G, T = call.params.num_generations, call.params.max_completion_length
         B = P * G
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [P, Lp]
-        cache, self.logits = steps.backend.prefill(ids, mask, positions, G, 0)  # cache [layers, B, kv, Lp, d]
+        cache, self.logits = steps.backend.prefill(ids, mask, positions, G, 0)  # [layers, B, kv, Lp, d]
         self.weights, self.buffers = steps.prepare(static_shape(call.params, Lp, B, cache.keys.dtype, call.draw))
         state: DecodeState = self.buffers.state
         for i, (k, v) in enumerate(cache.layers):  # [B, kv, Lp, d] each
-            state.keys[i][:, :, :Lp] = k[:, :, :Lp]
-            state.values[i][:, :, :Lp] = v[:, :, :Lp]
+            state.keys[i][:, :, :Lp], state.values[i][:, :, :Lp] = k, v
         state.key_mask.zero_()
         state.key_mask[:, :Lp] = mask.repeat_interleave(G, dim=0)  # [B, Lp]
         repeated = ids.repeat_interleave(G, dim=0)  # [B, Lp]
-        state.rows.ids.copy_(repeated[:, :1].expand_as(state.rows.ids))  # unwritten slots: a token already seen
+        state.rows.ids.copy_(repeated[:, :1].expand_as(state.rows.ids))  # unwritten slots: a token seen
         state.rows.ids[:, :Lp] = repeated
         state.position.copy_(positions[:, -1].repeat_interleave(G) + 1)  # [B]
         state.rows.finished.zero_()
         state.rows.row.copy_(torch.arange(B, device=ids.device))
         state.rows.column.zero_()
-        # [T, B] by output row: on a CPU the same numbers, in the same order, as the eager loop's draws
+        # [T, B] by output row: on a CPU the same numbers, in the same order, as the eager step's
         state.uniform[:T] = uniforms((T, B), call.generator, ids.device)
         state.step.zero_()
         state.slot.fill_(Lp)
@@ -269,9 +225,9 @@ class _Static:
         self.steps, self.state, self.call, self.b, self.buckets = steps, state, call, B, buckets_of(B)
 
     def first(self) -> None:
-        token = draw_and_record(self.logits, self.call.draw, self.state.rows, self.state.uniform[0], self.state.tape)
-        self.state.token.copy_(token)
-        self.state.step.add_(1)
+        state = self.state
+        state.token.copy_(draw_and_record(self.logits, self.call.draw, state.rows, state.uniform[0], state.tape))
+        state.step.add_(1)
 
     def step(self) -> None:
         self.steps.step(self.weights, self.call.draw, self.buffers, self.b)()
@@ -288,9 +244,9 @@ class _Static:
 
 
 class StopStrings:
-    """Ends a row's turn once the text it wrote this turn contains a stop string: after every draw the
-    last few tokens of each row that wrote are decoded (a stop string can only have completed within
-    its length in tokens, possibly merged with what follows it, a BPE token "]\n")."""
+    """Ends a row's turn once the text it wrote this turn holds a stop string: after every draw the last
+    few tokens of each row that wrote are decoded (a stop string can only have completed within its
+    length in tokens, possibly merged with what follows it, a BPE token "]\n")."""
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...], run: _Eager, starts: list[int]) -> None:
         self.tokenizer, self.stops, self.run, self.starts = tokenizer, stops, run, starts
@@ -305,14 +261,40 @@ class StopStrings:
         hit = []
         for i, (tail, end) in enumerate(zip(window.tolist(), columns.tolist(), strict=True)):
             wrote, self.before[i] = end != self.before[i], end
-            if not wrote or self.ends[i] >= 0:
-                continue
-            text = self.tokenizer.decode(tail[self.width - min(self.width, end - self.starts[i]) :], skip_special_tokens=True)
-            if any(s in text for s in self.stops):
-                self.ends[i] = end
-                hit.append(i)
+            if wrote and self.ends[i] < 0:
+                turn = tail[self.width - min(self.width, end - self.starts[i]) :]  # this turn's tokens only
+                if any(s in self.tokenizer.decode(turn, skip_special_tokens=True) for s in self.stops):
+                    self.ends[i] = end
+                    hit.append(i)
         if hit:
             self.run.rows.finished[hit] = True
+
+
+@dataclass
+class _Drawn:
+    """What the loop leaves, on the host: the tape's first `width` columns and each row's length."""
+
+    tokens: torch.Tensor  # [B, W] long
+    logps: torch.Tensor  # [B, W] float32
+    trained: torch.Tensor  # [B, W] bool: the policy drew it
+    lengths: torch.Tensor  # [B] long: the transcript's real tokens
+    truncated: torch.Tensor  # [B] bool: cut by the budget
+
+    @classmethod
+    def of(cls, tape: Tape, width: int, lengths: torch.Tensor | None = None, truncated: Any = None,
+           stopped: list[int] | None = None) -> _Drawn:  # fmt: skip
+        """Host copies, ordinary tensors (the loop ran in inference mode). lengths None: one turn, the
+        policy's tokens; truncated None: one turn, cut where it ends neither at an EOS nor where a stop
+        string ended (`stopped`: the column per row, −1: none)."""
+        with torch.inference_mode(False):
+            tokens, logps, trained = (t[:, :width].cpu().clone() for t in (tape.tokens, tape.logps, tape.trained))
+            lengths = trained.sum(-1) if lengths is None else lengths.cpu().clone()
+            if truncated is None:
+                last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]  # [B]
+                truncated = ~torch.isin(last, tape.eos.cpu())
+                if stopped is not None:
+                    truncated &= torch.tensor(stopped) < 0
+        return cls(tokens, logps, trained, lengths, torch.as_tensor(truncated, dtype=torch.bool))
 
 
 class Decoder:
@@ -349,20 +331,17 @@ class Decoder:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
         if self.environment is not None and (rows is None or len(rows) != len(prompts)):
             given = "no" if rows is None else len(rows)
-            raise ValueError(f"{given} rows for {len(prompts)} prompts: an episode needs its row (rows=, one a prompt).")
+            raise ValueError(f"{given} rows for {len(prompts)} prompts: an episode needs its row (rows=).")
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
         device = self.backend.device  # inputs go to the model; the Rollout comes back on the host
-        call = _Call(
-            params=params,
-            draw=DrawParams(
-                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-                repetition_penalty=params.repetition_penalty, pad_token_id=self.pad_token_id,
-                eos_token_ids=tuple(self.eos_token_ids),
-            ),  # fmt: skip
-            generator=None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed),
-            check_every=self.control.check_every or (1 if device.type == "cpu" else FINISH_CHECK_EVERY),
-            sync=self.control.sync_finished,
-        )
+        draw = DrawParams(
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty, pad_token_id=self.pad_token_id,
+            eos_token_ids=tuple(self.eos_token_ids),
+        )  # fmt: skip
+        generator = None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed)
+        check_every = self.control.check_every or (1 if device.type == "cpu" else FINISH_CHECK_EVERY)
+        call = _Call(params, draw, generator, check_every, self.control.sync_finished)
         # eval mode for dropout; the lean forward of a model without dropout does not depend on the
         # mode (its log-probs are then the training forward's), and switching walks every module twice
         model = self.backend.model
@@ -371,49 +350,54 @@ class Decoder:
             model.eval()
         episodes = None
         try:
-            # inference mode by default: no version counters or view tracking in the loop; what leaves
-            # it is copied to the host below
+            # inference mode by default: no version counters or view tracking in the loop
             with self.control.grad_free():
                 prompt = (prompt_ids.to(device), prompt_mask.to(device))  # [P, Lp] each
                 static = self.static_steps(params)
                 if static is not None:
-                    drawn = self._static_run(static, prompt, call)
+                    drawn = self._static_turn(static, prompt, call)
                 elif self.environment is None:
                     drawn = self._one_turn(prompt, call)
                 else:
                     episodes = self._reset(rows or [], params)
                     drawn = self._episodes(prompt, call, episodes)
-                tokens, logps, trained = (t[:, : drawn.width].cpu() for t in (drawn.tape.tokens, drawn.tape.logps, drawn.tape.trained))
-                columns = drawn.columns.cpu()
         finally:
             if switch:
                 model.train(True)
         G = params.num_generations
-        prompt_rows = (prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0))  # [B, Lp]
-        with torch.no_grad():
-            tokens, logps, trained = tokens.clone(), logps.clone(), trained.clone()  # ordinary tensors
-        if episodes is None:
-            mask, truncated = completion_mask_from_ids(tokens, self.eos_token_ids, drawn.stop_ends)
-            return Rollout(
-                prompt_ids=prompt_rows[0],  # [B, Lp]
-                prompt_mask=prompt_rows[1],
-                completion_ids=tokens,  # [B, W]
-                completion_mask=mask,
-                truncated=truncated,
-                sampling_logps=torch.where(mask, logps, 0.0),
-                completions=self.tokenizer.batch_decode(torch.where(mask, tokens, self.pad_token_id), skip_special_tokens=True),
-                num_generations=G,
-                num_truncated_prompts=num_truncated,
-            )
-        return self._transcripts(prompt_rows, (tokens, logps, trained, columns.clone()), episodes, G, num_truncated)
+        real = torch.arange(drawn.tokens.shape[1])[None, :] < drawn.lengths[:, None]  # [B, W]
+        mask = drawn.trained & real  # [B, W] what the loss trains: the policy's tokens
+        metrics: dict[str, float] = {}
+        for env in episodes.envs if episodes is not None else ():
+            for key, value in episode_metrics(env).items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        return Rollout(
+            prompt_ids=prompt_ids.repeat_interleave(G, dim=0),  # [B, Lp]
+            prompt_mask=prompt_mask.repeat_interleave(G, dim=0),
+            completion_ids=torch.where(real, drawn.tokens, self.pad_token_id),  # [B, W]
+            completion_mask=mask,
+            truncated=drawn.truncated,
+            sampling_logps=torch.where(mask, drawn.logps, 0.0),
+            completions=[  # decoded up to its length (multi-turn: the whole transcript)
+                self.tokenizer.decode(ids[:n], skip_special_tokens=True)
+                for ids, n in zip(drawn.tokens.tolist(), drawn.lengths.tolist(), strict=True)
+            ],
+            num_generations=G,
+            num_truncated_prompts=num_truncated,
+            completion_attention=real if episodes is not None else None,
+            env_rewards=None if episodes is None else torch.tensor(
+                [float("nan") if r is None else r for r in episodes.reward], dtype=torch.float32),
+            num_turns=None if episodes is None else torch.tensor(episodes.turns),
+            env_metrics=metrics,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ one turn
 
-    def _static_run(self, steps: StaticSteps, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call) -> _Drawn:
+    def _static_turn(self, steps: StaticSteps, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call) -> _Drawn:
         run = _Static(steps, prompt, call)
         with torch.autocast(prompt[0].device.type, enabled=False):  # the step casts by itself
             width = decode_turn(run, call.params.max_completion_length, call.check_every)
-        return _Drawn(run.state.tape, width, run.state.rows.column)  # (columns by slot: unused)
+        return _Drawn.of(run.state.tape, width)
 
     def _start(self, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call) -> _Eager:
         """Prefill each prompt once, its cache repeated for its G rows; an empty tape."""
@@ -424,7 +408,7 @@ class Decoder:
         cache, logits = self.backend.prefill(ids, mask, positions, G, T)  # logits [B, V]
         long = {"dtype": torch.long, "device": ids.device}
         rows = Rows(
-            ids=ids.repeat_interleave(G, dim=0),  # [B, Lp]
+            ids=ids.repeat_interleave(G, dim=0),  # [B, Lp] what the repetition penalty reads
             finished=torch.zeros(B, dtype=torch.bool, device=ids.device),
             row=torch.arange(B, **long),
             column=torch.zeros(B, **long),
@@ -440,8 +424,7 @@ class Decoder:
         stops = call.params.stop_strings
         check = StopStrings(self.tokenizer, stops, run, [0] * run.logits.shape[0]) if stops else None
         width = decode_turn(run, call.params.max_completion_length, call.check_every, check)
-        stop_ends = torch.tensor(check.ends) if check is not None else None
-        return _Drawn(run.tape, width, run.rows.column, stop_ends)
+        return _Drawn.of(run.tape, width, stopped=check.ends if check is not None else None)
 
     # ------------------------------------------------------------------ episodes
 
@@ -451,10 +434,10 @@ class Decoder:
         G, spec = params.num_generations, self.environment
         assert spec is not None
         B = len(rows) * G
-        episodes = _Episodes(envs=[], reward=[None] * B, turns=[0] * B, running=[True] * B, truncated=[False] * B, pending=[])
+        episodes = _Episodes([], [None] * B, [0] * B, [True] * B, [False] * B, [])
         for i in range(B):
-            env = spec.factory()
-            first = self._encode(reset_episode(env, rows[i // G], episode_seed(params.seed, rows[i // G], i % G), spec.name))
+            env, row = spec.factory(), rows[i // G]
+            first = self._encode(reset_episode(env, row, episode_seed(params.seed, row, i % G), spec.name))
             kept = first[: params.max_completion_length - 1]  # the policy keeps one token at least
             episodes.envs.append(env)
             episodes.pending.append(kept)
@@ -470,108 +453,87 @@ class Decoder:
         spec = self.environment
         assert spec is not None
         run = self._start(prompt, call)
-        T = call.params.max_completion_length
         stops = tuple(dict.fromkeys(spec.stop_strings + call.params.stop_strings))  # a turn ends at either
-        self._write(run, episodes.pending)  # the first observations open the transcripts
+        _write(run, episodes.pending)  # the first observations open the transcripts
         for turn in range(spec.max_turns):
             # every rank feeds while any has something to feed (collective under FSDP)
             if not call.sync(not any(episodes.pending)):
-                run.feed(episodes.pending)
+                run.feed(*_chunk(episodes.pending, call.draw.pad_token_id, run.logits.device))
                 episodes.pending = [[] for _ in episodes.pending]
             run.rows.finished.copy_(torch.tensor([not r for r in episodes.running]))
             starts = run.rows.column.tolist()
             check = StopStrings(self.tokenizer, stops, run, starts) if stops else None
-            decode_turn(run, T, call.check_every, check)
+            decode_turn(run, call.params.max_completion_length, call.check_every, check)
             self._answer(run, episodes, starts, check, turn)
             if call.sync(not any(episodes.running)):
                 break
         columns = run.rows.column
-        return _Drawn(run.tape, max(1, int(columns.max())), columns)
+        return _Drawn.of(run.tape, max(1, int(columns.max())), columns, episodes.truncated)
 
-    def _write(self, run: _Eager, texts: list[list[int]]) -> None:
-        """Append the environment's tokens to each row's transcript (untrained, log-prob 0)."""
-        columns = run.rows.column.tolist()
-        for i, ids in enumerate(texts):
-            if ids:
-                run.tape.tokens[i, columns[i] : columns[i] + len(ids)] = torch.tensor(ids)
-                run.tape.trained[i, columns[i] : columns[i] + len(ids)] = False
-                columns[i] += len(ids)
-        run.rows.column.copy_(torch.tensor(columns))
-
-    def _answer(self, run: _Eager, episodes: _Episodes, starts: list[int], check: StopStrings | None, turn: int) -> None:
+    def _answer(self, run: _Eager, episodes: _Episodes, starts: list[int], check: Any, turn: int) -> None:
         """The environment's turn: each episode whose policy turn ended (not cut by the budget) is
         stepped with the text of that turn; its observation is written and pending, after the token
         that ended the turn, unless the episode is done or out of budget."""
-        spec, T = self.environment, run.tape.limit.item()
+        spec, T = self.environment, int(run.tape.limit)
         assert spec is not None
-        columns = run.rows.column.tolist()
-        tokens = run.tape.tokens.tolist()
-        eos = set(self.eos_token_ids)
+        columns, tokens = run.rows.column.tolist(), run.tape.tokens.tolist()
         stepping = []
         for i, running in enumerate(episodes.running):
             if not running:
                 continue
+            end = columns[i]
             episodes.turns[i] += 1
             episodes.running[i] = False  # unless the environment goes on, below
-            end = columns[i]
-            ended = tokens[i][end - 1] in eos or (check is not None and check.ends[i] >= 0)
-            if not ended and end >= T:
-                episodes.truncated[i] = True  # cut by the token budget mid-turn
-            else:
-                stepping.append(i)
             episodes.pending[i] = [tokens[i][end - 1]]  # fed with the observation, if the episode goes on
+            ended = tokens[i][end - 1] in self.eos_token_ids or (check is not None and check.ends[i] >= 0)
+            if ended or end < T:
+                stepping.append(i)
+            else:
+                episodes.truncated[i] = True  # cut by the token budget mid-turn
         texts = [self.tokenizer.decode(tokens[i][starts[i] : columns[i]], skip_special_tokens=True) for i in stepping]
-        answers = self._step_all([episodes.envs[i] for i in stepping], texts)
         observations: list[list[int]] = [[] for _ in columns]
-        for i, (observation, reward, done) in zip(stepping, answers, strict=True):
+        for i, (observation, reward, done) in zip(stepping, self._step_all(episodes, stepping, texts), strict=True):
             if reward is not None:
                 episodes.reward[i] = (episodes.reward[i] or 0.0) + reward
             if done or turn + 1 == spec.max_turns:
                 continue
-            obs_ids = self._encode(observation)
+            obs = self._encode(observation)
             room = T - columns[i] - 1  # the policy keeps one token at least
-            if len(obs_ids) > room:  # the observation does not fit the budget: the episode ends here
-                obs_ids, episodes.truncated[i] = obs_ids[: max(room, 0)], True
-            observations[i] = obs_ids
+            if len(obs) > room:  # the observation does not fit the budget: the episode ends here
+                obs, episodes.truncated[i] = obs[: max(room, 0)], True
+            observations[i] = obs
             episodes.running[i] = not episodes.truncated[i]
-            episodes.pending[i] = episodes.pending[i] + obs_ids
-        self._write(run, observations)
+            episodes.pending[i] = episodes.pending[i] + obs
+        _write(run, observations)
         episodes.pending = [p if r else [] for p, r in zip(episodes.pending, episodes.running, strict=True)]
 
-    def _step_all(self, envs: list[Any], texts: list[str]) -> list[Any]:
-        """Every episode's `step`, concurrently (a tool waiting on I/O or its timeout holds up one
-        thread, not the turn), answers in order; what an environment raises is raised here."""
+    def _step_all(self, episodes: _Episodes, stepping: list[int], texts: list[str]) -> list[Any]:
+        """The `step` of every episode in `stepping`, concurrently (a tool waiting on I/O or its timeout
+        holds up one thread, not the turn), answers in order; what an environment raises is raised here."""
         name = self.environment.name if self.environment is not None else "environment"
-        if len(envs) <= 1:
-            return [step_episode(env, text, name) for env, text in zip(envs, texts, strict=True)]
-        with ThreadPoolExecutor(max_workers=min(ENV_THREADS, len(envs))) as pool:
-            return list(pool.map(lambda pair: step_episode(pair[0], pair[1], name), zip(envs, texts, strict=True)))
+        pairs = [(episodes.envs[i], text) for i, text in zip(stepping, texts, strict=True)]
+        if len(pairs) <= 1:
+            return [step_episode(env, text, name) for env, text in pairs]
+        with ThreadPoolExecutor(max_workers=min(ENV_THREADS, len(pairs))) as pool:
+            return list(pool.map(lambda pair: step_episode(pair[0], pair[1], name), pairs))
 
-    def _transcripts(
-        self, prompt_rows: tuple[torch.Tensor, torch.Tensor], drawn: tuple[torch.Tensor, ...], episodes: _Episodes,
-        G: int, num_truncated: int,
-    ) -> Rollout:  # fmt: skip
-        """The Rollout of multi-turn episodes: the completion is the whole transcript after the prompt;
-        the policy's tokens carry loss (completion_mask), every real token is attended to."""
-        tokens, logps, trained, columns = drawn  # [B, W] ×3, [B]
-        W = tokens.shape[1]
-        real = torch.arange(W)[None, :] < columns[:, None]  # [B, W]
-        metrics: dict[str, float] = {}
-        for env in episodes.envs:
-            for key, value in episode_metrics(env).items():
-                metrics[key] = metrics.get(key, 0.0) + value
-        return Rollout(
-            prompt_ids=prompt_rows[0],  # [B, Lp]
-            prompt_mask=prompt_rows[1],
-            completion_ids=torch.where(real, tokens, self.pad_token_id),  # [B, W]
-            completion_mask=trained & real,
-            truncated=torch.tensor(episodes.truncated),
-            sampling_logps=torch.where(trained & real, logps, 0.0),
-            completions=[self.tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(tokens.tolist(), columns.tolist(), strict=True)],
-            num_generations=G,
-            num_truncated_prompts=num_truncated,
-            completion_attention=real,
-            env_rewards=torch.tensor([float("nan") if r is None else r for r in episodes.reward], dtype=torch.float32),
-            num_turns=torch.tensor(episodes.turns),
-            env_metrics=metrics,
-        )
+
+def _chunk(pending: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's pending tokens, right-padded into one chunk: ids [B, L] and which are real [B, L]."""
+    B, width = len(pending), max(1, max(len(p) for p in pending))
+    ids = torch.full((B, width), pad, dtype=torch.long)  # [B, L]
+    valid = torch.zeros(B, width, dtype=torch.bool)  # [B, L]
+    for i, p in enumerate(pending):
+        ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        valid[i, : len(p)] = True
+    return ids.to(device), valid.to(device)
+
+
+def _write(run: _Eager, texts: list[list[int]]) -> None:
+    """Append the environment's tokens to each row's transcript (untrained, log-prob 0)."""
+    columns = run.rows.column.tolist()
+    for i, ids in enumerate(texts):
+        if ids:
+            run.tape.tokens[i, columns[i] : columns[i] + len(ids)] = torch.tensor(ids)
+            columns[i] += len(ids)
+    run.rows.column.copy_(torch.tensor(columns))
