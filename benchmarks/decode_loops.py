@@ -59,8 +59,7 @@ class _Generate:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from grpokit.models import Precision, build_policy, char_tokenizer, enable_fast_matmul
-    from grpokit.models import backend_of
+    from grpokit.models import Precision, backend_of, build_policy, char_tokenizer, enable_fast_matmul
     from grpokit.rollout import Decoder, SamplingParams
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -119,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         samplers: dict[str, Any] = {}
         first: dict[str, float] = {}
         for loop in loops + (["generate"] if args.generate else []):
-            sampler = _Generate(model, tokenizer) if loop == "generate" else Decoder(backend_of(model), tokenizer, loop)
+            sampler = (
+                _Generate(model, tokenizer)
+                if loop == "generate"
+                else Decoder(backend_of(model), tokenizer, loop)
+            )
             began = time.perf_counter()
             with precision.autocast(device):
                 sampler.sample(prompts, params)

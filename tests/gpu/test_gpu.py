@@ -7,7 +7,8 @@ Without CUDA every test here is skipped (and the default run, `-m 'not gpu'`, de
 2. Resume across devices: a checkpoint written on the GPU resumes on the CPU and one written on the
    CPU resumes on the GPU, both ending at the weights of an uninterrupted run.
 3. Reward-model training on cuda equals the CPU run step for step, and learns the preference task.
-4. The decode loop (eager and CUDA-graph steps) on a GPU model returns its Rollout on the host, with the CPU's greedy completions.
+4. The decode loop (eager and CUDA-graph steps) on a GPU model returns its Rollout on the host, with
+   the CPU's greedy completions.
 5. dtype=bfloat16 on cuda: forward passes in bfloat16, the trainable weights and AdamW state float32.
 
 How runs on two devices are made comparable (neither changes what is being tested):
@@ -324,8 +325,7 @@ def test_decoder_on_cuda_returns_the_cpu_greedy_rollout_on_the_host(loop):
     """Greedy completions of a 2-layer Llama, prompts of three lengths (left padding): the GPU model's
     Rollout has every tensor on the CPU, and the same tokens, masks and texts as the CPU model's;
     the sampling log-probs agree to float32 round-off."""
-    from grpokit.models import build_policy, char_tokenizer
-    from grpokit.models import backend_of
+    from grpokit.models import backend_of, build_policy, char_tokenizer
     from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer("0123456789+=")
@@ -405,8 +405,7 @@ def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
     returned on the host; then a tool_addition GRPO run on cuda trains with its episode metrics."""
     from grpokit.data.tasks import TOOL_ALPHABET
     from grpokit.envs import calc, tool_environment
-    from grpokit.models import build_policy, char_tokenizer
-    from grpokit.models import backend_of
+    from grpokit.models import backend_of, build_policy, char_tokenizer
     from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer(TOOL_ALPHABET)
@@ -418,7 +417,9 @@ def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
     rows = [{"prompt": p} for p in prompts]
     params = SamplingParams(num_generations=2, max_completion_length=24, temperature=0.0)
     on_cpu = Decoder(backend_of(model), tok, environment=spec).sample(prompts, params, rows)
-    on_gpu = Decoder(backend_of(copy.deepcopy(model).to(CUDA)), tok, environment=spec).sample(prompts, params, rows)
+    on_gpu = Decoder(backend_of(copy.deepcopy(model).to(CUDA)), tok, environment=spec).sample(
+        prompts, params, rows
+    )
     for name in ("completion_ids", "completion_mask", "completion_attention", "num_turns", "truncated"):
         assert getattr(on_gpu, name).device.type == "cpu", name
         assert torch.equal(getattr(on_gpu, name), getattr(on_cpu, name)), name

@@ -23,10 +23,10 @@ from grpokit.models import (
     KVCache,
     LeanLlamaDecoder,
     Precision,
+    backend_of,
     build_policy,
     build_reward_model,
     char_tokenizer,
-    backend_of,
     lean_decoder,
     lm_head_of,
     model_device,
@@ -242,7 +242,7 @@ def test_lean_backend_under_autocast_matches_transformers_backend(kwargs, monkey
     """The decode loop over the lean backend under bfloat16 autocast (float32 weights) draws the tokens
     it draws over transformers' forward under the same autocast, with the same log-probs (as above:
     float32 round-off apart), from a bfloat16 cache; the Rollout comes back on the host."""
-    from grpokit.models import TransformersBackend, backend_of, lm_head_of
+    from grpokit.models import TransformersBackend, backend_of
     from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer("0123456789+=")

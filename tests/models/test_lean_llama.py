@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit.models import LeanBackend, TransformersBackend, backend_of, build_policy, lean_decoder, lm_head_of
+from grpokit.models import (
+    LeanBackend,
+    TransformersBackend,
+    backend_of,
+    build_policy,
+    lean_decoder,
+    lm_head_of,
+)
 from grpokit.models.lean_llama import LeanLlamaDecoder, _packing_pays
 
 

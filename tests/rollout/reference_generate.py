@@ -90,12 +90,18 @@ def reference_generate(model: Any, tokenizer: Any, prompts: list[str], params: S
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.long().to(device),
-                max_new_tokens=params.max_completion_length, do_sample=not greedy,
-                temperature=None if greedy else 1.0, top_p=None if greedy else 1.0, top_k=None if greedy else 0,
-                pad_token_id=pad, eos_token_id=eos, logits_processor=_processors(params, recorder),
+                input_ids=ids.to(device),
+                attention_mask=mask.long().to(device),
+                max_new_tokens=params.max_completion_length,
+                do_sample=not greedy,
+                temperature=None if greedy else 1.0,
+                top_p=None if greedy else 1.0,
+                top_k=None if greedy else 0,
+                pad_token_id=pad,
+                eos_token_id=eos,
+                logits_processor=_processors(params, recorder),
                 return_dict_in_generate=True,
-            )  # fmt: skip
+            )
     finally:
         model.train(was_training)
     sequences = out.sequences.cpu()  # [B, Lp + T]
@@ -104,8 +110,15 @@ def reference_generate(model: Any, tokenizer: Any, prompts: list[str], params: S
     logps = torch.stack(recorder.logps, dim=1).cpu()  # [B, T]
     completion_mask, truncated = completion_mask_from_ids(tokens, eos)
     return Rollout(
-        prompt_ids=ids, prompt_mask=mask, completion_ids=tokens, completion_mask=completion_mask,
-        truncated=truncated, sampling_logps=torch.where(completion_mask, logps, 0.0),
-        completions=tokenizer.batch_decode(torch.where(completion_mask, tokens, pad), skip_special_tokens=True),
-        num_generations=G, num_truncated_prompts=truncated_prompts,
-    )  # fmt: skip
+        prompt_ids=ids,
+        prompt_mask=mask,
+        completion_ids=tokens,
+        completion_mask=completion_mask,
+        truncated=truncated,
+        sampling_logps=torch.where(completion_mask, logps, 0.0),
+        completions=tokenizer.batch_decode(
+            torch.where(completion_mask, tokens, pad), skip_special_tokens=True
+        ),
+        num_generations=G,
+        num_truncated_prompts=truncated_prompts,
+    )

@@ -13,9 +13,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpokit.envs import EnvironmentSpec, calc, tool_environment
 from grpokit.engine import EngineSpec, PolicyEngine
-from grpokit.models import LeanLlamaDecoder, TransformersBackend, backend_of, build_policy, char_tokenizer, lm_head_of
+from grpokit.envs import EnvironmentSpec, calc, tool_environment
+from grpokit.models import (
+    LeanLlamaDecoder,
+    TransformersBackend,
+    backend_of,
+    build_policy,
+    char_tokenizer,
+    lm_head_of,
+)
 from grpokit.ops import grpo_loss
 from grpokit.rollout import Decoder, SamplingParams
 from grpokit.rollout.decode import StopStrings
@@ -279,7 +286,9 @@ def test_reset_text_is_context_and_episodes_get_their_own_seed(policy):
 def test_rows_must_match_prompts(policy):
     spec = tool_environment([calc], "brackets")
     with pytest.raises(ValueError, match="an episode needs its row"):
-        Decoder(backend_of(policy[0]), policy[1], environment=spec).sample(["1="], SamplingParams(num_generations=2), [])
+        Decoder(backend_of(policy[0]), policy[1], environment=spec).sample(
+            ["1="], SamplingParams(num_generations=2), []
+        )
 
 
 def test_a_stop_string_merged_with_what_follows_still_ends_the_turn():

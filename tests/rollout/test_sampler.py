@@ -8,8 +8,8 @@ import contextlib
 import pytest
 import torch
 
-from grpokit.ops import completion_logps
 from grpokit.models import backend_of
+from grpokit.ops import completion_logps
 from grpokit.rollout import Decoder, LoopControl, SamplingParams
 
 from .reference_generate import completion_mask_from_ids, reference_generate
@@ -168,7 +168,7 @@ def test_bad_sampling_params(kwargs, match):
         SamplingParams(**kwargs)
 
 
-# ----------------------------------------------------------------------------- against generate, and the loop's own rules
+# ------------------------------------------------------------- against generate, and the loop's own rules
 
 
 def _kv(tiny_policy, **kwargs):
@@ -248,7 +248,9 @@ def test_decoder_is_seeded_and_stops_early(tiny_policy):
     params = SamplingParams(num_generations=8, max_completion_length=6, seed=7)
     assert torch.equal(kv.sample(prompts, params).completion_ids, kv.sample(prompts, params).completion_ids)
     with biased_logits(model, EOS, 1e4):
-        first = _kv(tiny_policy).sample(["1+1="], SamplingParams(num_generations=2, max_completion_length=5, seed=0))
+        first = _kv(tiny_policy).sample(
+            ["1+1="], SamplingParams(num_generations=2, max_completion_length=5, seed=0)
+        )
     assert first.completion_ids.shape == (2, 1) and first.completion_mask.all() and not first.truncated.any()
 
 

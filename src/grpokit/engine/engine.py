@@ -113,7 +113,11 @@ class PolicyEngine:
             decoding = backend_of(train_module) if train_module is not module else backend
             loop, control = "eager", LoopControl(sync_finished=lockstep, grad_free=torch.no_grad)
         else:
-            decoding, loop, control = backend, resolve_decode_loop(spec.decode_loop, spec.device), LoopControl()
+            decoding, loop, control = (
+                backend,
+                resolve_decode_loop(spec.decode_loop, spec.device),
+                LoopControl(),
+            )
         fused = spec.fused_logps and not wrapped and backend.head is not None
         reference_backend = backend_of(reference) if fused and reference is not None else None
         return cls(
@@ -132,7 +136,9 @@ class PolicyEngine:
             frozen_mode=torch.no_grad if wrapped else torch.inference_mode,
             environment=environment,
             backend=backend if fused else None,
-            reference_backend=reference_backend if reference_backend is not None and reference_backend.head is not None else None,
+            reference_backend=reference_backend
+            if reference_backend is not None and reference_backend.head is not None
+            else None,
         )
 
     @property
@@ -166,7 +172,9 @@ class PolicyEngine:
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]] | None = None) -> Rollout:
+    def generate(
+        self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]] | None = None
+    ) -> Rollout:
         """G completions for each prompt (a Rollout, on the host); with an environment, G episodes of
         each prompt, started from its row of `rows`."""
         with self.autocast():

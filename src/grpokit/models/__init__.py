@@ -1,8 +1,17 @@
 """Policies, reference policies and tokenizers. transformers is imported lazily, inside the
 functions of `hf.py`, so `import grpokit.models` stays cheap."""
 
+from .backend import (
+    Capabilities,
+    LeanBackend,
+    LMHead,
+    TransformersBackend,
+    backend_of,
+    has_dropout,
+    lm_head_of,
+    whole_groups,
+)
 from .device import Precision, enable_fast_matmul, model_device, place, resolve_device
-from .backend import Capabilities, LeanBackend, LMHead, TransformersBackend, backend_of, has_dropout, lm_head_of, whole_groups
 from .hf import (
     LoadedPolicy,
     build_policy,

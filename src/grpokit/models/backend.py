@@ -97,9 +97,13 @@ class TransformersBackend:
         return next(self.model.parameters()).device
 
     def hidden(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, targets: torch.Tensor, attended: torch.Tensor,
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        targets: torch.Tensor,
+        attended: torch.Tensor,
         G: int,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """The final hidden states that score each target token, through the model's decoder.
         [b, Lp], [b, T] -> [b, T, H]"""
         inner = _inner(self.model)
@@ -109,7 +113,9 @@ class TransformersBackend:
         out = decoder(input_ids=ids, attention_mask=attention, use_cache=False)
         return out.last_hidden_state[:, -targets.shape[1] - 1 : -1]  # [b, T, H]: position t scores target t
 
-    def _forward(self, cache: Any, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, keep: int) -> Any:
+    def _forward(
+        self, cache: Any, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, keep: int
+    ) -> Any:
         return self.model(
             input_ids=ids,
             attention_mask=key_mask.long(),
@@ -128,13 +134,23 @@ class TransformersBackend:
         out.past_key_values.batch_repeat_interleave(G)  # the one place prompts are repeated: [P] -> [B]
         return out.past_key_values, out.logits[:, -1].repeat_interleave(G, dim=0)
 
-    def append(self, cache: Any, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor,
-               at: torch.Tensor | None) -> tuple[Any, torch.Tensor]:  # fmt: skip
+    def append(
+        self,
+        cache: Any,
+        ids: torch.Tensor,
+        key_mask: torch.Tensor,
+        positions: torch.Tensor,
+        at: torch.Tensor | None,
+    ) -> tuple[Any, torch.Tensor]:
         """ids [B, L] after what the cache holds, key_mask [B, S + L], positions [B, L] -> (cache, the
         logits after each row's token `at` [B] (None when L = 1), [B, V])."""
         out = self._forward(cache, ids, key_mask, positions, 1 if ids.shape[1] == 1 else 0)
         logits = out.logits  # [B, L or 1, V]
-        picked = logits[:, 0] if logits.shape[1] == 1 else logits[torch.arange(ids.shape[0], device=ids.device), at]
+        picked = (
+            logits[:, 0]
+            if logits.shape[1] == 1
+            else logits[torch.arange(ids.shape[0], device=ids.device), at]
+        )
         return out.past_key_values, picked
 
 
@@ -147,7 +163,9 @@ class LeanBackend(TransformersBackend):
         self.decoder = decoder
         self.static_shapes = supports_static_decode(decoder) and head is not None
         self._dropout: bool | None = None
-        self.static: Any = None  # the static-shape step's weights and buffers, kept between rollouts (rollout/)
+        self.static: Any = (
+            None  # the static-shape step's weights and buffers, kept between rollouts (rollout/)
+        )
 
     @property
     def capabilities(self) -> Capabilities:
@@ -161,9 +179,13 @@ class LeanBackend(TransformersBackend):
         return self.decoder.device
 
     def hidden(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, targets: torch.Tensor, attended: torch.Tensor,
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        targets: torch.Tensor,
+        attended: torch.Tensor,
         G: int,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """As the base class, sharing each prompt's keys and values across its G rows when they come in
         whole groups (checked, not assumed). [b, T, H]"""
         if whole_groups(prompt_ids, prompt_mask, G):
@@ -186,16 +208,26 @@ class LeanBackend(TransformersBackend):
         cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
         return cache, self._logits(hidden[:, -1].repeat_interleave(G, dim=0))
 
-    def append(self, cache: KVCache, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor,
-               at: torch.Tensor | None) -> tuple[Any, torch.Tensor]:  # fmt: skip
+    def append(
+        self,
+        cache: KVCache,
+        ids: torch.Tensor,
+        key_mask: torch.Tensor,
+        positions: torch.Tensor,
+        at: torch.Tensor | None,
+    ) -> tuple[Any, torch.Tensor]:
         needed, capacity = cache.length + ids.shape[1], cache.keys.shape[3]
         if needed > capacity:  # grow: a new cache holding what there is
-            grown = self.decoder.new_cache(ids.shape[0], max(needed, capacity + GROW, 2 * capacity), cache.keys)
+            grown = self.decoder.new_cache(
+                ids.shape[0], max(needed, capacity + GROW, 2 * capacity), cache.keys
+            )
             grown.keys[:, :, :, : cache.length].copy_(cache.keys[:, :, :, : cache.length])
             grown.values[:, :, :, : cache.length].copy_(cache.values[:, :, :, : cache.length])
             grown.length, cache = cache.length, grown
         hidden = self.decoder(ids, key_mask=key_mask, position_ids=positions, cache=cache).last_hidden_state
-        last = hidden[:, 0] if ids.shape[1] == 1 else hidden[torch.arange(ids.shape[0], device=ids.device), at]
+        last = (
+            hidden[:, 0] if ids.shape[1] == 1 else hidden[torch.arange(ids.shape[0], device=ids.device), at]
+        )
         return cache, self._logits(last)
 
 

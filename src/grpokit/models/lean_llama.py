@@ -359,6 +359,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 # ----------------------------------------------------------------------------- the layers, once
 
+
 class ModuleLayer:
     """A transformers Llama layer seen through its modules (LoRA layers injected by peft included):
     what training, prefill and the eager decode loop multiply by."""
@@ -430,9 +431,13 @@ def _mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Te
 
 
 def llama_layers(
-    layers: Any, shape: tuple[int, int, int], hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    layers: Any,
+    shape: tuple[int, int, int],
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
     attend: Any,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """The Llama decoder layers, the one forward of every pass (training, prefill, the eager and the
     static decode step): `layers` are `ModuleLayer`s or `StackedLayer`s; `attend(i, q, k, v)` writes
     layer i's keys and values where its caller keeps them and attends. hidden [b, L, H] -> [b, L, H]"""
@@ -532,8 +537,15 @@ def refresh_weights(weights: DecodeWeights, decoder: LeanLlamaDecoder, head: Any
             weights.head_bias.copy_(head.bias)
 
 
-def feed_static(w: DecodeWeights, keys: list[torch.Tensor], values: list[torch.Tensor], key_mask: torch.Tensor,
-                position: torch.Tensor, token: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def feed_static(
+    w: DecodeWeights,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_mask: torch.Tensor,
+    position: torch.Tensor,
+    token: torch.Tensor,
+    slot: torch.Tensor,
+) -> torch.Tensor:
     """One token per row through `llama_layers` over preallocated per-layer keys and values [b, kv, S,
     d], written at `slot` (a one-element tensor: nothing changes from token to token, so a captured
     graph replays) and marked in key_mask [b, S]. -> next-token logits [b, V] float32"""

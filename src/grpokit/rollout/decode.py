@@ -28,7 +28,7 @@ import logging
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,7 +73,9 @@ def tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams)
             "raise max_prompt_length or set prompt_truncation='left'."
         )
     if too_long:
-        logger.warning("%d prompt(s) longer than max_prompt_length=%d were cut from the left", len(too_long), limit)
+        logger.warning(
+            "%d prompt(s) longer than max_prompt_length=%d were cut from the left", len(too_long), limit
+        )
         encoded = [ids[-limit:] for ids in encoded]
     if any(len(ids) == 0 for ids in encoded):
         raise ValueError("a prompt tokenized to zero tokens; every prompt needs at least one token.")
@@ -202,7 +204,9 @@ class _Static:
         B = P * G
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [P, Lp]
         cache, self.logits = steps.backend.prefill(ids, mask, positions, G, 0)  # [layers, B, kv, Lp, d]
-        self.weights, self.buffers = steps.prepare(static_shape(call.params, Lp, B, cache.keys.dtype, call.draw))
+        self.weights, self.buffers = steps.prepare(
+            static_shape(call.params, Lp, B, cache.keys.dtype, call.draw)
+        )
         state: DecodeState = self.buffers.state
         for i, (k, v) in enumerate(cache.layers):  # [B, kv, Lp, d] each
             state.keys[i][:, :, :Lp], state.values[i][:, :, :Lp] = k, v
@@ -226,7 +230,9 @@ class _Static:
 
     def first(self) -> None:
         state = self.state
-        state.token.copy_(draw_and_record(self.logits, self.call.draw, state.rows, state.uniform[0], state.tape))
+        state.token.copy_(
+            draw_and_record(self.logits, self.call.draw, state.rows, state.uniform[0], state.tape)
+        )
         state.step.add_(1)
 
     def step(self) -> None:
@@ -281,13 +287,21 @@ class _Drawn:
     truncated: torch.Tensor  # [B] bool: cut by the budget
 
     @classmethod
-    def of(cls, tape: Tape, width: int, lengths: torch.Tensor | None = None, truncated: Any = None,
-           stopped: list[int] | None = None) -> _Drawn:  # fmt: skip
+    def of(
+        cls,
+        tape: Tape,
+        width: int,
+        lengths: torch.Tensor | None = None,
+        truncated: Any = None,
+        stopped: list[int] | None = None,
+    ) -> _Drawn:
         """Host copies, ordinary tensors (the loop ran in inference mode). lengths None: one turn, the
         policy's tokens; truncated None: one turn, cut where it ends neither at an EOS nor where a stop
         string ended (`stopped`: the column per row, −1: none)."""
         with torch.inference_mode(False):
-            tokens, logps, trained = (t[:, :width].cpu().clone() for t in (tape.tokens, tape.logps, tape.trained))
+            tokens, logps, trained = (
+                t[:, :width].cpu().clone() for t in (tape.tokens, tape.logps, tape.trained)
+            )
             lengths = trained.sum(-1) if lengths is None else lengths.cpu().clone()
             if truncated is None:
                 last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]  # [B]
@@ -304,9 +318,13 @@ class Decoder:
     step otherwise."""
 
     def __init__(
-        self, backend: Any, tokenizer: Any, loop: str = "eager", environment: EnvironmentSpec | None = None,
+        self,
+        backend: Any,
+        tokenizer: Any,
+        loop: str = "eager",
+        environment: EnvironmentSpec | None = None,
         control: LoopControl | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.backend, self.tokenizer, self.environment = backend, tokenizer, environment
         self.control = control or LoopControl()
         self.loop = loop
@@ -324,7 +342,9 @@ class Decoder:
         return self._static
 
     @torch.no_grad()
-    def sample(self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]] | None = None) -> Rollout:
+    def sample(
+        self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]] | None = None
+    ) -> Rollout:
         """G completions of each prompt (with an environment, G episodes started from its row of
         `rows`), as a Rollout on the host."""
         if not prompts:
@@ -335,10 +355,14 @@ class Decoder:
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
         device = self.backend.device  # inputs go to the model; the Rollout comes back on the host
         draw = DrawParams(
-            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-            repetition_penalty=params.repetition_penalty, pad_token_id=self.pad_token_id,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
+            pad_token_id=self.pad_token_id,
             eos_token_ids=tuple(self.eos_token_ids),
-        )  # fmt: skip
+        )
         generator = None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed)
         check_every = self.control.check_every or (1 if device.type == "cpu" else FINISH_CHECK_EVERY)
         call = _Call(params, draw, generator, check_every, self.control.sync_finished)
@@ -385,15 +409,20 @@ class Decoder:
             num_generations=G,
             num_truncated_prompts=num_truncated,
             completion_attention=real if episodes is not None else None,
-            env_rewards=None if episodes is None else torch.tensor(
-                [float("nan") if r is None else r for r in episodes.reward], dtype=torch.float32),
+            env_rewards=None
+            if episodes is None
+            else torch.tensor(
+                [float("nan") if r is None else r for r in episodes.reward], dtype=torch.float32
+            ),
             num_turns=None if episodes is None else torch.tensor(episodes.turns),
             env_metrics=metrics,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ one turn
 
-    def _static_turn(self, steps: StaticSteps, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call) -> _Drawn:
+    def _static_turn(
+        self, steps: StaticSteps, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call
+    ) -> _Drawn:
         run = _Static(steps, prompt, call)
         with torch.autocast(prompt[0].device.type, enabled=False):  # the step casts by itself
             width = decode_turn(run, call.params.max_completion_length, call.check_every)
@@ -414,10 +443,15 @@ class Decoder:
             column=torch.zeros(B, **long),
         )
         return _Eager(
-            backend=self.backend, cache=cache, logits=logits, key_mask=mask.repeat_interleave(G, dim=0),
-            position=positions[:, -1].repeat_interleave(G), rows=rows,
-            tape=Tape.empty(B, T, call.draw, ids.device), call=call,
-        )  # fmt: skip
+            backend=self.backend,
+            cache=cache,
+            logits=logits,
+            key_mask=mask.repeat_interleave(G, dim=0),
+            position=positions[:, -1].repeat_interleave(G),
+            rows=rows,
+            tape=Tape.empty(B, T, call.draw, ids.device),
+            call=call,
+        )
 
     def _one_turn(self, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call) -> _Drawn:
         run = self._start(prompt, call)
@@ -447,7 +481,9 @@ class Decoder:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
-    def _episodes(self, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call, episodes: _Episodes) -> _Drawn:
+    def _episodes(
+        self, prompt: tuple[torch.Tensor, torch.Tensor], call: _Call, episodes: _Episodes
+    ) -> _Drawn:
         """Up to max_turns policy turns per row, each answered by the row's environment; the KV cache is
         kept across turns (an observation is fed as one chunk, never by re-running the transcript)."""
         spec = self.environment
@@ -490,9 +526,14 @@ class Decoder:
                 stepping.append(i)
             else:
                 episodes.truncated[i] = True  # cut by the token budget mid-turn
-        texts = [self.tokenizer.decode(tokens[i][starts[i] : columns[i]], skip_special_tokens=True) for i in stepping]
+        texts = [
+            self.tokenizer.decode(tokens[i][starts[i] : columns[i]], skip_special_tokens=True)
+            for i in stepping
+        ]
         observations: list[list[int]] = [[] for _ in columns]
-        for i, (observation, reward, done) in zip(stepping, self._step_all(episodes, stepping, texts), strict=True):
+        for i, (observation, reward, done) in zip(
+            stepping, self._step_all(episodes, stepping, texts), strict=True
+        ):
             if reward is not None:
                 episodes.reward[i] = (episodes.reward[i] or 0.0) + reward
             if done or turn + 1 == spec.max_turns:

@@ -127,7 +127,9 @@ class Tape:
         )
 
 
-def draw_and_record(logits: torch.Tensor, p: DrawParams, rows: Rows, u: torch.Tensor | None, tape: Tape) -> torch.Tensor:
+def draw_and_record(
+    logits: torch.Tensor, p: DrawParams, rows: Rows, u: torch.Tensor | None, tape: Tape
+) -> torch.Tensor:
     """Draw each row's next token from `logits` [b, V] (u [b]: its uniform number; None: greedy), write
     it and its log-probability at the row's column, advance writing rows and mark those that drew an
     end-of-sequence token or filled the tape finished (in place). -> tokens [b] (padding for rows that

@@ -71,8 +71,15 @@ class DecodeState:
     def view(self, b: int) -> DecodeState:
         """The first b slots (views: the same memory)."""
         rows = Rows(**{f.name: getattr(self.rows, f.name)[:b] for f in fields(Rows)})
-        return replace(self, keys=[k[:b] for k in self.keys], values=[v[:b] for v in self.values],
-                       key_mask=self.key_mask[:b], position=self.position[:b], token=self.token[:b], rows=rows)  # fmt: skip
+        return replace(
+            self,
+            keys=[k[:b] for k in self.keys],
+            values=[v[:b] for v in self.values],
+            key_mask=self.key_mask[:b],
+            position=self.position[:b],
+            token=self.token[:b],
+            rows=rows,
+        )
 
     def compact(self, b: int, bucket: int) -> None:
         """Gather the unfinished slots among the first b to the front, then pad them to `bucket` slots
@@ -132,7 +139,9 @@ class StaticSteps:
     def prepare(self, shape: _Shape) -> tuple[DecodeWeights, _Buffers]:
         key = (shape.dtype, shape.S)
         if key not in self.weights:
-            self.weights[key] = decode_weights(self.backend.decoder, self.backend.head, shape.dtype, shape.S + HEADROOM)
+            self.weights[key] = decode_weights(
+                self.backend.decoder, self.backend.head, shape.dtype, shape.S + HEADROOM
+            )
         weights = self.weights[key]
         refresh_weights(weights, self.backend.decoder, self.backend.head)
         if shape not in self.buffers:
@@ -175,8 +184,12 @@ def _allocate(w: DecodeWeights, shape: _Shape) -> DecodeState:
         key_mask=torch.zeros(B, S, dtype=torch.bool, device=device),
         position=torch.zeros(B, **long),
         token=torch.zeros(B, **long),
-        rows=Rows(ids=torch.zeros(B, S, **long), finished=torch.zeros(B, dtype=torch.bool, device=device),
-                  row=torch.arange(B, device=device), column=torch.zeros(B, **long)),  # fmt: skip
+        rows=Rows(
+            ids=torch.zeros(B, S, **long),
+            finished=torch.zeros(B, dtype=torch.bool, device=device),
+            row=torch.arange(B, device=device),
+            column=torch.zeros(B, **long),
+        ),
         uniform=torch.ones(T, B, dtype=torch.float32, device=device),
         step=torch.zeros(1, **long),
         slot=torch.zeros(1, **long),
@@ -189,7 +202,9 @@ def _warm_up(step: Any, state: DecodeState, stream: Any = None) -> None:
     put back every buffer but the KV cache (the KV slots it wrote are masked again and rewritten
     before they are read). The buffers have HEADROOM extra tokens and slots for a warm-up at the end."""
     kept = [state.key_mask, state.position, state.token, state.step, state.slot]
-    kept += [getattr(state.rows, f.name) for f in fields(Rows)] + [getattr(state.tape, f.name) for f in fields(Tape)]
+    kept += [getattr(state.rows, f.name) for f in fields(Rows)] + [
+        getattr(state.tape, f.name) for f in fields(Tape)
+    ]
     saved = [t.clone() for t in kept]
     for _ in range(HEADROOM):
         if stream is None:

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from ..data import columns_of, render_prompt
+from ..engine import EngineSpec, PolicyEngine
 from ..models.device import Precision, model_device
 from ..rewards import score_completions
-from ..engine import EngineSpec, PolicyEngine
 from ..rollout import SamplingParams
 
 

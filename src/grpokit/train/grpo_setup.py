@@ -25,8 +25,8 @@ from ..data import (
     require_demonstrations,
     sft_rows,
 )
-from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..engine import EngineSpec, PolicyEngine, Wrapping
+from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..models import Precision, enable_fast_matmul, make_reference, place
 from ..rollout import SamplingParams
 from . import distributed
