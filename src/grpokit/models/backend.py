@@ -87,6 +87,8 @@ class TransformersBackend:
 
     def __init__(self, model: Any, head: LMHead | None) -> None:
         self.model, self.head = model, head
+        inner = _inner(model)
+        self.decoder: Any = getattr(inner, getattr(inner, "base_model_prefix", ""), None)  # hidden states
 
     @property
     def capabilities(self) -> Capabilities:
@@ -106,11 +108,9 @@ class TransformersBackend:
     ) -> torch.Tensor:
         """The final hidden states that score each target token, through the model's decoder.
         [b, Lp], [b, T] -> [b, T, H]"""
-        inner = _inner(self.model)
-        decoder = getattr(inner, inner.base_model_prefix)
         ids = torch.cat([prompt_ids, targets], dim=1).to(self.device)  # [b, Lp+T]
         attention = torch.cat([prompt_mask, attended], dim=1).long().to(self.device)  # [b, Lp+T]
-        out = decoder(input_ids=ids, attention_mask=attention, use_cache=False)
+        out = self.decoder(input_ids=ids, attention_mask=attention, use_cache=False)
         return out.last_hidden_state[:, -targets.shape[1] - 1 : -1]  # [b, T, H]: position t scores target t
 
     def _forward(
@@ -160,12 +160,9 @@ class LeanBackend(TransformersBackend):
 
     def __init__(self, model: Any, head: LMHead | None, decoder: LeanLlamaDecoder) -> None:
         super().__init__(model, head)
-        self.decoder = decoder
+        self.decoder: LeanLlamaDecoder = decoder
         self.static_shapes = supports_static_decode(decoder) and head is not None
         self._dropout: bool | None = None
-        self.static: Any = (
-            None  # the static-shape step's weights and buffers, kept between rollouts (rollout/)
-        )
 
     @property
     def capabilities(self) -> Capabilities:
@@ -190,10 +187,7 @@ class LeanBackend(TransformersBackend):
         whole groups (checked, not assumed). [b, T, H]"""
         if whole_groups(prompt_ids, prompt_mask, G):
             return self.decoder.shared_prefix(prompt_ids[::G], prompt_mask[::G], targets, attended, G)
-        ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
-        attention = torch.cat([prompt_mask, attended], dim=1)  # [b, Lp+T]
-        hidden = self.decoder(input_ids=ids, attention_mask=attention).last_hidden_state
-        return hidden[:, -targets.shape[1] - 1 : -1]  # [b, T, H]
+        return super().hidden(prompt_ids, prompt_mask, targets, attended, G)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.head is not None
