@@ -166,7 +166,7 @@ class LeanLlamaDecoder:
         if position_ids is not None:
             position_ids = position_ids.to(device)
         key_mask = key_mask.to(device=device, dtype=torch.bool)
-        hidden, _ = self._run(input_ids, key_mask, position_ids, start, cache=cache)
+        hidden, _ = self._run(input_ids, key_mask, position_ids, cache=cache)
         if cache is not None:
             cache.length = start + L
         return LeanOutput(hidden)
@@ -196,14 +196,14 @@ class LeanLlamaDecoder:
         B, T = suffix_ids.shape
         if T > 1 and _packing_pays(Lp, T, group_size):
             return self._packed_groups(prefix_ids, prefix_mask, suffix_ids, group_size)
-        prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, 0, keep_kv=True)  # [P, Lp, H]
+        prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, keep_kv=True)  # [P, Lp, H]
         kv = [(k.repeat_interleave(group_size, 0), v.repeat_interleave(group_size, 0)) for k, v in kv]
         key_mask = torch.cat([prefix_mask.repeat_interleave(group_size, 0), suffix_mask.bool()], dim=1)
         # key_mask: [B, Lp+T]
         last = prefix_hidden[:, -1:].repeat_interleave(group_size, 0)  # [B, 1, H] scores suffix[:, 0]
         if T == 1:
             return last
-        suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, Lp, past=kv)  # [B, T-1, H]
+        suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, past=kv)  # [B, T-1, H]
         return torch.cat([last, suffix_hidden], dim=1)  # [B, T, H]
 
     def _packed_groups(
@@ -219,7 +219,7 @@ class LeanLlamaDecoder:
         real = torch.cat([prefix_mask, prefix_mask.new_ones(P, G * Ts)], dim=1)  # [P, N]
         mask = (layout.allowed[None] & real[:, None, :]) | layout.diagonal[None]  # [P, N, N]
         positions = layout.positions[None].expand(P, -1)  # [P, N]
-        hidden, _ = self._run(ids, real, positions, 0, mask=mask[:, None])  # [P, N, H]
+        hidden, _ = self._run(ids, real, positions, mask=mask[:, None])  # [P, N, H]
         return hidden[:, layout.scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
 
     def _run(
@@ -227,18 +227,18 @@ class LeanLlamaDecoder:
         input_ids: torch.Tensor,
         key_mask: torch.Tensor,
         position_ids: torch.Tensor | None,
-        start: int,
         *,
         cache: KVCache | None = None,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         keep_kv: bool = False,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """The decoder over positions start … start+L−1 of input_ids [b, L], attending to earlier
-        positions held in `cache` (written in place: inference) or `past` (per-layer keys and values
-        [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L]; `mask`
+        """The decoder over positions start … start+L−1 of input_ids [b, L], attending to the `start`
+        earlier positions held in `cache` (written in place: inference) or `past` (per-layer keys and
+        values [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L]; `mask`
         [b, 1, L, S] (True = may attend) replaces the causal one built from it.
         -> final-normed hidden [b, L, H], and each layer's keys and values if keep_kv."""
+        start = cache.length if cache is not None else past[0][0].shape[2] if past is not None else 0
         b, L = input_ids.shape
         S = start + L
         device = input_ids.device
