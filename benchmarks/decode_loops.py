@@ -37,11 +37,30 @@ SETUPS = {  # hidden, layers, heads, intermediate, vocab (0: the addition alphab
 BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8, "A100": 2.0}
 
 
+class _Generate:
+    """transformers' `generate` on the same work (sampled, no log-probs recorded: its fastest form)."""
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def sample(self, prompts: list[str], params: Any) -> Any:
+        import torch
+
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = self.model.generate(
+                **{k: v.to(self.model.device) for k, v in enc.items()}, do_sample=True, top_k=0, top_p=1.0,
+                max_new_tokens=params.max_completion_length, num_return_sequences=params.num_generations,
+                pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+            )  # fmt: skip
+        return type("Out", (), {"completion_ids": out})
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from grpokit.models import Precision, build_policy, char_tokenizer, enable_fast_matmul
-    from grpokit.rollout import HFGenerateSampler, KVCacheSampler, SamplingParams
+    from grpokit.models import Precision, backend_of, build_policy, char_tokenizer, enable_fast_matmul
+    from grpokit.rollout import Decoder, SamplingParams
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", choices=sorted(SETUPS), default="addition")
@@ -99,11 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         samplers: dict[str, Any] = {}
         first: dict[str, float] = {}
         for loop in loops + (["generate"] if args.generate else []):
-            if loop == "generate":
-                sampler = HFGenerateSampler(model, tokenizer)
-            else:
-                sampler = KVCacheSampler(model, tokenizer)
-                sampler.decode_loop = loop
+            sampler = (
+                _Generate(model, tokenizer)
+                if loop == "generate"
+                else Decoder(backend_of(model), tokenizer, loop)
+            )
             began = time.perf_counter()
             with precision.autocast(device):
                 sampler.sample(prompts, params)

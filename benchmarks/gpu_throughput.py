@@ -6,7 +6,7 @@ characters provides the vocabulary).
 Each piece runs on one batch of P prompts × G completions of exactly T new tokens (a random model
 almost never draws EOS), as in the trainer:
 
-* sampling: `KVCacheSampler` (lean decoder, KV cache, prompt prefilled once per group);
+* sampling: the engine's decode loop (lean backend, KV cache, prompt prefilled once per group);
 * reference pass: `frozen_logps` (log-probs from hidden states and the LM head, prompts shared);
 * policy update: `completion_stats` with entropies, `grpo_loss` (dapo, beta 0.04), backward,
   gradient clipping and the fused AdamW step.
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": sum(p.numel() for p in model.parameters()),
         "work": f"{args.prompts} prompts x {G} completions x {T} tokens, prompts of {width} tokens",
         "peak_tflops": peak,
-        "decode_loop": engine.sampler.decode_loop,
+        "decode_loop": engine.decoder.loop,
     }
     for key, (fn, count, flops) in pieces.items():
         t = timed(fn, args.repeats, sync)

@@ -1,4 +1,4 @@
-"""Sampling speed: grpokit's KV-cached decode loop (`sampler=kv`) against transformers' `generate`
+"""Sampling speed: grpokit's decode loop (`rollout.Decoder`, eager step) against transformers' `generate`
 on the same model, prompts and sampling settings, side by side in one process.
 
 Default work (issue 7): 4 prompts × 8 completions × 128 new tokens from a ~20M-parameter Llama with
@@ -21,8 +21,8 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from grpokit.models import build_policy, char_tokenizer
-    from grpokit.rollout import SAMPLERS, SamplingParams
+    from grpokit.models import backend_of, build_policy, char_tokenizer
+    from grpokit.rollout import Decoder, SamplingParams
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=32000)
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(
         num_generations=args.generations, max_completion_length=args.tokens, temperature=1.0
     )
-    kv = SAMPLERS["kv"](model, tokenizer)
+    kv = Decoder(backend_of(model), tokenizer)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
 
     def run_kv() -> int:

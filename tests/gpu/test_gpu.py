@@ -7,7 +7,8 @@ Without CUDA every test here is skipped (and the default run, `-m 'not gpu'`, de
 2. Resume across devices: a checkpoint written on the GPU resumes on the CPU and one written on the
    CPU resumes on the GPU, both ending at the weights of an uninterrupted run.
 3. Reward-model training on cuda equals the CPU run step for step, and learns the preference task.
-4. The samplers on a GPU model return their Rollout on the host, with the CPU's greedy completions.
+4. The decode loop (eager and CUDA-graph steps) on a GPU model returns its Rollout on the host, with
+   the CPU's greedy completions.
 5. dtype=bfloat16 on cuda: forward passes in bfloat16, the trainable weights and AdamW state float32.
 
 How runs on two devices are made comparable (neither changes what is being tested):
@@ -15,8 +16,8 @@ How runs on two devices are made comparable (neither changes what is being teste
 * Random draws: each sampling call seeds a generator on the model's device, and CUDA's generator
   (Philox) yields other numbers than the CPU's (Mersenne Twister) for the same seed, so the same run
   on two devices samples different completions. The cross-device tests (`host_draws`) replace the
-  KV sampler's `draw` by the same inverse-CDF draw whose uniform numbers come from a CPU generator
-  with the device generator's seed: one stream of numbers on both devices.
+  decode loop's `uniforms` by numbers from a CPU generator with the device generator's seed, moved
+  to the device: one stream of numbers on both devices, whichever step (eager or static) draws.
 * Matmul precision: grpokit turns TF32 on for CUDA float32 matmuls (`enable_fast_matmul`: 10-bit
   mantissa, ~1e-3 relative error per product). These tests check placement, resume and precision
   handling, not TF32, so they run CUDA matmuls in full float32 (`full_float32`); what remains between
@@ -89,25 +90,21 @@ def _tf32_on() -> bool:
 
 @pytest.fixture
 def host_draws(monkeypatch):
-    """The KV sampler's draws with uniform numbers from a CPU generator seeded like the device's
-    generator (see the module docstring): the same completions on the CPU and the GPU."""
-    from grpokit.rollout import kv_sampler
+    """The decode loop's uniform numbers from a CPU generator seeded like the device's generator (see
+    the module docstring): the same completions on the CPU and the GPU."""
+    from grpokit.rollout import decode
 
     streams: dict[int, tuple[torch.Generator, torch.Generator]] = {}  # id(device gen) -> (it, host gen)
 
-    def draw(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
-        if greedy:
-            return logprobs.argmax(-1)
+    def uniforms(shape, generator, device):
         host = None
         if generator is not None:
             if id(generator) not in streams:  # the generator is kept alive, so its id is not reused
                 streams[id(generator)] = (generator, torch.Generator().manual_seed(generator.initial_seed()))
             host = streams[id(generator)][1]
-        cdf = logprobs.float().exp().cumsum(-1)  # [B, V]
-        u = (1.0 - torch.rand(cdf.shape[0], 1, generator=host)).to(cdf.device) * cdf[:, -1:]  # [B, 1]
-        return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        return torch.rand(shape, generator=host).to(device)
 
-    monkeypatch.setattr(kv_sampler, "draw", draw)
+    monkeypatch.setattr(decode, "uniforms", uniforms)
     return streams
 
 
@@ -323,13 +320,13 @@ def test_reward_model_learns_the_preference_task_on_cuda(tmp_path):
 # ----------------------------------------------------------------------------- 4. samplers
 
 
-@pytest.mark.parametrize("sampler", ["kv", "hf"])
-def test_sampler_on_cuda_returns_the_cpu_greedy_rollout_on_the_host(sampler):
+@pytest.mark.parametrize("loop", ["eager", "cuda_graph"])
+def test_decoder_on_cuda_returns_the_cpu_greedy_rollout_on_the_host(loop):
     """Greedy completions of a 2-layer Llama, prompts of three lengths (left padding): the GPU model's
     Rollout has every tensor on the CPU, and the same tokens, masks and texts as the CPU model's;
     the sampling log-probs agree to float32 round-off."""
-    from grpokit.models import build_policy, char_tokenizer
-    from grpokit.rollout import SAMPLERS, SamplingParams
+    from grpokit.models import backend_of, build_policy, char_tokenizer
+    from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer("0123456789+=")
     model = build_policy(
@@ -344,8 +341,8 @@ def test_sampler_on_cuda_returns_the_cpu_greedy_rollout_on_the_host(sampler):
     ).eval()
     prompts = ["1+2=", "12+34=", "999+1="]
     params = SamplingParams(num_generations=2, max_completion_length=8, temperature=0.0)
-    on_cpu = SAMPLERS[sampler](model, tok).sample(prompts, params)
-    on_gpu = SAMPLERS[sampler](copy.deepcopy(model).to(CUDA), tok).sample(prompts, params)
+    on_cpu = Decoder(backend_of(model), tok).sample(prompts, params)
+    on_gpu = Decoder(backend_of(copy.deepcopy(model).to(CUDA)), tok, loop).sample(prompts, params)
     for name in (
         "prompt_ids",
         "prompt_mask",
@@ -408,8 +405,8 @@ def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
     returned on the host; then a tool_addition GRPO run on cuda trains with its episode metrics."""
     from grpokit.data.tasks import TOOL_ALPHABET
     from grpokit.envs import calc, tool_environment
-    from grpokit.models import build_policy, char_tokenizer
-    from grpokit.rollout import EpisodeSampler, SamplingParams
+    from grpokit.models import backend_of, build_policy, char_tokenizer
+    from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer(TOOL_ALPHABET)
     model = build_policy(
@@ -419,8 +416,10 @@ def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
     prompts = ["1+2=", "12+34=", "999+1="]
     rows = [{"prompt": p} for p in prompts]
     params = SamplingParams(num_generations=2, max_completion_length=24, temperature=0.0)
-    on_cpu = EpisodeSampler(model, tok, spec).sample(prompts, params, rows)
-    on_gpu = EpisodeSampler(copy.deepcopy(model).to(CUDA), tok, spec).sample(prompts, params, rows)
+    on_cpu = Decoder(backend_of(model), tok, environment=spec).sample(prompts, params, rows)
+    on_gpu = Decoder(backend_of(copy.deepcopy(model).to(CUDA)), tok, environment=spec).sample(
+        prompts, params, rows
+    )
     for name in ("completion_ids", "completion_mask", "completion_attention", "num_turns", "truncated"):
         assert getattr(on_gpu, name).device.type == "cpu", name
         assert torch.equal(getattr(on_gpu, name), getattr(on_cpu, name)), name

@@ -23,10 +23,10 @@ from grpokit.models import (
     KVCache,
     LeanLlamaDecoder,
     Precision,
+    backend_of,
     build_policy,
     build_reward_model,
     char_tokenizer,
-    last_hidden_states,
     lean_decoder,
     lm_head_of,
     model_device,
@@ -155,8 +155,9 @@ def test_lean_forward_and_cache_live_on_the_model_device():
         assert isinstance(cache, KVCache) and cache.keys.device == META and cache.values.device == META
         out = decoder(ids[:, :6], key_mask=mask[:, :6], position_ids=positions[:, :6], cache=cache)
         assert out.last_hidden_state.device == META and cache.length == 6
-    head = lm_head_of(model)
-    assert last_hidden_states(head, ids, mask, 2).device == META
+    targets = torch.randint(3, 40, (3, 2))
+    hidden = backend_of(model).hidden(ids, mask.bool(), targets, torch.ones(3, 2, dtype=torch.bool), 1)
+    assert hidden.device == META and hidden.shape == (3, 2, 64)
 
 
 class _Probe(torch.nn.Module):
@@ -237,11 +238,12 @@ def test_lean_forward_under_autocast_equals_transformers_under_autocast():
 
 
 @pytest.mark.parametrize("kwargs", [{"temperature": 0.0}, {}])
-def test_kv_sampler_under_autocast_matches_transformers_path(kwargs, monkeypatch):
-    """The KV sampler's lean path under bfloat16 autocast (float32 weights) draws the tokens its
-    transformers path draws under the same autocast, with the same log-probs (as above: float32
-    round-off apart), from a bfloat16 cache; the Rollout comes back on the host."""
-    from grpokit.rollout import KVCacheSampler, SamplingParams
+def test_lean_backend_under_autocast_matches_transformers_backend(kwargs, monkeypatch):
+    """The decode loop over the lean backend under bfloat16 autocast (float32 weights) draws the tokens
+    it draws over transformers' forward under the same autocast, with the same log-probs (as above:
+    float32 round-off apart), from a bfloat16 cache; the Rollout comes back on the host."""
+    from grpokit.models import TransformersBackend, backend_of
+    from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer("0123456789+=")
     model = build_policy(hidden_size=64, num_layers=2, num_heads=4, vocab_size=len(tok), dropout=0.0, seed=3)
@@ -253,13 +255,12 @@ def test_kv_sampler_under_autocast_matches_transformers_path(kwargs, monkeypatch
         return caches[-1]
 
     monkeypatch.setattr(LeanLlamaDecoder, "new_cache", recorded)
-    sampler = KVCacheSampler(model, tok)
     params = SamplingParams(num_generations=4, max_completion_length=8, seed=5, **kwargs)
     prompts = ["12+3=", "7+8=", "99+99="]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        lean = sampler.sample(prompts, params)
-        sampler._lean_steps = lambda *args: None  # transformers' forward and DynamicCache
-        plain = sampler.sample(prompts, params)
+        lean = Decoder(backend_of(model), tok).sample(prompts, params)
+        # transformers' forward and DynamicCache
+        plain = Decoder(TransformersBackend(model, lm_head_of(model)), tok).sample(prompts, params)
     assert len(caches) == 1 and caches[0].keys.dtype == torch.bfloat16
     assert torch.equal(lean.completion_ids, plain.completion_ids)
     torch.testing.assert_close(lean.sampling_logps, plain.sampling_logps, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit.models import build_policy, lean_decoder, lm_head_of
+from grpokit.models import (
+    LeanBackend,
+    TransformersBackend,
+    backend_of,
+    build_policy,
+    lean_decoder,
+    lm_head_of,
+)
 from grpokit.models.lean_llama import LeanLlamaDecoder, _packing_pays
 
 
@@ -90,23 +97,23 @@ def test_unsupported_models_keep_their_own_forward():
     model.config.attention_dropout = 0.0
     model.gradient_checkpointing_enable()  # checkpointing: not covered
     assert lean_decoder(model) is None
-    head = lm_head_of(model)
-    assert head is not None and not isinstance(head.decoder, LeanLlamaDecoder)  # transformers' decoder
+    backend = backend_of(model)
+    assert backend.head is not None and not isinstance(backend, LeanBackend)  # transformers' decoder
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7, "top_k": 5}, {"temperature": 0.0}])
-def test_kv_sampler_lean_and_transformers_paths_draw_the_same_tokens(kwargs):
+def test_lean_and_transformers_backends_draw_the_same_tokens(kwargs):
     from grpokit.models import char_tokenizer
-    from grpokit.rollout import KVCacheSampler, SamplingParams
+    from grpokit.rollout import Decoder, SamplingParams
 
     tok = char_tokenizer("0123456789+=")
     model = build_policy(hidden_size=64, num_layers=2, num_heads=4, vocab_size=len(tok), dropout=0.0, seed=3)
-    sampler = KVCacheSampler(model, tok)
     params = SamplingParams(num_generations=4, max_completion_length=8, seed=5, **kwargs)
     prompts = ["12+3=", "7+8=", "99+99="]  # different lengths: left padding
-    lean = sampler.sample(prompts, params)
-    sampler._lean_steps = lambda *args: None  # force transformers' forward and DynamicCache
-    plain = sampler.sample(prompts, params)
+    assert isinstance(backend_of(model), LeanBackend)
+    lean = Decoder(backend_of(model), tok).sample(prompts, params)
+    # transformers' forward and DynamicCache
+    plain = Decoder(TransformersBackend(model, lm_head_of(model)), tok).sample(prompts, params)
     assert torch.equal(lean.completion_ids, plain.completion_ids)
     torch.testing.assert_close(lean.sampling_logps, plain.sampling_logps, rtol=1e-5, atol=1e-5)
 
@@ -179,7 +186,7 @@ def test_rms_norm_matches_llamas_in_values_and_gradients():
     x = (torch.randn(3, 5, 48, generator=g) * 4).requires_grad_()
     twin = x.detach().clone().requires_grad_()
     weights = torch.randn(3, 5, 48, generator=g)
-    ours, expected = _rms_norm(norm, x), norm(twin)
+    ours, expected = _rms_norm(norm.weight, norm.variance_epsilon, x), norm(twin)
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-6)
     (ours * weights).sum().backward()
     grad_w = norm.weight.grad.clone()
@@ -188,7 +195,7 @@ def test_rms_norm_matches_llamas_in_values_and_gradients():
     torch.testing.assert_close(x.grad, twin.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad_w, norm.weight.grad, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # the gradient-free route gives the same values
-        torch.testing.assert_close(_rms_norm(norm, x), ours, rtol=0, atol=0)
+        torch.testing.assert_close(_rms_norm(norm.weight, norm.variance_epsilon, x), ours, rtol=0, atol=0)
     x64 = torch.randn(2, 3, 7, dtype=torch.float64, generator=g, requires_grad=True)
     w64 = torch.randn(7, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: _RMSNorm.apply(a, b, 1e-6), (x64, w64))

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (rollout/multi_turn.py) and their log-probs and loss.
+"""Multi-turn rollouts (the decode loop with an environment, rollout/decode.py) and their log-probs and loss.
 
 An episode's transcript mixes the policy's tokens (trained) and the environment's (context only). The
 tests build episodes by hand and by sampling, and check which tokens carry loss, that every log-prob
@@ -13,11 +13,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpokit.envs import EnvironmentSpec, calc, tool_environment
 from grpokit.engine import EngineSpec, PolicyEngine
-from grpokit.models import LeanLlamaDecoder, build_policy, char_tokenizer
+from grpokit.envs import EnvironmentSpec, calc, tool_environment
+from grpokit.models import (
+    LeanLlamaDecoder,
+    TransformersBackend,
+    backend_of,
+    build_policy,
+    char_tokenizer,
+    lm_head_of,
+)
 from grpokit.ops import grpo_loss
-from grpokit.rollout import EpisodeSampler, SamplingParams, multi_turn
+from grpokit.rollout import Decoder, SamplingParams
+from grpokit.rollout.decode import StopStrings
 
 ALPHABET = "0123456789+=[](){}\"calc:;' ertonkwusdbfhimp"
 EOS = 2
@@ -71,9 +79,9 @@ def _runs(mask_row: list[bool]) -> list[tuple[bool, int, int]]:
     return runs
 
 
-def _sample(policy, spec, T=40, G=4, seed=0, prompts=("12+3=", "7+8=", "1="), rows=None, **kw):
+def _sample(policy, spec, T=40, G=4, seed=0, prompts=("12+3=", "7+8=", "1="), rows=None, backend=None, **kw):
     model, tok = policy
-    sampler = EpisodeSampler(model, tok, spec)
+    sampler = Decoder(backend or backend_of(model), tok, environment=spec)
     rows = rows or [{"prompt": p} for p in prompts]
     params = SamplingParams(num_generations=G, max_completion_length=T, seed=seed, **kw)
     return sampler.sample(list(prompts), params, rows)
@@ -149,7 +157,7 @@ def test_the_training_forward_scores_a_hand_built_episode_as_one_forward(policy)
         engine = PolicyEngine.create(
             model, tok, EngineSpec(torch.device("cpu"), fused_logps=fused, group_size=G)
         )
-        assert (engine._head is not None) == fused
+        assert engine.fused == fused
         logps = engine.logps(batch, slice(0, G), entropy=False).logps.double()
         torch.testing.assert_close(logps[attention], reference[attention], rtol=0, atol=1e-5)
     # were the environment's tokens masked out of attention, the answer's log-probs would change:
@@ -204,8 +212,7 @@ def test_hf_forward_and_lean_forward_draw_the_same_episodes(policy, monkeypatch)
     spec = tool_environment([calc], "brackets", max_turns=3)
     lean = _sample(policy, spec, T=30)
     model = policy[0]
-    monkeypatch.setattr(EpisodeSampler, "_forward", lambda self: multi_turn._HFForward(model))
-    hf = _sample(policy, spec, T=30)
+    hf = _sample(policy, spec, T=30, backend=TransformersBackend(model, lm_head_of(model)))
     assert torch.equal(lean.completion_ids, hf.completion_ids)
     assert torch.equal(lean.completion_mask, hf.completion_mask)
     torch.testing.assert_close(lean.sampling_logps, hf.sampling_logps, rtol=0, atol=1e-5)
@@ -279,15 +286,27 @@ def test_reset_text_is_context_and_episodes_get_their_own_seed(policy):
 def test_rows_must_match_prompts(policy):
     spec = tool_environment([calc], "brackets")
     with pytest.raises(ValueError, match="an episode needs its row"):
-        EpisodeSampler(*policy, spec).sample(["1="], SamplingParams(num_generations=2), [])
+        Decoder(backend_of(policy[0]), policy[1], environment=spec).sample(
+            ["1="], SamplingParams(num_generations=2), []
+        )
 
 
 def test_a_stop_string_merged_with_what_follows_still_ends_the_turn():
     """BPE tokenizers merge a closing marker with a newline ("</tool_call>\\n"): the turn still ends."""
     pieces = {0: "<tool_call>", 1: 'calc("1+2")', 2: "</tool_call>\n", 3: "</tool_", 4: "call>"}
-    stub = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, **_: "".join(pieces[i] for i in ids)))
-    stops = ("</tool_call>",)
-    assert EpisodeSampler._stopped(stub, [0, 1, 2], stops)
-    assert EpisodeSampler._stopped(stub, [0, 1, 3, 4], stops)  # split over two tokens
-    assert not EpisodeSampler._stopped(stub, [0, 1, 3], stops)
-    assert not EpisodeSampler._stopped(stub, [0, 1], ())
+    tokenizer = SimpleNamespace(decode=lambda ids, **_: "".join(pieces.get(i, "") for i in ids))
+
+    def stopped(ids: list[int]) -> bool:
+        columns = torch.tensor([len(ids)])
+        run = SimpleNamespace(
+            rows=SimpleNamespace(column=columns, finished=torch.zeros(1, dtype=torch.bool)),
+            tape=SimpleNamespace(tokens=torch.tensor([ids + [9, 9]])),  # padding after the transcript
+        )
+        check = StopStrings(tokenizer, ("</tool_call>",), run, [0])
+        check.before = [len(ids) - 1]  # the last token was drawn just now
+        check()
+        return bool(run.rows.finished[0]) and check.ends == [len(ids)]
+
+    assert stopped([0, 1, 2])
+    assert stopped([0, 1, 3, 4])  # split over two tokens
+    assert not stopped([0, 1, 3])

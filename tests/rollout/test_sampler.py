@@ -1,4 +1,5 @@
-"""The transformers-generate sampler: determinism, masks, truncation flags, sampling log-probs."""
+"""The decode loop (`rollout.Decoder`, eager step): determinism, masks, truncation flags, sampling
+log-probs, and equality with transformers' generate (`reference_generate`, a test reference)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import contextlib
 import pytest
 import torch
 
+from grpokit.models import backend_of
 from grpokit.ops import completion_logps
-from grpokit.rollout import HFGenerateSampler, SamplingParams, completion_mask_from_ids
+from grpokit.rollout import Decoder, LoopControl, SamplingParams
+
+from .reference_generate import completion_mask_from_ids, reference_generate
 
 EOS = 2
+
+
+def _decoder(model, tok, **kwargs) -> Decoder:
+    return Decoder(backend_of(model), tok, **kwargs)
 
 
 def test_mask_hand_checked_cases():
@@ -48,7 +56,7 @@ def biased_logits(model, token: int, bias: float):
 
 def test_same_seed_same_completions(tiny_policy):
     model, tok = tiny_policy
-    sampler = HFGenerateSampler(model, tok)
+    sampler = _decoder(model, tok)
     prompts = [f"{a}+{a + 3}=" for a in range(16)]
     params = SamplingParams(num_generations=8, max_completion_length=6, seed=7)
     first, second = sampler.sample(prompts, params), sampler.sample(prompts, params)
@@ -63,14 +71,13 @@ def test_same_seed_same_completions(tiny_policy):
 
 def test_eos_first_and_never(tiny_policy):
     model, tok = tiny_policy
-    sampler = HFGenerateSampler(model, tok)
     params = SamplingParams(num_generations=2, max_completion_length=5, seed=0)
-    with biased_logits(model, EOS, 1e4):
-        first = sampler.sample(["1+1="], params)
+    with biased_logits(model, EOS, 1e4):  # the backend is chosen when the decoder is made: hooks first
+        first = _decoder(model, tok).sample(["1+1="], params)
     assert first.completion_mask.tolist() == [[True], [True]] and not first.truncated.any()
     assert first.completions == ["", ""]
     with biased_logits(model, EOS, -1e4):
-        never = sampler.sample(["1+1="], params)
+        never = _decoder(model, tok).sample(["1+1="], params)
     assert never.completion_ids.shape == (2, 5) and never.completion_mask.all() and never.truncated.all()
 
 
@@ -80,7 +87,7 @@ def test_sampling_logps_equal_a_forward_pass(tiny_policy, kwargs):
     the recorded log-probs equal ops.completion_logps of a forward pass over prompt + completion
     (repetition penalty excepted, which reshapes the distribution: there they must differ)."""
     model, tok = tiny_policy
-    sampler = HFGenerateSampler(model, tok)
+    sampler = _decoder(model, tok)
     params = SamplingParams(num_generations=4, max_completion_length=6, seed=3, **kwargs)
     r = sampler.sample(["12+3=", "7+8="], params)  # prompts of different lengths: left padding
     ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
@@ -101,7 +108,7 @@ def test_truncating_warpers_renormalise_over_the_kept_tokens(tiny_policy, kwargs
     """top_k = 1, min_p = 1 and a tiny top_p each keep only the most likely token: the draws are
     greedy and every recorded log-prob is log 1 = 0 (the distribution actually sampled from)."""
     model, tok = tiny_policy
-    sampler = HFGenerateSampler(model, tok)
+    sampler = _decoder(model, tok)
     r = sampler.sample(["5+5="], SamplingParams(num_generations=8, max_completion_length=3, seed=1, **kwargs))
     assert torch.allclose(r.sampling_logps[r.completion_mask], torch.zeros(()), atol=1e-6)
     greedy = sampler.sample(
@@ -112,7 +119,7 @@ def test_truncating_warpers_renormalise_over_the_kept_tokens(tiny_policy, kwargs
 
 def test_greedy_gives_identical_rows(tiny_policy):
     model, tok = tiny_policy
-    r = HFGenerateSampler(model, tok).sample(
+    r = _decoder(model, tok).sample(
         ["5+5="], SamplingParams(num_generations=3, max_completion_length=4, temperature=0.0)
     )
     assert torch.equal(r.completion_ids[0], r.completion_ids[1]) and torch.equal(
@@ -125,14 +132,14 @@ def test_stop_strings_end_a_row(tiny_policy):
     plus = tok.convert_tokens_to_ids("+")
     params = SamplingParams(num_generations=2, max_completion_length=6, seed=0, stop_strings=("+",))
     with biased_logits(model, plus, 1e4):
-        r = HFGenerateSampler(model, tok).sample(["1="], params)
+        r = _decoder(model, tok).sample(["1="], params)
     assert r.completion_mask.sum(1).tolist() == [1, 1] and not r.truncated.any()
     assert r.completions == ["+", "+"]
 
 
 def test_long_prompts_are_cut_from_the_left_or_refused(tiny_policy, caplog):
     model, tok = tiny_policy
-    sampler = HFGenerateSampler(model, tok)
+    sampler = _decoder(model, tok)
     cut = SamplingParams(num_generations=1, max_completion_length=2, max_prompt_length=3, seed=0)
     with caplog.at_level("WARNING"):
         r = sampler.sample(["123+4=", "1=", "99+1="], cut)
@@ -161,23 +168,21 @@ def test_bad_sampling_params(kwargs, match):
         SamplingParams(**kwargs)
 
 
-# ----------------------------------------------------------------------------- the KV-cache sampler
+# ------------------------------------------------------------- against generate, and the loop's own rules
 
 
-def _kv(tiny_policy):
-    from grpokit.rollout import KVCacheSampler
-
+def _kv(tiny_policy, **kwargs):
     model, tok = tiny_policy
-    return KVCacheSampler(model, tok)
+    return _decoder(model, tok, **kwargs)
 
 
-def test_kv_sampler_greedy_equals_generate(tiny_policy):
+def test_decoder_greedy_equals_generate(tiny_policy):
     model, tok = tiny_policy
     params = SamplingParams(num_generations=3, max_completion_length=6, temperature=0.0)
     prompts = ["12+3=", "7+8=", "1="]
     ours, reference = (
         _kv(tiny_policy).sample(prompts, params),
-        HFGenerateSampler(model, tok).sample(prompts, params),
+        reference_generate(model, tok, prompts, params),
     )
     assert torch.equal(ours.completion_ids, reference.completion_ids)
     assert torch.equal(ours.completion_mask, reference.completion_mask) and torch.equal(
@@ -187,7 +192,7 @@ def test_kv_sampler_greedy_equals_generate(tiny_policy):
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7}])
-def test_kv_sampler_logps_equal_a_forward_pass(tiny_policy, kwargs):
+def test_decoder_logps_equal_a_forward_pass(tiny_policy, kwargs):
     model, tok = tiny_policy
     params = SamplingParams(num_generations=4, max_completion_length=6, seed=3, **kwargs)
     r = _kv(tiny_policy).sample(["12+3=", "7+8="], params)
@@ -201,7 +206,7 @@ def test_kv_sampler_logps_equal_a_forward_pass(tiny_policy, kwargs):
 
 
 @pytest.mark.parametrize("stop_strings", [None, ["3"]])
-def test_kv_sampler_returns_ordinary_tensors_that_train(tiny_policy, stop_strings):
+def test_decoder_returns_ordinary_tensors_that_train(tiny_policy, stop_strings):
     """The decode loop runs in inference mode; what it returns must be ordinary tensors, or the
     training forward that embeds the sampled ids fails ('Inference tensors cannot be saved for
     backward')."""
@@ -216,12 +221,11 @@ def test_kv_sampler_returns_ordinary_tensors_that_train(tiny_policy, stop_string
     model.zero_grad()
 
 
-def test_kv_sampler_samples_in_eval_mode_when_the_model_has_dropout():
+def test_decoder_samples_in_eval_mode_when_the_model_has_dropout():
     """Sampling leaves a model without dropout in training mode (switching walks every module), but
     one with an active dropout module (a LoRA dropout, here a wrapped projection) is sampled in
     eval mode, as transformers' path is, and handed back in training mode."""
     from grpokit.models import build_policy, char_tokenizer
-    from grpokit.rollout import KVCacheSampler
 
     tok = char_tokenizer("0123456789+=")
     model = build_policy(hidden_size=32, num_layers=2, num_heads=4, vocab_size=len(tok), dropout=0.0, seed=3)
@@ -229,22 +233,24 @@ def test_kv_sampler_samples_in_eval_mode_when_the_model_has_dropout():
     attn.q_proj = torch.nn.Sequential(torch.nn.Dropout(0.9), attn.q_proj)
     params = SamplingParams(num_generations=4, max_completion_length=6, seed=5)
     model.eval()
-    expected = KVCacheSampler(model, tok).sample(["12+3=", "7+8="], params)
+    expected = _decoder(model, tok).sample(["12+3=", "7+8="], params)
     model.train()
-    ours = KVCacheSampler(model, tok).sample(["12+3=", "7+8="], params)
+    ours = _decoder(model, tok).sample(["12+3=", "7+8="], params)
     assert model.training and model.model.layers[0].self_attn.q_proj[0].training
     assert torch.equal(ours.completion_ids, expected.completion_ids)
     torch.testing.assert_close(ours.sampling_logps, expected.sampling_logps, rtol=0, atol=0)
 
 
-def test_kv_sampler_is_seeded_and_stops_early(tiny_policy):
+def test_decoder_is_seeded_and_stops_early(tiny_policy):
     model, _ = tiny_policy
     kv = _kv(tiny_policy)
     prompts = [f"{a}+{a + 3}=" for a in range(16)]
     params = SamplingParams(num_generations=8, max_completion_length=6, seed=7)
     assert torch.equal(kv.sample(prompts, params).completion_ids, kv.sample(prompts, params).completion_ids)
     with biased_logits(model, EOS, 1e4):
-        first = kv.sample(["1+1="], SamplingParams(num_generations=2, max_completion_length=5, seed=0))
+        first = _kv(tiny_policy).sample(
+            ["1+1="], SamplingParams(num_generations=2, max_completion_length=5, seed=0)
+        )
     assert first.completion_ids.shape == (2, 1) and first.completion_mask.all() and not first.truncated.any()
 
 
@@ -253,12 +259,10 @@ def test_checking_for_finished_rows_less_often_only_adds_padding(tiny_policy):
     for the GPU): the rows, their masks and log-probs are those of checking every token, with at most
     that many extra padding columns."""
     model, _ = tiny_policy
-    kv = _kv(tiny_policy)
     params = SamplingParams(num_generations=4, max_completion_length=12, seed=3)
     with biased_logits(model, EOS, 2.0):  # rows end after a few tokens, at different lengths
-        every = kv.sample(["1+2=", "33+4="], params)
-        kv.finish_check_every = 5
-        sparse = kv.sample(["1+2=", "33+4="], params)
+        every = _kv(tiny_policy).sample(["1+2=", "33+4="], params)
+        sparse = _kv(tiny_policy, control=LoopControl(check_every=5)).sample(["1+2=", "33+4="], params)
     T = every.completion_ids.shape[1]
     assert T < 12 and sparse.completion_ids.shape[1] in range(T, min(T + 5, 12) + 1)  # stopped early too
     assert torch.equal(sparse.completion_ids[:, :T], every.completion_ids)
@@ -271,7 +275,7 @@ def test_checking_for_finished_rows_less_often_only_adds_padding(tiny_policy):
 @pytest.mark.parametrize(
     "kwargs", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.8}, {"min_p": 0.3, "repetition_penalty": 1.5}]
 )
-def test_kv_sampler_draws_from_the_same_distribution_as_generate(tiny_policy, kwargs):
+def test_decoder_draws_from_the_same_distribution_as_generate(tiny_policy, kwargs):
     """Statistical test: 20 000 two-token completions of one prompt from each sampler. The total
     variation distance between the two empirical distributions of the first two tokens must be
     below 0.03 (for identical distributions its expected value here is about 0.01)."""
@@ -279,7 +283,7 @@ def test_kv_sampler_draws_from_the_same_distribution_as_generate(tiny_policy, kw
     n = 20_000
     params = SamplingParams(num_generations=n, max_completion_length=2, seed=11, **kwargs)
     ours = _kv(tiny_policy).sample(["3+4="], params).completion_ids
-    reference = HFGenerateSampler(model, tok).sample(["3+4="], params).completion_ids
+    reference = reference_generate(model, tok, ["3+4="], params).completion_ids
     V = len(tok)
     for position in range(2):
         p = torch.bincount(ours[:, position], minlength=V).double() / n
@@ -300,3 +304,17 @@ def test_top_p_without_a_full_sort_keeps_exactly_the_same_tokens(top_p, sharpnes
     assert torch.equal(fast.isfinite(), full.isfinite())
     assert torch.equal(fast[fast.isfinite()], scores[fast.isfinite()])  # kept tokens keep their scores
     assert fast.isfinite().sum(-1).min() >= 1
+
+
+def test_the_recorded_masks_are_those_the_ids_imply(tiny_policy):
+    """The loop records which tokens the policy drew and where rows were cut as it draws: the masks,
+    flags and texts equal those derived from the ids afterwards, for rows ending at every length."""
+    model, tok = tiny_policy
+    params = SamplingParams(num_generations=16, max_completion_length=6, seed=5)
+    with biased_logits(model, EOS, 1.0):
+        r = _decoder(model, tok).sample(["1+2=", "33+4="], params)
+    lengths = r.completion_mask.sum(-1)
+    assert lengths.min() < 4 and r.truncated.any() and not r.truncated.all()
+    mask, truncated = completion_mask_from_ids(r.completion_ids, [EOS])
+    assert torch.equal(r.completion_mask, mask) and torch.equal(r.truncated, truncated)
+    assert r.completions == tok.batch_decode(torch.where(mask, r.completion_ids, 0), skip_special_tokens=True)

@@ -1,6 +1,6 @@
-"""The static-shape decode step (`rollout/static_decode.py`): the same tokens and log-probs as the eager
-KV loop (and, greedy, as transformers' generate), with finished rows compacted away; compiled whole
-with `torch.compile(fullgraph=True)` on this CPU's inductor."""
+"""The static-shape decode step (`rollout/static_decode.py`), run by the one decode loop: the same tokens
+and log-probs as the eager step (and, greedy, as transformers' generate), with finished rows compacted
+away; compiled whole with `torch.compile(fullgraph=True)` on this CPU's inductor."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import copy
 import pytest
 import torch
 
-from grpokit.rollout import HFGenerateSampler, KVCacheSampler, SamplingParams, resolve_decode_loop
+from grpokit.models import backend_of
+from grpokit.rollout import Decoder, LoopControl, SamplingParams, resolve_decode_loop
 from grpokit.rollout.static_decode import buckets_of
 
+from .reference_generate import reference_generate
 from .test_sampler import EOS
 
 PROMPTS = ["12+3=", "7+8=", "1=", "45+67="]  # prompts of different lengths: left padding
@@ -36,9 +38,7 @@ def eos_bias(model, bias: float):
 
 
 def _sample(model, tok, loop: str, params: SamplingParams, prompts=PROMPTS, check_every=None):
-    sampler = KVCacheSampler(model, tok)
-    sampler.decode_loop = loop
-    sampler.finish_check_every = check_every
+    sampler = Decoder(backend_of(model), tok, loop, control=LoopControl(check_every=check_every))
     return sampler, sampler.sample(prompts, params)
 
 
@@ -75,7 +75,7 @@ def test_static_step_equals_the_eager_loop(tiny_policy, kwargs):
     _, static = _sample(model, tok, "static", params)
     _assert_same(static, eager)
     if params.temperature == 0.0:
-        generate = HFGenerateSampler(model, tok).sample(PROMPTS, params)
+        generate = reference_generate(model, tok, PROMPTS, params)
         assert torch.equal(static.completion_ids, generate.completion_ids)
 
 
@@ -104,7 +104,7 @@ def test_compiled_step_is_one_graph_and_equals_the_eager_loop(tiny_policy):
     greedy = SamplingParams(num_generations=2, max_completion_length=10, temperature=0.0)  # 8 rows: 1 graph
     sampler, compiled = _sample(model, tok, "compiled", greedy)
     assert torch.equal(
-        compiled.completion_ids, HFGenerateSampler(model, tok).sample(PROMPTS, greedy).completion_ids
+        compiled.completion_ids, reference_generate(model, tok, PROMPTS, greedy).completion_ids
     )
     params = SamplingParams(
         num_generations=4, max_completion_length=12, seed=9, repetition_penalty=1.2, top_p=0.9
@@ -168,7 +168,7 @@ def test_log_probs_equal_a_forward_pass_under_bfloat16_autocast(tiny_policy):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         sampler, r = _sample(model, tok, "static", params)
     assert next(iter(sampler._static.buffers.values())).state.keys[0].dtype == torch.bfloat16  # noqa: SLF001
-    assert next(iter(sampler._static.weights.values())).layers[0].qkv.dtype == torch.bfloat16  # noqa: SLF001
+    assert next(iter(sampler._static.weights.values())).layers[0].qkv_weight.dtype == torch.bfloat16  # noqa: SLF001
     ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
     mask = torch.cat([r.prompt_mask, r.completion_mask], dim=1).long()
     with torch.no_grad():

@@ -2,6 +2,6 @@
 `rollout/` (the decode loop) and joins them; training, evaluation, the warm-start probe, `grpokit
 eval` and the Python API all go through it."""
 
-from .engine import EngineSpec, PolicyEngine, Sequences, Wrapping, whole_groups
+from .engine import EngineSpec, PolicyEngine, Sequences, Wrapping
 
-__all__ = ["EngineSpec", "PolicyEngine", "Sequences", "Wrapping", "whole_groups"]
+__all__ = ["EngineSpec", "PolicyEngine", "Sequences", "Wrapping"]

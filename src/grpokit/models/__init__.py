@@ -1,8 +1,17 @@
 """Policies, reference policies and tokenizers. transformers is imported lazily, inside the
 functions of `hf.py`, so `import grpokit.models` stays cheap."""
 
+from .backend import (
+    Capabilities,
+    LeanBackend,
+    LMHead,
+    TransformersBackend,
+    backend_of,
+    has_dropout,
+    lm_head_of,
+    whole_groups,
+)
 from .device import Precision, enable_fast_matmul, model_device, place, resolve_device
-from .head import LMHead, last_hidden_states, lm_head_of
 from .hf import (
     LoadedPolicy,
     build_policy,
@@ -39,10 +48,15 @@ __all__ = [
     "resolve_device",
     "KVCache",
     "LMHead",
+    "Capabilities",
+    "LeanBackend",
+    "TransformersBackend",
+    "backend_of",
+    "has_dropout",
+    "whole_groups",
     "LeanLlamaDecoder",
     "lean_decoder",
     "LoadedPolicy",
-    "last_hidden_states",
     "lm_head_of",
     "ADAPTER_DIR",
     "apply_lora",

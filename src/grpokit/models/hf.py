@@ -105,11 +105,9 @@ def build_policy(
     seed: int = 0,
     *,
     intermediate_size: int | None = None,
-    pad_token_id: int = 0,
-    bos_token_id: int = 1,
-    eos_token_id: int = 2,
 ) -> Any:
-    """A randomly initialised decoder-only transformer (Llama architecture), deterministic for `seed`.
+    """A randomly initialised decoder-only transformer (Llama architecture), deterministic for `seed`,
+    with `char_tokenizer`'s special ids (pad 0, bos 1, eos 2).
 
     The Edifice `GRPO.build` entry point, with its defaults (512 / 6 / 8 / 32000 / 0.1 / 2048).
     Differences from Edifice's Axon model, by design: learned token embeddings and rotary
@@ -126,15 +124,14 @@ def build_policy(
         max_seq_len,
         intermediate_size,
         attention_dropout=dropout,
-        pad_token_id=pad_token_id,
-        bos_token_id=bos_token_id,
-        eos_token_id=eos_token_id,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = pad_token_id
-    model.generation_config.eos_token_id = eos_token_id
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 2
     return model
 
 
@@ -147,7 +144,6 @@ def build_reward_model(
     seed: int = 0,
     *,
     intermediate_size: int | None = None,
-    pad_token_id: int = 0,
 ) -> Any:
     """`build_policy`'s Llama with a scalar head on the last non-pad token (one label), seeded."""
     from transformers import LlamaForSequenceClassification
@@ -160,7 +156,7 @@ def build_reward_model(
         max_seq_len,
         intermediate_size,
         num_labels=1,
-        pad_token_id=pad_token_id,
+        pad_token_id=0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -57,7 +57,9 @@ class LeanOutput:
 
 def _supported(inner: Any) -> bool:
     config = getattr(inner, "config", None)
-    if type(inner).__name__ != "LlamaForCausalLM" or config is None:
+    if type(inner).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM") or config is None:
+        return False
+    if getattr(config, "use_sliding_window", False):  # Qwen2's sliding window: not covered
         return False
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return (
@@ -90,6 +92,9 @@ class LeanLlamaDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.shape = (self.num_heads, self.num_kv_heads, self.head_dim)
+        self.layers = [ModuleLayer(layer) for layer in llama.layers]  # read their modules at each call
+        self.scaling = float(llama.layers[0].self_attn.scaling)
         self._rotary: torch.Tensor | None = None  # [positions, 2·head_dim]: cos, signed sin (`_cos_sin`)
 
     def _cos_sin(
@@ -161,7 +166,7 @@ class LeanLlamaDecoder:
         if position_ids is not None:
             position_ids = position_ids.to(device)
         key_mask = key_mask.to(device=device, dtype=torch.bool)
-        hidden, _ = self._run(input_ids, key_mask, position_ids, start, cache=cache)
+        hidden, _ = self._run(input_ids, key_mask, position_ids, cache=cache)
         if cache is not None:
             cache.length = start + L
         return LeanOutput(hidden)
@@ -191,14 +196,14 @@ class LeanLlamaDecoder:
         B, T = suffix_ids.shape
         if T > 1 and _packing_pays(Lp, T, group_size):
             return self._packed_groups(prefix_ids, prefix_mask, suffix_ids, group_size)
-        prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, 0, keep_kv=True)  # [P, Lp, H]
+        prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, keep_kv=True)  # [P, Lp, H]
         kv = [(k.repeat_interleave(group_size, 0), v.repeat_interleave(group_size, 0)) for k, v in kv]
         key_mask = torch.cat([prefix_mask.repeat_interleave(group_size, 0), suffix_mask.bool()], dim=1)
         # key_mask: [B, Lp+T]
         last = prefix_hidden[:, -1:].repeat_interleave(group_size, 0)  # [B, 1, H] scores suffix[:, 0]
         if T == 1:
             return last
-        suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, Lp, past=kv)  # [B, T-1, H]
+        suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, past=kv)  # [B, T-1, H]
         return torch.cat([last, suffix_hidden], dim=1)  # [B, T, H]
 
     def _packed_groups(
@@ -214,7 +219,7 @@ class LeanLlamaDecoder:
         real = torch.cat([prefix_mask, prefix_mask.new_ones(P, G * Ts)], dim=1)  # [P, N]
         mask = (layout.allowed[None] & real[:, None, :]) | layout.diagonal[None]  # [P, N, N]
         positions = layout.positions[None].expand(P, -1)  # [P, N]
-        hidden, _ = self._run(ids, real, positions, 0, mask=mask[:, None])  # [P, N, H]
+        hidden, _ = self._run(ids, real, positions, mask=mask[:, None])  # [P, N, H]
         return hidden[:, layout.scoring].reshape(P * G, Ts + 1, -1)  # [P, G·T, H] -> [B, T, H]
 
     def _run(
@@ -222,18 +227,18 @@ class LeanLlamaDecoder:
         input_ids: torch.Tensor,
         key_mask: torch.Tensor,
         position_ids: torch.Tensor | None,
-        start: int,
         *,
         cache: KVCache | None = None,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         keep_kv: bool = False,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """The decoder over positions start … start+L−1 of input_ids [b, L], attending to earlier
-        positions held in `cache` (written in place: inference) or `past` (per-layer keys and values
-        [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L]; `mask`
+        """The decoder over positions start … start+L−1 of input_ids [b, L], attending to the `start`
+        earlier positions held in `cache` (written in place: inference) or `past` (per-layer keys and
+        values [b, kv, start, d], concatenated: differentiable). key_mask [b, start+L]; `mask`
         [b, 1, L, S] (True = may attend) replaces the causal one built from it.
         -> final-normed hidden [b, L, H], and each layer's keys and values if keep_kv."""
+        start = cache.length if cache is not None else past[0][0].shape[2] if past is not None else 0
         b, L = input_ids.shape
         S = start + L
         device = input_ids.device
@@ -252,17 +257,10 @@ class LeanLlamaDecoder:
         mask = torch.zeros(mask.shape, dtype=hidden.dtype, device=device).masked_fill_(~mask, -torch.inf)
         if L == 1:  # the token always sees itself (its own key is the last): no all-masked row
             mask[..., -1] = 0.0
-        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self._cos_sin(hidden, position_ids, S)  # [b, L, d] each
-        cos, sin = cos[:, None], sin[:, None]  # [b, 1, L, d]
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i, layer in enumerate(self.llama.layers):
-            attn = layer.self_attn
-            x = _rms_norm(layer.input_layernorm, hidden)
-            q = _heads(_linear(attn.q_proj, x), h, d)  # [b, h, L, d]
-            k = _heads(_linear(attn.k_proj, x), kv, d)  # [b, kv, L, d]
-            v = _heads(_linear(attn.v_proj, x), kv, d)  # [b, kv, L, d]
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if keep_kv:
                 kept.append((k, v))
             if cache is not None:
@@ -272,25 +270,24 @@ class LeanLlamaDecoder:
                 k, v = layer_keys.narrow(2, 0, S), layer_values.narrow(2, 0, S)  # [b, kv, S, d]
             elif past is not None:
                 k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)  # [b, kv, S, d]
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=kv != h
-            )
-            out = out.reshape(b, L, -1) if L == 1 else out.transpose(1, 2).reshape(b, L, -1)  # [b, L, h·d]
-            hidden = hidden + _linear(attn.o_proj, out)
-            hidden = hidden + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
-        return _rms_norm(self.llama.norm, hidden), kept
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.num_kv_heads != self.num_heads
+            )  # [b, h, L, d]
+
+        hidden = llama_layers(self.layers, self.shape, hidden, cos[:, None], sin[:, None], attend)
+        return _rms_norm(self.llama.norm.weight, self.llama.norm.variance_epsilon, hidden), kept
 
 
-def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+def _rms_norm(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
     """LlamaRMSNorm's arithmetic: float32 statistics, weight applied in the input dtype. In float32,
     `_RMSNorm` (a third fewer forward operations than torch's, which are not fused on CPU, and a
     hand-written backward); otherwise torch's `F.rms_norm` on a float32 copy."""
-    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
-        if torch.is_grad_enabled() and (x.requires_grad or norm.weight.requires_grad):
-            return _RMSNorm.apply(x, norm.weight, norm.variance_epsilon)
-        return _rms_normed(x, norm.variance_epsilon)[0] * norm.weight
-    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
-    return norm.weight * normed.to(x.dtype)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return _RMSNorm.apply(x, weight, eps)
+        return _rms_normed(x, eps)[0] * weight
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return weight * normed.to(x.dtype)
 
 
 def _rms_normed(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -354,17 +351,234 @@ def _linear(module: Any, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias) if _plain(module) else module(x)
 
 
-def _mlp(mlp: Any, x: torch.Tensor) -> torch.Tensor:
-    """LlamaMLP: down(silu(gate(x)) · up(x)) (`_supported` checks the activation)."""
-    if mlp._forward_hooks or mlp._forward_pre_hooks:  # noqa: SLF001
-        return mlp(x)
-    return _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x·cos + rotate_half(x)·sin, with rotate_half(x)·sin = swap_halves(x)·signed_sin and the swap
     one `roll`. [b, heads, L, d]"""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+# ----------------------------------------------------------------------------- the layers, once
+
+
+class ModuleLayer:
+    """A transformers Llama layer seen through its modules (LoRA layers injected by peft included):
+    what training, prefill and the eager decode loop multiply by."""
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+
+    def input_norm(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.layer.input_layernorm
+        return _rms_norm(norm.weight, norm.variance_epsilon, x)
+
+    def post_norm(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.layer.post_attention_layernorm
+        return _rms_norm(norm.weight, norm.variance_epsilon, x)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self.layer.self_attn
+        return _linear(attn.q_proj, x), _linear(attn.k_proj, x), _linear(attn.v_proj, x)
+
+    def o(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(self.layer.self_attn.o_proj, x)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """LlamaMLP: down(silu(gate(x)) · up(x)) (`_supported` checks the activation)."""
+        mlp = self.layer.mlp
+        if mlp._forward_hooks or mlp._forward_pre_hooks:  # noqa: SLF001
+            return mlp(x)
+        return _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
+
+
+@dataclass(frozen=True)
+class StackedLayer:
+    """One layer's tensors for the static decode step: norms in the master dtype, matrices in the
+    compute dtype, the q/k/v and gate/up projections stacked (one product each)."""
+
+    input_weight: torch.Tensor  # [H]
+    post_weight: torch.Tensor  # [H]
+    eps: float
+    qkv_weight: torch.Tensor  # [(h + 2·kv)·d, H]
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor  # [H, h·d]
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [2·I, H]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [H, I]
+    down_bias: torch.Tensor | None
+    split: tuple[int, int, int]  # h·d, kv·d, kv·d
+
+    def input_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(self.input_weight, self.eps, x)
+
+    def post_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(self.post_weight, self.eps, x)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _mm(x, self.qkv_weight, self.qkv_bias).split(self.split, dim=-1)
+
+    def o(self, x: torch.Tensor) -> torch.Tensor:
+        return _mm(x, self.o_weight, self.o_bias)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = _mm(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
+        return _mm(F.silu(gate) * up, self.down, self.down_bias)
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x·wᵀ (+ bias) in w's dtype (what autocast does to a matrix product)."""
+    return F.linear(x.to(w.dtype), w, bias)
+
+
+def llama_layers(
+    layers: Any,
+    shape: tuple[int, int, int],
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attend: Any,
+) -> torch.Tensor:
+    """The Llama decoder layers, the one forward of every pass (training, prefill, the eager and the
+    static decode step): `layers` are `ModuleLayer`s or `StackedLayer`s; `attend(i, q, k, v)` writes
+    layer i's keys and values where its caller keeps them and attends. hidden [b, L, H] -> [b, L, H]"""
+    h, kv, d = shape
+    b, L, _ = hidden.shape
+    for i, layer in enumerate(layers):
+        q, k, v = layer.qkv(layer.input_norm(hidden))  # [b, L, ·] each
+        q, k, v = _heads(q, h, d), _heads(k, kv, d), _heads(v, kv, d)  # [b, heads, L, d]
+        out = attend(i, _rope(q, cos, sin), _rope(k, cos, sin), v)  # [b, h, L, d]
+        out = out.reshape(b, L, -1) if L == 1 else out.transpose(1, 2).reshape(b, L, -1)  # [b, L, h·d]
+        hidden = hidden + layer.o(out)
+        hidden = hidden + layer.mlp(layer.post_norm(hidden))
+    return hidden
+
+
+@dataclass(frozen=True)
+class DecodeWeights:
+    """What the static decode step multiplies by: the model's own norms and embedding, and under
+    mixed precision copies of its matrices in the compute dtype refreshed once per rollout (a cast at
+    every token would read the float32 weights at every step)."""
+
+    embed: torch.Tensor  # [V, H]
+    layers: tuple[StackedLayer, ...]
+    norm: torch.Tensor  # [H]
+    eps: float
+    head: torch.Tensor  # [V, H]
+    head_bias: torch.Tensor | None
+    rotary: torch.Tensor  # [S, 2·d] cos and signed sin per position (`LeanLlamaDecoder.rotary_table`)
+    shape: tuple[int, int, int]  # heads, kv heads, head dim
+    scaling: float
+
+
+def _stacked(tensors: list[torch.Tensor | None], dtype: torch.dtype) -> torch.Tensor | None:
+    if all(t is None for t in tensors):
+        return None
+    return torch.cat([t for t in tensors if t is not None]).to(dtype)  # Llama: all or none have a bias
+
+
+def _layer_sources(layer: Any) -> dict[str, list[Any]]:
+    """Which parameters each stacked tensor holds, in order."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {
+        "qkv_weight": [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+        "qkv_bias": [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias],
+        "o_weight": [attn.o_proj.weight],
+        "o_bias": [attn.o_proj.bias],
+        "gate_up": [mlp.gate_proj.weight, mlp.up_proj.weight],
+        "gate_up_bias": [mlp.gate_proj.bias, mlp.up_proj.bias],
+        "down": [mlp.down_proj.weight],
+        "down_bias": [mlp.down_proj.bias],
+    }
+
+
+def decode_weights(
+    decoder: LeanLlamaDecoder, head: Any, compute_dtype: torch.dtype, capacity: int
+) -> DecodeWeights:
+    """The static step's weights from the model's parameters now (`refresh_weights` after they
+    change). Ordinary tensors that do not require grad: usable in inference mode and out of it."""
+    h, kv, d = decoder.shape
+    with torch.inference_mode(False), torch.no_grad():
+        layers = tuple(
+            StackedLayer(
+                input_weight=layer.input_layernorm.weight.detach(),
+                post_weight=layer.post_attention_layernorm.weight.detach(),
+                eps=float(layer.input_layernorm.variance_epsilon),
+                split=(h * d, kv * d, kv * d),
+                **{name: _stacked(parts, compute_dtype) for name, parts in _layer_sources(layer).items()},
+            )
+            for layer in decoder.llama.layers
+        )
+        embed = decoder.llama.embed_tokens.weight.detach()
+        return DecodeWeights(
+            embed=embed,
+            layers=layers,
+            norm=decoder.llama.norm.weight.detach(),
+            eps=float(decoder.llama.norm.variance_epsilon),
+            head=head.weight.to(compute_dtype, copy=True),
+            head_bias=None if head.bias is None else head.bias.to(compute_dtype, copy=True),
+            rotary=decoder.rotary_table(capacity, embed.dtype, embed.device).clone(),
+            shape=decoder.shape,
+            scaling=decoder.scaling,
+        )
+
+
+def refresh_weights(weights: DecodeWeights, decoder: LeanLlamaDecoder, head: Any) -> None:
+    """Copy the model's current parameters into the stacked copies, in place (a captured graph keeps
+    reading the same addresses). Norms and the embedding are the parameters themselves."""
+    with torch.no_grad():
+        for stacked, layer in zip(weights.layers, decoder.llama.layers, strict=True):
+            for name, sources in _layer_sources(layer).items():
+                target, start = getattr(stacked, name), 0
+                for source in sources if target is not None else ():
+                    target.narrow(0, start, source.shape[0]).copy_(source)
+                    start += source.shape[0]
+        weights.head.copy_(head.weight)
+        if weights.head_bias is not None and head.bias is not None:
+            weights.head_bias.copy_(head.bias)
+
+
+def feed_static(
+    w: DecodeWeights,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_mask: torch.Tensor,
+    position: torch.Tensor,
+    token: torch.Tensor,
+    slot: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row through `llama_layers` over preallocated per-layer keys and values [b, kv, S,
+    d], written at `slot` (a one-element tensor: nothing changes from token to token, so a captured
+    graph replays) and marked in key_mask [b, S]. -> next-token logits [b, V] float32"""
+    key_mask.index_fill_(1, slot, True)
+    dtype = keys[0].dtype
+    mask = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device)  # [b, S] additive
+    mask = mask.masked_fill(~key_mask, -torch.inf)[:, None, None, :]  # [b, 1, 1, S]
+    hidden = F.embedding(token, w.embed)[:, None]  # [b, 1, H] master dtype
+    cos, sin = w.rotary[position].to(hidden.dtype).chunk(2, dim=-1)  # [b, d] each
+    h, kv, _ = w.shape
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys[i].index_copy_(2, slot, k.to(dtype))
+        values[i].index_copy_(2, slot, v.to(dtype))
+        return F.scaled_dot_product_attention(
+            q.to(dtype), keys[i], values[i], attn_mask=mask, scale=w.scaling, enable_gqa=kv != h
+        )  # [b, h, 1, d]
+
+    hidden = llama_layers(w.layers, w.shape, hidden, cos[:, None, None], sin[:, None, None], attend)
+    return _mm(_rms_norm(w.norm, w.eps, hidden[:, 0]), w.head, w.head_bias).float()  # [b, V]
+
+
+def supports_static_decode(decoder: LeanLlamaDecoder) -> bool:
+    """Whether every projection is a plain linear layer (no LoRA or hooks: the static step multiplies
+    by the weights directly)."""
+    for layer in decoder.llama.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        modules = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]
+        if not all(_plain(m) for m in [*modules, mlp.down_proj]):
+            return False
+        if any(m._forward_hooks or m._forward_pre_hooks for m in (layer, attn, mlp)):  # noqa: SLF001
+            return False
+    return True
 
 
 @dataclass(frozen=True)

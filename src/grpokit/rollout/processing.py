@@ -1,14 +1,18 @@
-"""The distribution a decode loop draws from, and the draw: shared by the dynamic loop
-(`kv_sampler`) and the static-shape step (`static_decode`)."""
+"""The distribution the decode loop draws from, the draw, and its record: one `draw_and_record`,
+called by the eager step and compiled into the static one."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 # Candidates examined before falling back to a full sort of the vocabulary in `top_p_filter`.
 _TOP_P_CANDIDATES = 64
+# A CUDA graph is warmed up by running the static step twice, which may happen at the last token: a
+# tape has that many columns beyond T, written only with padding and never read.
+HEADROOM = 2
 
 
 def process_logits(
@@ -70,16 +74,77 @@ def top_p_filter(scores: torch.Tensor, top_p: float, candidates: int = _TOP_P_CA
     return scores.scatter(1, order, sorted_scores.masked_fill(drop, -torch.inf))
 
 
-def draw(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row: argmax, or inverse CDF with u ∈ (0, 1] (zero-probability tokens have
-    zero-width intervals and can never be drawn). [B, V] -> [B]"""
-    if greedy:
-        return logprobs.argmax(-1)
-    return inverse_cdf(logprobs, torch.rand(logprobs.shape[0], generator=generator, device=logprobs.device))
-
-
 def inverse_cdf(logprobs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """The token whose CDF interval holds (1 − u)·total, for u ∈ [0, 1) per row. [B, V], [B] -> [B]"""
     cdf = logprobs.exp().cumsum(-1)  # [B, V]
     u = (1.0 - uniform)[:, None] * cdf[:, -1:]  # [B, 1] in (0, total]
     return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+
+
+@dataclass(frozen=True)
+class DrawParams:
+    """The sampling distribution, fixed for a compiled step. Hashable: one compiled step per value."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float
+    min_p: float | None
+    repetition_penalty: float
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass
+class Rows:
+    """Each decoding row's state (by slot: the static step compacts slots)."""
+
+    ids: torch.Tensor  # [b, S] long: what the repetition penalty reads (prompt, fed tokens)
+    finished: torch.Tensor  # [b] bool: not writing (ended its turn, or its episode)
+    row: torch.Tensor  # [b] long: the output row the slot writes to
+    column: torch.Tensor  # [b] long: where the row's next token goes in the tape
+
+
+@dataclass
+class Tape:
+    """What was drawn, by output row: the transcript after the prompt. W = T + HEADROOM columns (a row
+    that has stopped writes padding one past its last token, never read)."""
+
+    tokens: torch.Tensor  # [B, W] long, the pad id where nothing was drawn
+    logps: torch.Tensor  # [B, W] float32: log-prob of each drawn token under the processed distribution
+    trained: torch.Tensor  # [B, W] bool: the policy drew it
+    eos: torch.Tensor  # [E] long: the ids that end a turn
+    limit: torch.Tensor  # [1] long: T, the columns a transcript may fill
+
+    @classmethod
+    def empty(cls, B: int, T: int, p: DrawParams, device: Any) -> Tape:
+        W = T + HEADROOM
+        return cls(
+            tokens=torch.full((B, W), p.pad_token_id, dtype=torch.long, device=device),
+            logps=torch.zeros(B, W, dtype=torch.float32, device=device),
+            trained=torch.zeros(B, W, dtype=torch.bool, device=device),
+            eos=torch.tensor(p.eos_token_ids, device=device),
+            limit=torch.full((1,), T, dtype=torch.long, device=device),
+        )
+
+
+def draw_and_record(
+    logits: torch.Tensor, p: DrawParams, rows: Rows, u: torch.Tensor | None, tape: Tape
+) -> torch.Tensor:
+    """Draw each row's next token from `logits` [b, V] (u [b]: its uniform number; None: greedy), write
+    it and its log-probability at the row's column, advance writing rows and mark those that drew an
+    end-of-sequence token or filled the tape finished (in place). -> tokens [b] (padding for rows that
+    were not writing)"""
+    # the static step (u from a buffer) sorts for top-p without a branch on the data
+    candidates = None if torch.compiler.is_compiling() else _TOP_P_CANDIDATES
+    logprobs = process_logits(logits, rows.ids if p.repetition_penalty != 1.0 else None, p, candidates)
+    token = logprobs.argmax(-1) if p.temperature == 0.0 else inverse_cdf(logprobs, u)  # [b]
+    writing = ~rows.finished
+    token = torch.where(writing, token, p.pad_token_id)
+    logp = torch.where(writing, logprobs.gather(-1, token[:, None]).squeeze(-1), 0.0)  # [b]
+    at = (rows.row, rows.column)  # (output row, column)
+    tape.tokens.index_put_(at, token)
+    tape.logps.index_put_(at, logp)
+    tape.trained.index_put_(at, writing)
+    rows.column.add_(writing.long())
+    rows.finished.logical_or_(torch.isin(token, tape.eos) | (rows.column >= tape.limit))
+    return token

@@ -57,7 +57,7 @@ class Rollout:
     completions: list[str]  # [B] decoded completion texts (special tokens removed)
     num_generations: int  # G
     num_truncated_prompts: int  # prompts cut to max_prompt_length (counted once per prompt)
-    # multi-turn rollouts (rollout/multi_turn.py) also fill these; a single-turn one leaves the defaults
+    # multi-turn rollouts (the decode loop with an environment) also fill these; one turn leaves the defaults
     # [B, T] bool: the completion tokens a forward attends to: the policy's and the environment's, not
     # padding. completion_mask ⊆ it; None: the same as completion_mask (a single turn)
     completion_attention: torch.Tensor | None = None
