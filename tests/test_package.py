@@ -180,23 +180,33 @@ def test_no_arrow_back_up(structure):
     assert s.arrows_back_up == []
 
 
-@pytest.mark.xfail(strict=False, reason="issue 24 in progress")
 def test_no_circle_among_modules(structure):
     _, s = structure
     assert s.module_circles == []
 
 
-@pytest.mark.xfail(strict=False, reason="issue 24 in progress")
 def test_no_private_name_is_imported_across_modules(structure):
     _, s = structure
     assert [f"{f.where} {f.name}" for f in s.private_imports] == []
 
 
-@pytest.mark.xfail(strict=False, reason="issue 24 in progress")
+# Public signatures that keep the names users already pass, each named with why. Adding to this list
+# is a decision, not a fix: group parameters that travel together into a small dataclass instead.
+LONG_ON_PURPOSE = {
+    "grpo_loss": "ops: every semantic choice a named argument, with TRL's GRPOConfig names",
+    "GRPOTrainer.__init__": "TRL's GRPOTrainer(model, reward_funcs, args, train_dataset, ...) shape",
+    "train_grpo": "the Python API: a config plus what the config cannot hold (model, data, callbacks)",
+    "build_policy": "Edifice's GRPO.build(hidden, layers, heads, vocab, dropout, max_seq_len) and a seed",
+    "score_completions": "a batch, its columns and ids, and the rules reward calls run under (error, timeout, stop)",
+}
+
+
 def test_no_function_takes_more_than_7_parameters(structure):
     script, s = structure
     assert script.MAX_PARAMETERS == 7
-    assert [f"{f.where} {f.name} ({f.detail})" for f in s.long_functions] == []
+    long = [f"{f.where} {f.name} ({f.detail})" for f in s.long_functions if f.name not in LONG_ON_PURPOSE]
+    assert long == []
+    assert {f.name for f in s.long_functions} == set(LONG_ON_PURPOSE)  # the list has no stale entry
 
 
 def test_the_readme_names_existing_tests_for_the_seed_functions():

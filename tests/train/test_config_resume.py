@@ -106,3 +106,19 @@ def test_the_table_names_only_options_that_exist():
     known = set(GRPOConfig.model_fields) | set(RewardConfig.model_fields)
     assert set(RESUME_RULES) <= known, sorted(set(RESUME_RULES) - known)
     assert all(rule in ("fixed", "applied", "invocation") and why for rule, why in RESUME_RULES.values())
+
+
+def test_a_checkpoint_from_before_an_option_was_removed_still_resumes(tmp_path):
+    """A run saved when `sampler` existed (its config.yaml says `sampler: kv`) resumes: the option is
+    dropped from the checkpoint's config, not refused; a user's config that sets it is refused."""
+    cfg = tiny_config(tmp_path)
+    saved = tmp_path / "checkpoint-1" / "config.yaml"
+    saved.parent.mkdir()
+    saved.write_text(to_yaml(cfg) + "sampler: kv\n")
+    assert resume_changes(cfg, saved) == []
+    user = tmp_path / "user.yaml"
+    user.write_text("sampler: kv\n")
+    from grpokit.config import load_config
+
+    with pytest.raises(ConfigError, match="sampler was removed"):
+        load_config(GRPOConfig, user)

@@ -14,7 +14,6 @@ is a few hundred bytes that expands to 9^9 strings). Every value echoed in a mes
 from __future__ import annotations
 
 import difflib
-import reprlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,34 +21,15 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .errors import ConfigError, shorten, shown
+
 C = TypeVar("C", bound=BaseModel)
 
-SHOWN_CHARS = 80  # the most characters of a user's value that a message repeats
 # A whole config is about a hundred keys with short lists, nested 3 deep at most (reward_funcs: a list
 # of mappings of scalars); these bounds are two orders of magnitude above that and far below what
 # takes a noticeable time to build, print or validate.
 MAX_NODES = 10_000  # values after alias expansion
 MAX_DEPTH = 32  # levels of nesting (the pure-Python composer recurses twice per level)
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says which key and what to change."""
-
-
-def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
-    """`text` cut to `limit` characters, marked with "…" where cut."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-_repr = reprlib.Repr()
-_repr.maxlevel, _repr.maxstring, _repr.maxother = 3, SHOWN_CHARS, SHOWN_CHARS
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
-
-
-def shown(value: Any) -> str:
-    """repr(value) for a message: reprlib stops early in a large or deep structure (a plain repr of
-    an expanded YAML alias bomb would not return), and the result is cut to SHOWN_CHARS."""
-    return shorten(_repr.repr(value))
 
 
 class _Refused(ConfigError):
@@ -111,8 +91,10 @@ def _check_expansion(root: yaml.Node) -> None:
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
-        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
-            node.value if isinstance(node, yaml.SequenceNode) else []
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
         )
         if children_done:
             expanding.discard(id(node))
@@ -257,9 +239,13 @@ def _explain(error: ValidationError, schema: type[BaseModel], source: str) -> Co
     return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
 
 
-def load_config(schema: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:
-    """Validate `path` (optional YAML file) updated by `overrides` against `schema`."""
-    from .trl_names import translate
+def load_config(
+    schema: type[C], path: str | Path | None = None, overrides: Sequence[str] = (), *, written: bool = False
+) -> C:
+    """Validate `path` (optional YAML file) updated by `overrides` against `schema`. written: `path` is
+    a config grpokit wrote (a checkpoint's config.yaml): options removed since are dropped, not
+    refused, so that a run from before their removal still resumes."""
+    from .trl_names import REMOVED, translate
 
     source = (
         ", ".join(filter(None, [str(path) if path else "", "command line" if overrides else ""]))
@@ -272,6 +258,8 @@ def load_config(schema: type[C], path: str | Path | None = None, overrides: Sequ
         (str(path), _read_yaml(path) if path is not None else {}),
         ("command line", parse_overrides(overrides)),
     ]:
+        if written and where == str(path):
+            values = {k: v for k, v in values.items() if schema.__name__ not in REMOVED.get(k, {})}
         try:
             data.update(translate(schema.__name__, schema.model_fields, values))
         except ConfigError as error:

@@ -171,7 +171,7 @@ def resume_changes(cfg: Any, saved_config: Path) -> list[str]:
     config.yaml). Options that cannot change raise ConfigError naming every difference; the options
     that may change and did are returned as one-line notes, to be said once."""
     saved_config = Path(saved_config)
-    saved = load_config(type(cfg), saved_config)  # its ConfigError names the file
+    saved = load_config(type(cfg), saved_config, written=True)  # its ConfigError names the file
     refused: list[str] = []
     notes: list[str] = []
     for name in type(cfg).model_fields:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .load import ConfigError, shorten, shown
+from .errors import ConfigError, shorten, shown
 
 # ------------------------------------------------------------------------ accepted: aliases
 

@@ -83,8 +83,7 @@ def reward_model_and_tokenizer(
         max_seq_len=min(max_length, 4096),
         seed=spec.seed,
         intermediate_size=spec.tiny.intermediate_size,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    )  # char_tokenizer's pad id, 0, is the model's
     return model.to(dtype), tokenizer
 
 
