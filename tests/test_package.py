@@ -197,7 +197,7 @@ LONG_ON_PURPOSE = {
     "GRPOTrainer.__init__": "TRL's GRPOTrainer(model, reward_funcs, args, train_dataset, ...) shape",
     "train_grpo": "the Python API: a config plus what the config cannot hold (model, data, callbacks)",
     "build_policy": "Edifice's GRPO.build(hidden, layers, heads, vocab, dropout, max_seq_len) and a seed",
-    "score_completions": "a batch, its columns and ids, and the rules reward calls run under (error, timeout, stop)",
+    "score_completions": "a batch, its columns and ids, and the rules reward calls run under",
 }
 
 
