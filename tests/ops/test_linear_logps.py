@@ -47,6 +47,24 @@ def test_values_and_gradients_equal_the_logits_path_in_float64(temperature, with
         torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("differentiated", ["logps", "entropy"])
+def test_an_output_nothing_differentiates_changes_no_gradient(differentiated):
+    """Training reports the entropy but never differentiates it (and a caller may differentiate the
+    entropy alone): the backward then skips the other output's terms, and the gradients still equal
+    the logits path's for the output that is differentiated."""
+    hidden, weight, bias, ids, g_lp, g_h = _inputs(torch.float64)
+    params = (hidden, weight, bias)
+    ours = linear_logps(hidden, weight, ids, bias=bias, chunk_size=4, return_entropy=True)
+    naive = token_logps_and_entropy(hidden @ weight.T + bias, ids)
+    pick = (
+        (lambda s: (s.logps * g_lp).sum()) if differentiated == "logps" else lambda s: (s.entropy * g_h).sum()
+    )
+    for a, c in zip(
+        torch.autograd.grad(pick(ours), params), torch.autograd.grad(pick(naive), params), strict=True
+    ):
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)
+
+
 def test_gradcheck_of_logps_and_entropy():
     hidden, weight, bias, ids, _, _ = _inputs(torch.float64, B=2, T=3, H=4, V=6)
 

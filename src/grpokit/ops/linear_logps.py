@@ -26,12 +26,19 @@ from torch.autograd.function import once_differentiable
 from .logprobs import TokenLogps, accumulation_dtype, check_temperature
 
 # Rows (tokens) per chunk: as many as make 2**22 logits (16 MiB of float32), but never fewer than
-# 512. Each chunk reads the whole [V, H] weight three times (forward, recompute, gradients); below a
-# few hundred rows the products are bound by that read, not by arithmetic. Measured at V = 152k,
-# H = 896, 1024 tokens on 2 CPU cores: 27 rows 1.84x the naive time, 128 rows 1.08x, 256 rows
-# 0.85-0.99x, 512 rows 0.80-0.97x (noisy, shared machine).
+# min(H / 2, 512). Each chunk reads the whole [V, H] weight three times (forward, recompute,
+# gradients): below about H / 2 rows the products are bound by that read; above it the chunk's
+# logits outgrow the caches and every pass over them goes to memory. Measured forward + backward on
+# 2 CPU cores: V = 152k, H = 896, 1024 tokens: 28 rows 9.3 s, 128 rows 5.8 s, 448 rows 4.6 s, 512
+# rows 4.4-5.1 s; V = 32k, H = 256, 2144 tokens: 128 rows 0.62 s, 512 rows 0.79 s; V = 32k, H = 512:
+# 256 rows 1.05 s, 512 rows 1.12 s.
 _CHUNK_ELEMENTS = 1 << 22
-_MIN_CHUNK_ROWS = 512
+_MAX_MIN_CHUNK_ROWS = 512
+
+
+def chunk_rows(vocab: int, hidden: int) -> int:
+    """The default rows per chunk for a [V, H] head (see above)."""
+    return max(_CHUNK_ELEMENTS // vocab, min(hidden // 2, _MAX_MIN_CHUNK_ROWS), 1)
 
 
 def _chunk_logits(
@@ -89,6 +96,9 @@ class _LinearLogSoftmaxStats(torch.autograd.Function):
             logps[start:stop] = picked - chunk_lse
             del z
         ctx.save_for_backward(hidden, weight, bias, ids, lse, entropy)
+        # an output nothing differentiates (the entropy, when only reported) gets None, not zeros: the
+        # backward then skips the entropy's terms (four passes over every chunk's logits)
+        ctx.set_materialize_grads(False)
         ctx.temperature = temperature
         ctx.with_entropy = with_entropy
         ctx.chunk_rows = chunk_rows
@@ -104,6 +114,9 @@ class _LinearLogSoftmaxStats(torch.autograd.Function):
         with_entropy: bool = ctx.with_entropy  # type: ignore[attr-defined]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]  # type: ignore[attr-defined]
         acc = lse.dtype
+        with_entropy = with_entropy and grad_entropy is not None
+        if grad_logps is None:  # only the entropy is differentiated
+            grad_logps = torch.zeros_like(lse)
         grad_h = (
             torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
         )  # [N, H]
@@ -169,7 +182,7 @@ def linear_logps(
         temperature: the logits are divided by it (TRL's sampling temperature; 1.0 in the seeds).
         bias: [V] the LM head's bias, if it has one.
         chunk_size: rows (tokens) per chunk; default: as many as make 16 MiB of float32 logits, and
-            at least 512 (so that reading the weight once per chunk is amortised).
+            at least min(H / 2, 512) (so that reading the weight once per chunk is amortised).
         return_entropy: also return the entropy of each row's distribution.
     Returns:
         logps [B, T] (float32; float64 for float64 inputs), or TokenLogps(logps, entropy) with
@@ -193,7 +206,7 @@ def linear_logps(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     lead = hidden.shape[:-1]
     flat = hidden.reshape(-1, hidden.shape[-1])  # [N, H]; a copy only for non-mergeable views
-    rows = chunk_size or max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // weight.shape[0])
+    rows = chunk_size or chunk_rows(*weight.shape)
     logps, entropy = _LinearLogSoftmaxStats.apply(
         flat, weight, bias, ids.reshape(-1).long(), float(temperature), return_entropy, rows
     )
