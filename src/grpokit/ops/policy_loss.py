@@ -41,8 +41,8 @@ from typing import Literal, get_args
 import torch
 
 from .kl import KLEstimator, kl_penalty
-from .masking import check_mask
 from .loss_types import LossType
+from .masking import check_mask
 from .outputs import LossOutput
 
 ImportanceSamplingLevel = Literal["token", "sequence", "sequence_token"]
