@@ -106,8 +106,11 @@ class TransformersBackend:
         attended: torch.Tensor,
         G: int,
     ) -> torch.Tensor:
-        """The final hidden states that score each target token, through the model's decoder.
-        [b, Lp], [b, T] -> [b, T, H]"""
+        """The final hidden states that score each target token, through the model's decoder; the lean
+        decoder shares each prompt's keys and values across its G rows when they come in whole groups
+        (checked, not assumed). [b, Lp], [b, T] -> [b, T, H]"""
+        if isinstance(self.decoder, LeanLlamaDecoder) and whole_groups(prompt_ids, prompt_mask, G):
+            return self.decoder.shared_prefix(prompt_ids[::G], prompt_mask[::G], targets, attended, G)
         ids = torch.cat([prompt_ids, targets], dim=1).to(self.device)  # [b, Lp+T]
         attention = torch.cat([prompt_mask, attended], dim=1).long().to(self.device)  # [b, Lp+T]
         out = self.decoder(input_ids=ids, attention_mask=attention, use_cache=False)
@@ -174,20 +177,6 @@ class LeanBackend(TransformersBackend):
     @property
     def device(self) -> torch.device:
         return self.decoder.device
-
-    def hidden(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        targets: torch.Tensor,
-        attended: torch.Tensor,
-        G: int,
-    ) -> torch.Tensor:
-        """As the base class, sharing each prompt's keys and values across its G rows when they come in
-        whole groups (checked, not assumed). [b, T, H]"""
-        if whole_groups(prompt_ids, prompt_mask, G):
-            return self.decoder.shared_prefix(prompt_ids[::G], prompt_mask[::G], targets, attended, G)
-        return super().hidden(prompt_ids, prompt_mask, targets, attended, G)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.head is not None

@@ -354,14 +354,9 @@ class Decoder:
             raise ValueError(f"{given} rows for {len(prompts)} prompts: an episode needs its row (rows=).")
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
         device = self.backend.device  # inputs go to the model; the Rollout comes back on the host
+        processing = {name: getattr(params, name) for name in DrawParams.PROCESSING}
         draw = DrawParams(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            repetition_penalty=params.repetition_penalty,
-            pad_token_id=self.pad_token_id,
-            eos_token_ids=tuple(self.eos_token_ids),
+            **processing, pad_token_id=self.pad_token_id, eos_token_ids=tuple(self.eos_token_ids)
         )
         generator = None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed)
         check_every = self.control.check_every or (1 if device.type == "cpu" else FINISH_CHECK_EVERY)

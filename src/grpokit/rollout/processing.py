@@ -4,7 +4,7 @@ called by the eager step and compiled into the static one."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -92,6 +92,9 @@ class DrawParams:
     repetition_penalty: float
     pad_token_id: int
     eos_token_ids: tuple[int, ...]
+
+    # the fields a SamplingParams gives, by the same names
+    PROCESSING: ClassVar[tuple[str, ...]] = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 
 @dataclass
