@@ -116,26 +116,38 @@ class TransformersBackend:
         out = self.decoder(input_ids=ids, attention_mask=attention, use_cache=False)
         return out.last_hidden_state[:, -targets.shape[1] - 1 : -1]  # [b, T, H]: position t scores target t
 
-    def _forward(
-        self, cache: Any, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, keep: int
-    ) -> Any:
-        return self.model(
+    def _empty(self, batch: int, capacity: int) -> Any:
+        return None  # transformers makes its cache at the first pass
+
+    def _repeat(self, cache: Any, G: int) -> Any:
+        cache.batch_repeat_interleave(G)  # in place
+        return cache
+
+    def _run(self, cache: Any, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor) -> Any:
+        """ids [b, L] after what `cache` holds -> (cache, logits [b, L, V], only the last position's
+        for a prompt or a single token)."""
+        keep = 1 if cache is None or ids.shape[1] == 1 else 0  # 0: every position's
+        out = self.model(
             input_ids=ids,
             attention_mask=key_mask.long(),
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=keep,  # 0: every position's
+            logits_to_keep=keep,
         )
+        return out.past_key_values, out.logits
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        return out  # already logits
 
     def prefill(
         self, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, G: int, room: int
     ) -> tuple[Any, torch.Tensor]:
         """Each prompt [P, Lp] once; the cache repeated for G rows, with `room` more tokens where it is
         preallocated -> (cache, logits [P·G, V] float32 or the compute dtype)."""
-        out = self._forward(None, ids, key_mask, positions, 1)  # no [P, Lp, V] prompt logits
-        out.past_key_values.batch_repeat_interleave(G)  # the one place prompts are repeated: [P] -> [B]
-        return out.past_key_values, out.logits[:, -1].repeat_interleave(G, dim=0)
+        cache, out = self._run(self._empty(ids.shape[0], ids.shape[1] + room), ids, key_mask, positions)
+        # the one place prompts are repeated: [P] -> [B = P·G]
+        return self._repeat(cache, G), self._logits(out[:, -1].repeat_interleave(G, dim=0))
 
     def append(
         self,
@@ -147,14 +159,9 @@ class TransformersBackend:
     ) -> tuple[Any, torch.Tensor]:
         """ids [B, L] after what the cache holds, key_mask [B, S + L], positions [B, L] -> (cache, the
         logits after each row's token `at` [B] (None when L = 1), [B, V])."""
-        out = self._forward(cache, ids, key_mask, positions, 1 if ids.shape[1] == 1 else 0)
-        logits = out.logits  # [B, L or 1, V]
-        picked = (
-            logits[:, 0]
-            if logits.shape[1] == 1
-            else logits[torch.arange(ids.shape[0], device=ids.device), at]
-        )
-        return out.past_key_values, picked
+        cache, out = self._run(cache, ids, key_mask, positions)  # [B, L or 1, ·]
+        last = out[:, -1] if out.shape[1] == 1 else out[torch.arange(ids.shape[0], device=ids.device), at]
+        return cache, self._logits(last)
 
 
 class LeanBackend(TransformersBackend):
@@ -182,36 +189,22 @@ class LeanBackend(TransformersBackend):
         assert self.head is not None
         return F.linear(hidden, self.head.weight, self.head.bias)  # [B, V]
 
-    def prefill(
-        self, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, G: int, room: int
-    ) -> tuple[Any, torch.Tensor]:
-        P, Lp = ids.shape
-        cache = self.decoder.new_cache(P, Lp + room, self.head.weight if self.head is not None else None)
-        hidden = self.decoder(ids, key_mask=key_mask, position_ids=positions, cache=cache).last_hidden_state
-        cache = cache.repeat_rows(G)  # the one place prompts are repeated: [P] -> [B = P·G]
-        return cache, self._logits(hidden[:, -1].repeat_interleave(G, dim=0))
+    def _empty(self, batch: int, capacity: int) -> KVCache:
+        return self.decoder.new_cache(batch, capacity, self.head.weight if self.head is not None else None)
 
-    def append(
-        self,
-        cache: KVCache,
-        ids: torch.Tensor,
-        key_mask: torch.Tensor,
-        positions: torch.Tensor,
-        at: torch.Tensor | None,
-    ) -> tuple[Any, torch.Tensor]:
+    def _repeat(self, cache: KVCache, G: int) -> KVCache:
+        return cache.repeat_rows(G)
+
+    def _run(self, cache: KVCache, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor) -> Any:
+        """As the base class, through the lean decoder: (cache, hidden [b, L, H]); a full cache grows."""
         needed, capacity = cache.length + ids.shape[1], cache.keys.shape[3]
         if needed > capacity:  # grow: a new cache holding what there is
-            grown = self.decoder.new_cache(
-                ids.shape[0], max(needed, capacity + GROW, 2 * capacity), cache.keys
-            )
+            grown = self._empty(ids.shape[0], max(needed, capacity + GROW, 2 * capacity))
             grown.keys[:, :, :, : cache.length].copy_(cache.keys[:, :, :, : cache.length])
             grown.values[:, :, :, : cache.length].copy_(cache.values[:, :, :, : cache.length])
             grown.length, cache = cache.length, grown
-        hidden = self.decoder(ids, key_mask=key_mask, position_ids=positions, cache=cache).last_hidden_state
-        last = (
-            hidden[:, 0] if ids.shape[1] == 1 else hidden[torch.arange(ids.shape[0], device=ids.device), at]
-        )
-        return cache, self._logits(last)
+        out = self.decoder(ids, key_mask=key_mask, position_ids=positions, cache=cache)
+        return cache, out.last_hidden_state
 
 
 def backend_of(model: Any) -> TransformersBackend:
