@@ -116,21 +116,9 @@ def build_policy(
     """
     from transformers import LlamaForCausalLM
 
-    config = llama_config(
-        hidden_size,
-        num_layers,
-        num_heads,
-        vocab_size,
-        max_seq_len,
-        intermediate_size,
-        attention_dropout=dropout,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+    shape = (hidden_size, num_layers, num_heads, vocab_size, max_seq_len, intermediate_size)
+    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    model = _seeded(LlamaForCausalLM, seed, shape, attention_dropout=dropout, **special)
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 2
     return model
 
@@ -148,19 +136,17 @@ def build_reward_model(
     """`build_policy`'s Llama with a scalar head on the last non-pad token (one label), seeded."""
     from transformers import LlamaForSequenceClassification
 
-    config = llama_config(
-        hidden_size,
-        num_layers,
-        num_heads,
-        vocab_size,
-        max_seq_len,
-        intermediate_size,
-        num_labels=1,
-        pad_token_id=0,
-    )
+    shape = (hidden_size, num_layers, num_heads, vocab_size, max_seq_len, intermediate_size)
+    return _seeded(LlamaForSequenceClassification, seed, shape, num_labels=1, pad_token_id=0)
+
+
+def _seeded(model_class: Any, seed: int, shape: tuple, **extra: Any) -> Any:
+    """`model_class` of the Llama shape (`llama_config`), its weights drawn from `seed` alone (the
+    global random state is left as it was)."""
+    config = llama_config(*shape, **extra)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return LlamaForSequenceClassification(config)
+        return model_class(config)
 
 
 def load_reward_model(
