@@ -30,7 +30,7 @@ class EvalTask:
 def evaluate(
     engine: PolicyEngine,
     task: EvalTask,
-    settings: Evaluation = Evaluation(),
+    settings: Evaluation | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Greedy completions of every row: `accuracy` (when the task defines correctness) and
@@ -40,6 +40,7 @@ def evaluate(
     and metrics come back to the host); with an environment (`engine.environment`) completions are
     multi-turn episodes, each started from its row. settings.reward_timeout and `should_stop`: as
     `score_completions`' timeout and should_stop (the training step's rules for reward functions)."""
+    settings = settings or Evaluation()  # defaults: greedy only, all rows in one call
     rows, is_correct = task.rows, task.is_correct
     environment = engine.environment
     episodic = environment is not None

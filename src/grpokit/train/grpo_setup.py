@@ -36,8 +36,8 @@ from ..data import (
     require_demonstrations,
     sft_rows,
 )
-from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..engine import EngineSpec, PolicyEngine, Wrapping
+from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..models import Precision, enable_fast_matmul, make_reference, place
 from ..rollout import SamplingParams
 from . import distributed
@@ -539,7 +539,7 @@ def save(
     """checkpoint-<step>: weights, optimizer, schedule, data position, RNG (and a synced reference)."""
     engine = trainee.engine
     extra = {}
-    if engine.reference is not None and trainee.params.reference_sync is not None:
+    if engine.reference is not None and trainee.params.spec.reference_sync is not None:
         extra["reference"] = distributed.full_state_dict(d, engine.reference)
     save_distributed(d, strategy, to, step, _parts(trainee), eval_before, extra)
 

@@ -85,49 +85,22 @@ class LossParams:
 
 @dataclass(frozen=True)
 class StepParams:
-    """What one step needs from the config, built once by `StepParams.of`."""
+    """What one step needs: the config's step (`config.plan.StepSpec`: rewards, filters, clipping,
+    reference sync...) with this rank's share of the prompts, the sampling and the loss's arguments."""
 
+    spec: StepSpec
     prompts_per_rank: int  # P on this rank (prompts_per_step / world size): whole groups
-    micro_batch_size: int  # rows per forward/backward
-    num_iterations: int  # μ
     sampling: SamplingParams  # G, lengths, temperature, filters (the seed is set per step)
     loss: LossParams
-    prompt_column: str
-    scale_rewards: str
-    reward_weights: list[float] | None
-    on_reward_error: str
-    reward_timeout: float | None  # seconds each reward function may take on a batch (None: no limit)
-    mask_truncated_completions: bool
-    dynamic_sampling: bool
-    max_resample_batches: int
-    seed: int
-    max_grad_norm: float
-    reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
-    sampling_correction: str  # "none", or how importance weights π_old/q for the sampler's q are bounded
-    sampling_correction_bounds: tuple[float | None, float | None]  # (C_min, C_max)
 
     @classmethod
     def of(cls, spec: StepSpec, sampling: SamplingParams, world_size: int = 1) -> StepParams:
-        """The config's step (`config.plan.StepSpec`) with its sampling and this rank's share."""
+        """The config's step with its sampling and this rank's share."""
         return cls(
+            spec=spec,
             prompts_per_rank=spec.prompts_per_step // world_size,
-            micro_batch_size=spec.micro_batch_size,
-            num_iterations=spec.num_iterations,
             sampling=sampling,
             loss=LossParams(**asdict(spec.loss), max_completion_length=sampling.max_completion_length),
-            prompt_column=spec.prompt_column,
-            scale_rewards=spec.scale_rewards,
-            reward_weights=None if spec.reward_weights is None else list(spec.reward_weights),
-            on_reward_error=spec.on_reward_error,
-            reward_timeout=spec.reward_timeout,
-            mask_truncated_completions=spec.mask_truncated_completions,
-            dynamic_sampling=spec.dynamic_sampling,
-            max_resample_batches=spec.max_resample_batches,
-            seed=spec.seed,
-            max_grad_norm=spec.max_grad_norm,
-            reference_sync=spec.reference_sync,
-            sampling_correction=spec.sampling_correction,
-            sampling_correction_bounds=spec.sampling_correction_bounds,
         )
 
 
@@ -191,29 +164,29 @@ def generate_and_score(
 ) -> tuple[Batch, dict[str, Any]]:
     """Sample, score and compute advantages, on the host; with dynamic sampling, keep drawing batches
     until P groups with differing rewards are collected (or the bound is hit, then fill with the rest).
-    Reward functions run within `params.reward_timeout`; `should_stop` returning True while one runs
+    Reward functions run within `params.spec.reward_timeout`; `should_stop` returning True while one runs
     abandons the step (`rewards.scoring.ScoringStopped`), before anything has been updated."""
     G, P = params.sampling.num_generations, params.prompts_per_rank
     informative: list[tuple[Batch, list[int]]] = []
     leftovers: list[tuple[Batch, list[int]]] = []
     metrics: dict[str, Any] = {}
-    attempts = params.max_resample_batches if params.dynamic_sampling else 1
+    attempts = params.spec.max_resample_batches if params.spec.dynamic_sampling else 1
     seconds = {"timing/sampling": 0.0, "timing/scoring": 0.0}
     for attempt in range(attempts):
         began = time.perf_counter()
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
         tools = engine.environment.tool_schemas if engine.environment is not None else None
-        texts = [render_prompt(r[params.prompt_column], engine.tokenizer, tools) for r in rows]
-        seed = params.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
+        texts = [render_prompt(r[params.spec.prompt_column], engine.tokenizer, tools) for r in rows]
+        seed = params.spec.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
         # ends on the host: synced (multi-turn episodes start from their rows)
         rollout = engine.generate(texts, replace(params.sampling, seed=seed), rows=rows)
         sampled = time.perf_counter()
         seconds["timing/sampling"] += sampled - began
         mask = rollout.completion_mask  # [B, T]
-        if params.mask_truncated_completions:
+        if params.spec.mask_truncated_completions:
             mask = mask & ~rollout.truncated[:, None]
         repeated = [p for p in texts for _ in range(G)]  # [B]
-        columns = columns_of(rows, params.prompt_column, repeat=G)
+        columns = columns_of(rows, params.spec.prompt_column, repeat=G)
         if rollout.env_rewards is not None:  # multi-turn: what the environment paid (None: nothing)
             columns["env_reward"] = [None if r != r else r for r in rollout.env_rewards.tolist()]
         scores = score_completions(
@@ -225,12 +198,12 @@ def generate_and_score(
                 ids[m].tolist()
                 for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
             ],
-            weights=params.reward_weights,
-            on_error=params.on_reward_error,
-            timeout=params.reward_timeout,
+            weights=params.spec.reward_weights,
+            on_error=params.spec.on_reward_error,
+            timeout=params.spec.reward_timeout,
             should_stop=should_stop,
         )
-        adv = group_advantages(scores.rewards, G, scale=params.scale_rewards)
+        adv = group_advantages(scores.rewards, G, scale=params.spec.scale_rewards)
         seconds["timing/scoring"] += time.perf_counter() - sampled
         batch = Batch(
             prompt_ids=rollout.prompt_ids,
@@ -263,8 +236,8 @@ def generate_and_score(
                 | episode_metrics(rollout)
             )
         zero = adv.is_std_zero.reshape(-1, G)[:, 0].tolist()  # [B] -> [P, G] -> [P]
-        informative.append((batch, [g for g in range(P) if not zero[g] or not params.dynamic_sampling]))
-        leftovers.append((batch, [g for g in range(P) if zero[g] and params.dynamic_sampling]))
+        informative.append((batch, [g for g in range(P) if not zero[g] or not params.spec.dynamic_sampling]))
+        leftovers.append((batch, [g for g in range(P) if zero[g] and params.spec.dynamic_sampling]))
         enough = sum(len(g) for _, g in informative) >= P
         if not distributed.any_rank(d, not enough):  # all ranks draw the same number of batches
             break
@@ -310,9 +283,9 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
     * "forward": a no-grad pass of the policy over the batch before the first update, otherwise
       (always with sampling_correction, which weighs exactly that difference).
     """
-    if params.num_iterations == 1:
+    if params.spec.num_iterations == 1:
         return "none"
-    if params.sampling_correction != "none":
+    if params.spec.sampling_correction != "none":
         return "forward"  # the correction compares the sampler's log-probs with the training forward's
     s = params.sampling
     unfiltered = not s.top_k and s.top_p == 1.0 and not s.min_p and s.repetition_penalty == 1.0
@@ -337,21 +310,28 @@ def frozen_passes(
     importance weights π_old / q of the sampled tokens (which need π_old even when μ = 1). Returns them
     and the weights' metrics (TRL's names)."""
     source = old_logps_source(engine, params)
-    correcting = params.sampling_correction != "none"
+    correcting = params.spec.sampling_correction != "none"
     current = None
     if source == "forward" or correcting:
-        current = engine.frozen_logps(batch, params.micro_batch_size)  # π_old: the policy before updating
+        current = engine.frozen_logps(
+            batch, params.spec.micro_batch_size
+        )  # π_old: the policy before updating
     old = batch.sampling_logps if source == "rollout" else current if source == "forward" else None
     ref = None
     if params.loss.beta != 0.0:
-        ref = engine.frozen_logps(batch, params.micro_batch_size, reference=True)
+        ref = engine.frozen_logps(batch, params.spec.micro_batch_size, reference=True)
     weights, metrics = None, {}
     if correcting:
         assert current is not None
-        low, high = params.sampling_correction_bounds
+        low, high = params.spec.sampling_correction_bounds
         mask = batch.completion_mask
         weights = sampling_weights(
-            current, batch.sampling_logps, mask, mode=params.sampling_correction, clip_min=low, clip_max=high
+            current,
+            batch.sampling_logps,
+            mask,
+            mode=params.spec.sampling_correction,
+            clip_min=low,
+            clip_max=high,
         )
         diff = (current - batch.sampling_logps)[mask]  # [N]: log π_old − log q of the counted tokens
         none = diff.new_tensor(float("nan"))  # no counted token: NaN, which rank averaging skips
@@ -375,7 +355,7 @@ def optimizer_step(
     d: distributed.Dist,
 ) -> dict[str, Any]:
     """One optimizer step over the whole batch, accumulating gradients over micro-batches."""
-    B, micro = batch.completion_ids.shape[0], params.micro_batch_size
+    B, micro = batch.completion_ids.shape[0], params.spec.micro_batch_size
     n_micro = B // micro
     lp = params.loss
     num_items = distributed.all_reduce_sum(d, batch.completion_mask.sum())  # tokens on all ranks
@@ -403,7 +383,7 @@ def optimizer_step(
         for key, value in out.metrics.items():
             totals[key] = totals.get(key, 0.0) + value / n_micro
     return totals | optim.apply_update(
-        engine.train_module, update.optimizer, update.scheduler, totals["loss"], params.max_grad_norm, d
+        engine.train_module, update.optimizer, update.scheduler, totals["loss"], params.spec.max_grad_norm, d
     )
 
 
@@ -451,7 +431,7 @@ def grpo_step(
     metrics |= correction_metrics
     frozen_done = synced_clock(engine.device)
     skipped = rolled_back = 0.0
-    for _ in range(params.num_iterations):
+    for _ in range(params.spec.num_iterations):
         metrics |= optimizer_step(engine, update, batch, frozen, params, d)
         skipped += metrics["skipped_update"]
         rolled_back += metrics["update_rolled_back"]
@@ -461,6 +441,10 @@ def grpo_step(
     # counted in its own phase); veRL's timing_s/* in TRL's slash style
     metrics["timing/reference"] = frozen_done - began  # old-policy and reference log-probs
     metrics["timing/update"] = synced_clock(engine.device) - frozen_done
-    if params.reference_sync and engine.reference is not None and should_sync(step, params.reference_sync[0]):
-        sync_reference(engine.reference, engine.module, params.reference_sync[1])
+    if (
+        params.spec.reference_sync
+        and engine.reference is not None
+        and should_sync(step, params.spec.reference_sync[0])
+    ):
+        sync_reference(engine.reference, engine.module, params.spec.reference_sync[1])
     return StepResult(batch=host_batch, metrics=metrics)
