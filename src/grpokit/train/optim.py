@@ -194,7 +194,8 @@ def _prove(optimizer: Any, grad_bound: float) -> _Bounds | None:
     """The bounds after the next `optimizer.step()` when it provably leaves every weight finite,
     given that no gradient element exceeds `grad_bound` (a bound on the clipped gradients' norm);
     None when that cannot be shown (which does not mean it will fail). Only torch's AdamW (no
-    amsgrad) with float hyper-parameters is analysed. Its step, for every element (t ≥ 1 after the step's increment):
+    amsgrad) with float hyper-parameters is analysed. Its step, for every element (t ≥ 1 after the
+    step's increment):
 
         m ← β1·m + (1 − β1)·g,   v ← β2·v + (1 − β2)·g²,
         p ← p·(1 − lr·wd) − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε)
