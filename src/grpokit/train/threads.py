@@ -138,6 +138,7 @@ class ThreadGovernor:
                 f"other processes are using about {others:.1f} of this machine's {self.most} cores: "
                 f"running on {wanted} CPU thread(s) instead of {before} until they finish (two processes' "
                 "threads on too few cores wait on each other). Results then differ in their last bits from a "
-                f"run on {self.most}; set num_threads={self.most} to keep it, or num_threads=N to pin any count."
+                f"run on {self.most}; set num_threads={self.most} to keep it, or num_threads=N to pin any "
+                "count."
             )
         return f"the CPU is free again: back to {wanted} CPU threads."
