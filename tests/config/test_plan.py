@@ -59,6 +59,38 @@ def test_plan_objects_are_frozen():
 def test_the_plan_module_imports_no_torch():
     tree = ast.parse(Path(plan_module.__file__).read_text())
     imported = {
-        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
-    } | {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert "torch" not in imported and "grpokit" not in imported  # relative imports within config only
+
+
+def test_plan_objects_read_options_of_their_own_names():
+    """The plan fills fields from the config's options of the same names (`plan._named`): a field that
+    no option names must be one the resolver derives, or a rename would silently keep a default."""
+    from dataclasses import fields
+
+    from grpokit.config import GRPOConfig, plan
+
+    derived = {
+        plan.RunControl: {"config_yaml", "config_values"},
+        plan.Placement: set(),
+        plan.DataSpec: {"tiny_model", "answers_for", "answers_otherwise"},
+        plan.EpisodeSpec: set(),
+        plan.Evaluation: {"batch_size"},
+        plan.EngineSettings: {"group_size"},
+        plan.StepSpec: {"loss", "reference_sync", "sampling_correction_bounds"},
+        plan.LossSpec: set(),
+    }
+    for cls, given in derived.items():  # (options converted on the way, report_to, are named too)
+        unnamed = {f.name for f in fields(cls)} - set(GRPOConfig.model_fields)
+        assert unnamed == given, cls.__name__
+    cfg = GRPOConfig(beta=0.1, pass_at_k=3, max_turns=2, eval_steps=7)
+    assert plan.step_spec(cfg).loss.beta == 0.1 and plan.evaluation(cfg).pass_at_k == 3
+    assert plan.episode_spec(cfg).max_turns == 2 and plan.run_control(cfg).eval_steps == 7

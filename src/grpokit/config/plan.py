@@ -14,7 +14,7 @@ No torch import here (the config package stays instant); the objects that need t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .load import to_yaml
@@ -313,21 +313,17 @@ def model_spec(cfg: GRPOConfig | SFTConfig | RewardConfig) -> ModelSpec:
     )
 
 
+def _named(cls: Any, cfg: Any, **given: Any) -> Any:
+    """`cls` from the config's options of the same names, and `given` for the rest (renamed or
+    derived); a field the config does not have (an SFTConfig has no `strategy`) keeps its default."""
+    same = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name not in given and hasattr(cfg, f.name)}
+    return cls(**same, **given)
+
+
 def run_control(cfg: GRPOConfig | RewardConfig) -> RunControl:
-    return RunControl(
-        output_dir=cfg.output_dir,
-        max_steps=cfg.max_steps,
-        logging_steps=cfg.logging_steps,
-        eval_steps=cfg.eval_steps,
-        save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit,
-        max_consecutive_skips=cfg.max_consecutive_skips,
-        log_completions_steps=getattr(cfg, "log_completions_steps", 0),
-        resume=cfg.resume,
-        overwrite=cfg.overwrite,
-        report_to=tuple(cfg.report_to),
-        config_yaml=to_yaml(cfg),
-        config_values=cfg.model_dump(mode="json"),
+    values = cfg.model_dump(mode="json")
+    return _named(
+        RunControl, cfg, report_to=tuple(cfg.report_to), config_yaml=to_yaml(cfg), config_values=values
     )
 
 
@@ -344,39 +340,16 @@ def optimizer_spec(cfg: GRPOConfig | RewardConfig, total_updates: int) -> Optimi
 
 
 def placement(cfg: GRPOConfig | SFTConfig | RewardConfig) -> Placement:
-    return Placement(
-        device=cfg.device,
-        strategy=getattr(cfg, "strategy", "ddp"),
-        fsdp_cpu_offload=getattr(cfg, "fsdp_cpu_offload", False),
-        num_threads=cfg.num_threads,
-    )
+    return _named(Placement, cfg)
 
 
 def data_spec(cfg: GRPOConfig) -> DataSpec:
-    return DataSpec(
-        task=cfg.task,
-        seed=cfg.seed,
-        dataset=cfg.dataset,
-        eval_dataset=cfg.eval_dataset,
-        prompt_column=cfg.prompt_column,
-        answer_column=cfg.answer_column,
-        num_eval_prompts=cfg.num_eval_prompts,
-        max_prompt_length=cfg.max_prompt_length,
-        max_completion_length=cfg.max_completion_length,
-        tiny_model=cfg.model == "tiny",
-        answers_for=f"the supervised warm start (sft_steps={cfg.sft_steps})" if cfg.sft_steps else None,
-        sft_examples=cfg.sft_examples,
-    )
+    warm = f"the supervised warm start (sft_steps={cfg.sft_steps})" if cfg.sft_steps else None
+    return _named(DataSpec, cfg, tiny_model=cfg.model == "tiny", answers_for=warm)
 
 
 def episode_spec(cfg: GRPOConfig) -> EpisodeSpec:
-    return EpisodeSpec(
-        tools=_tuple(cfg.tools),
-        environment=cfg.environment,
-        max_turns=cfg.max_turns,
-        tool_call_format=cfg.tool_call_format,
-        tool_timeout=cfg.tool_timeout,
-    )
+    return _named(EpisodeSpec, cfg, tools=_tuple(cfg.tools))
 
 
 def reward_spec(cfg: GRPOConfig) -> RewardSpec:
@@ -384,55 +357,22 @@ def reward_spec(cfg: GRPOConfig) -> RewardSpec:
 
 
 def evaluation(cfg: GRPOConfig) -> Evaluation:
-    return Evaluation(
-        prompt_column=cfg.prompt_column,
-        pass_at_k=cfg.pass_at_k,
-        temperature=cfg.temperature,
-        seed=cfg.seed,
-        on_reward_error=cfg.on_reward_error,
-        reward_timeout=cfg.reward_timeout,
-        batch_size=cfg.micro_batch_size,  # rows per forward pass, as in training
-    )
+    return _named(Evaluation, cfg, batch_size=cfg.micro_batch_size)  # rows per pass, as in training
 
 
 def engine_settings(cfg: GRPOConfig) -> EngineSettings:
-    return EngineSettings(
-        dtype=cfg.dtype,
-        master_weights=cfg.master_weights,
-        decode_loop=cfg.decode_loop,
-        fused_logps=cfg.fused_logps,
-        temperature=cfg.temperature,  # > 0: the config refuses greedy training
-        group_size=cfg.num_generations,
-    )
+    # temperature > 0: the config refuses greedy training
+    return _named(EngineSettings, cfg, group_size=cfg.num_generations)
 
 
 def step_spec(cfg: GRPOConfig) -> StepSpec:
-    return StepSpec(
-        prompts_per_step=cfg.prompts_per_step,
-        micro_batch_size=cfg.micro_batch_size,
-        num_iterations=cfg.num_iterations,
-        loss=LossSpec(
-            loss_type=cfg.loss_type,
-            beta=cfg.beta,
-            epsilon=cfg.epsilon,
-            epsilon_high=cfg.epsilon_high,
-            delta=cfg.delta,
-            importance_sampling_level=cfg.importance_sampling_level,
-            top_entropy_quantile=cfg.top_entropy_quantile,
-            use_bias_correction_kl=cfg.use_bias_correction_kl,
-        ),
-        prompt_column=cfg.prompt_column,
-        scale_rewards=cfg.scale_rewards,
+    sync = (cfg.ref_model_sync_steps, cfg.ref_model_mixup_alpha) if cfg.sync_ref_model else None
+    return _named(
+        StepSpec,
+        cfg,
+        loss=_named(LossSpec, cfg),
         reward_weights=_tuple(cfg.reward_weights),
-        on_reward_error=cfg.on_reward_error,
-        reward_timeout=cfg.reward_timeout,
-        mask_truncated_completions=cfg.mask_truncated_completions,
-        dynamic_sampling=cfg.dynamic_sampling,
-        max_resample_batches=cfg.max_resample_batches,
-        seed=cfg.seed,
-        max_grad_norm=cfg.max_grad_norm,
-        reference_sync=(cfg.ref_model_sync_steps, cfg.ref_model_mixup_alpha) if cfg.sync_ref_model else None,
-        sampling_correction=cfg.sampling_correction,
+        reference_sync=sync,
         sampling_correction_bounds=(cfg.sampling_correction_min, cfg.sampling_correction_max),
     )
 
