@@ -25,32 +25,71 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 # (what the user did, test module, test function): inputs checked by a scenario of their own
 SCENARIOS = [
-    ("a truncated latest state.pt", "tests.train.test_checkpoint_integrity",
-     "test_a_truncated_latest_state_pt_resumes_from_the_checkpoint_before"),
-    ("a flipped byte in the latest weights", "tests.train.test_checkpoint_integrity",
-     "test_a_flipped_byte_in_the_latest_weights_resumes_from_the_checkpoint_before"),
-    ("every checkpoint damaged", "tests.train.test_checkpoint_integrity",
-     "test_when_every_checkpoint_is_damaged_resume_fails_with_one_line"),
-    ("crafted FSDP shard files (pickle payloads)", "tests.train.test_checkpoint_integrity",
-     "test_a_crafted_shard_file_runs_nothing_and_is_refused_in_one_line"),
-    ("a crafted state.pt", "tests.train.test_checkpoint_integrity",
-     "test_a_crafted_state_pt_runs_nothing_and_is_refused_in_one_line"),
-    ("resume into another model shape", "tests.train.test_checkpoint_integrity",
-     "test_resuming_into_another_model_shape_is_one_line"),
-    ("a full disk while saving", "tests.train.test_checkpoint_integrity",
-     "test_a_full_disk_while_saving_keeps_the_earlier_checkpoints"),
-    ("a second run into a busy output_dir", "tests.train.test_run_directory",
-     "test_two_concurrent_cli_runs_into_one_directory_one_is_refused_the_other_completes"),
-    ("an output_dir that is a file", "tests.train.test_run_directory",
-     "test_an_output_dir_that_is_a_file_is_one_line"),
-    ("an output_dir that holds a run", "tests.train.test_run_directory",
-     "test_an_output_dir_that_holds_a_run_is_one_line"),
-    ("an output_dir that cannot be written", "tests.train.test_run_directory",
-     "test_an_output_dir_that_cannot_be_written_is_one_line"),
-    ("resume with options that cannot change", "tests.train.test_config_resume",
-     "test_several_refused_changes_are_all_named_in_one_error"),
-    ("a reward that hangs through SIGTERM", "tests.train.test_reward_and_update_guards",
-     "test_sigterm_while_a_reward_hangs_saves_the_step_before_and_exits"),
+    (
+        "a truncated latest state.pt",
+        "tests.train.test_checkpoint_integrity",
+        "test_a_truncated_latest_state_pt_resumes_from_the_checkpoint_before",
+    ),
+    (
+        "a flipped byte in the latest weights",
+        "tests.train.test_checkpoint_integrity",
+        "test_a_flipped_byte_in_the_latest_weights_resumes_from_the_checkpoint_before",
+    ),
+    (
+        "every checkpoint damaged",
+        "tests.train.test_checkpoint_integrity",
+        "test_when_every_checkpoint_is_damaged_resume_fails_with_one_line",
+    ),
+    (
+        "crafted FSDP shard files (pickle payloads)",
+        "tests.train.test_checkpoint_integrity",
+        "test_a_crafted_shard_file_runs_nothing_and_is_refused_in_one_line",
+    ),
+    (
+        "a crafted state.pt",
+        "tests.train.test_checkpoint_integrity",
+        "test_a_crafted_state_pt_runs_nothing_and_is_refused_in_one_line",
+    ),
+    (
+        "resume into another model shape",
+        "tests.train.test_checkpoint_integrity",
+        "test_resuming_into_another_model_shape_is_one_line",
+    ),
+    (
+        "a full disk while saving",
+        "tests.train.test_checkpoint_integrity",
+        "test_a_full_disk_while_saving_keeps_the_earlier_checkpoints",
+    ),
+    (
+        "a second run into a busy output_dir",
+        "tests.train.test_run_directory",
+        "test_two_concurrent_cli_runs_into_one_directory_one_is_refused_the_other_completes",
+    ),
+    (
+        "an output_dir that is a file",
+        "tests.train.test_run_directory",
+        "test_an_output_dir_that_is_a_file_is_one_line",
+    ),
+    (
+        "an output_dir that holds a run",
+        "tests.train.test_run_directory",
+        "test_an_output_dir_that_holds_a_run_is_one_line",
+    ),
+    (
+        "an output_dir that cannot be written",
+        "tests.train.test_run_directory",
+        "test_an_output_dir_that_cannot_be_written_is_one_line",
+    ),
+    (
+        "resume with options that cannot change",
+        "tests.train.test_config_resume",
+        "test_several_refused_changes_are_all_named_in_one_error",
+    ),
+    (
+        "a reward that hangs through SIGTERM",
+        "tests.train.test_reward_and_update_guards",
+        "test_sigterm_while_a_reward_hangs_saves_the_step_before_and_exits",
+    ),
 ]
 
 

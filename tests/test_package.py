@@ -148,8 +148,7 @@ def test_the_structure_script_finds_what_it_says(tmp_path):
         "ops/math.py": "def add(ctx, a, b, c, d, e, f, g):\n    from ..train.loop import step\n",
         "train/__init__.py": "",
         "train/loop.py": (
-            "from grpokit.ops.math import _hidden, add\n"
-            "def step(a, b, c, d, e, f, g, *rest): ...\n"
+            "from grpokit.ops.math import _hidden, add\ndef step(a, b, c, d, e, f, g, *rest): ...\n"
         ),
     }
     for name, text in files.items():
@@ -197,7 +196,6 @@ LONG_ON_PURPOSE = {
     "GRPOTrainer.__init__": "TRL's GRPOTrainer(model, reward_funcs, args, train_dataset, ...) shape",
     "train_grpo": "the Python API: a config plus what the config cannot hold (model, data, callbacks)",
     "build_policy": "Edifice's GRPO.build(hidden, layers, heads, vocab, dropout, max_seq_len) and a seed",
-    "score_completions": "a batch, its columns and ids, and the rules reward calls run under",
 }
 
 

@@ -39,6 +39,7 @@ def _bomb(levels: int = 9) -> str:
 
 NESTED = "reward_funcs=" + "[" * 100_000 + "]" * 100_000
 
+
 def _latin1_yaml(tmp: Path) -> Path:
     (tmp / "latin1.yaml").write_bytes("max_steps: 2\n# café\n".encode("latin-1"))
     return tmp / "latin1.yaml"
@@ -86,8 +87,7 @@ BAD_CONFIG_INPUTS = [
         "learning_rate 1e30 (GRPO)",
         lambda t: load_config(GRPOConfig, None, ["learning_rate=1e30"]),
         ConfigError,
-        "learning_rate: Input should be less than or equal to 1 (got 1e+30); "
-        "allowed: 0 < learning_rate ≤ 1",
+        "learning_rate: Input should be less than or equal to 1 (got 1e+30); allowed: 0 < learning_rate ≤ 1",
     ),
     (
         "learning_rate 1e30 (reward)",

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpokit.rewards import (
+    CallRules,
     RewardFunctionError,
     exact_answer,
     format_tags,
@@ -134,7 +135,9 @@ def test_bad_reward_functions_get_a_named_error(fn, match):
 
 
 def test_failures_can_be_scored_unscorable_and_counted():
-    scores = score_completions([_raises_on_seven], ["p"] * 3, ["1", "7", "2"], on_error="unscorable")
+    scores = score_completions(
+        [_raises_on_seven], ["p"] * 3, ["1", "7", "2"], rules=CallRules(on_error="unscorable")
+    )
     assert scores.num_failed == 1
     assert math.isnan(scores.rewards[1].item()) and scores.rewards[0].item() == pytest.approx(1 / 6)
 

@@ -323,7 +323,9 @@ def _save(run: Path, step: int, keep: int) -> Path:
     from grpokit.models import char_tokenizer
 
     tok = char_tokenizer("0123456789+=")
-    model = build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), max_seq_len=16, seed=0)
+    model = build_policy(
+        hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), max_seq_len=16, seed=0
+    )
     return save_checkpoint(SaveTo(run, "seed: 0\n", keep), step, model, tok, {"step": step})
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from grpokit.data import DataError
-from grpokit.rewards import RewardFunctionError, score_completions
+from grpokit.rewards import CallRules, RewardFunctionError, score_completions
 from grpokit.rewards.scoring import ScoringStopped
 from grpokit.train.grpo import refuse_destroyed_weights, train_grpo
 from grpokit.train.optim import apply_update, update_stays_finite
@@ -72,7 +72,7 @@ def _destroyed_module():
 BAD_REWARD_INPUTS = [
     (
         "reward hangs past reward_timeout",
-        lambda t: score_completions([sleepy], ["p"], ["c"], timeout=0.2),
+        lambda t: score_completions([sleepy], ["p"], ["c"], rules=CallRules(timeout=0.2)),
         RewardFunctionError,
         "reward function 'sleepy' did not return within reward_timeout=0.2 s for a batch of 1 completions",
     ),
@@ -120,13 +120,15 @@ BAD_REWARD_INPUTS = [
     ),
     (
         "reward calls sys.exit, unscorable",
-        lambda t: score_completions([_exits_on_b], ["p"] * 2, ["a", "b"], on_error="unscorable"),
+        lambda t: score_completions(
+            [_exits_on_b], ["p"] * 2, ["a", "b"], rules=CallRules(on_error="unscorable")
+        ),
         RewardFunctionError,
         "reward function '_exits_on_b' raised SystemExit(3)",
     ),
     (
         "reward calls sys.exit on a worker thread",
-        lambda t: score_completions([_exits], ["p"], ["a"], timeout=5.0),
+        lambda t: score_completions([_exits], ["p"], ["a"], rules=CallRules(timeout=5.0)),
         RewardFunctionError,
         "reward function '_exits' raised SystemExit(3)",
     ),
@@ -186,7 +188,10 @@ def test_a_hung_batch_is_unscorable_with_on_error_unscorable():
     """The hung function's rows are NaN and counted; the other function still scores its rows."""
     began = time.monotonic()
     scores = score_completions(
-        [sleepy, ones_reward], ["p"] * 3, ["1", "11", "2"], on_error="unscorable", timeout=0.2
+        [sleepy, ones_reward],
+        ["p"] * 3,
+        ["1", "11", "2"],
+        rules=CallRules(on_error="unscorable", timeout=0.2),
     )
     assert time.monotonic() - began < 5  # the 30 s call was abandoned, not waited for
     assert scores.num_failed == 3
@@ -206,7 +211,9 @@ def test_a_timeout_covers_the_row_by_row_retry():
         return [1.0] * len(completions)
 
     began = time.monotonic()
-    scores = score_completions([slow_rows], ["p"] * 8, ["x"] + ["c"] * 7, on_error="unscorable", timeout=0.5)
+    scores = score_completions(
+        [slow_rows], ["p"] * 8, ["x"] + ["c"] * 7, rules=CallRules(on_error="unscorable", timeout=0.5)
+    )
     assert time.monotonic() - began < 3  # 7 rows of 0.15 s would take 1.05 s
     scored = (~torch.isnan(scores.rewards)).sum().item()
     assert math.isnan(scores.rewards[0].item()) and 0 < scored < 7 and scores.num_failed == 8 - scored
@@ -221,12 +228,14 @@ def test_a_stop_request_abandons_a_running_reward_function():
         return flag["stop"]
 
     with pytest.raises(ScoringStopped, match="while reward function 'sleepy' was running"):
-        score_completions([sleepy], ["p"], ["c"], should_stop=stop_soon)  # no timeout: waits for stops
+        score_completions(
+            [sleepy], ["p"], ["c"], rules=CallRules(should_stop=stop_soon)
+        )  # no timeout: waits for stops
     assert time.monotonic() - began < 3
 
 
 def test_a_stop_request_does_not_abandon_a_fast_function():
-    scores = score_completions([ones_reward], ["p"], ["11"], should_stop=lambda: True)
+    scores = score_completions([ones_reward], ["p"], ["11"], rules=CallRules(should_stop=lambda: True))
     assert scores.rewards.tolist() == [1.0]
 
 
@@ -236,7 +245,7 @@ def test_keyboard_interrupt_from_a_reward_function_is_not_swallowed(timeout):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        score_completions([interrupted], ["p"], ["c"], timeout=timeout)
+        score_completions([interrupted], ["p"], ["c"], rules=CallRules(timeout=timeout))
 
 
 # ----------------------------------------------------------------------------- what a reward returns
@@ -248,7 +257,7 @@ def test_numpy_scalars_0d_arrays_and_bools_are_scores_as_in_trl(timeout):
     are their value, a bool is 1.0 / 0.0. A [B] numpy array is one score per completion."""
     values = [np.float32(0.5), np.float64(0.25), np.int64(3), np.bool_(True), np.array(2.0)]
     values += [True, False, None]
-    scores = score_completions([_returning(*values)], ["p"] * 8, ["c"] * 8, timeout=timeout)
+    scores = score_completions([_returning(*values)], ["p"] * 8, ["c"] * 8, rules=CallRules(timeout=timeout))
     got = scores.rewards_per_func[:, 0].tolist()
     assert got[:7] == [0.5, 0.25, 3.0, 1.0, 2.0, 1.0, 0.0] and math.isnan(got[7])
     array = score_completions([_returning(*[])], [], [])  # (no rows: nothing to score)
@@ -364,7 +373,7 @@ def test_a_run_whose_every_update_is_destroyed_stops_with_finite_named_weights(t
 
 # ----------------------------------------------------------------------------- SIGTERM while a reward hangs
 
-HANGING_REWARD = '''
+HANGING_REWARD = """
 import time
 from pathlib import Path
 
@@ -382,7 +391,7 @@ def hangs_from_step_3(prompts, completions, **_):
             while True:
                 time.sleep(1)
     return [c.count("1") / max(len(c), 1) for c in completions]
-'''
+"""
 
 
 def _reward_file(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
@@ -546,7 +555,10 @@ def test_a_timeout_while_looking_for_the_failing_row_makes_the_batch_unscorable(
 
     began = time.monotonic()
     scores = score_completions(
-        [batch_raises_rows_hang], ["p"] * 4, ["a", "b", "c", "d"], on_error="unscorable", timeout=0.3
+        [batch_raises_rows_hang],
+        ["p"] * 4,
+        ["a", "b", "c", "d"],
+        rules=CallRules(on_error="unscorable", timeout=0.3),
     )
     assert time.monotonic() - began < 3
     assert torch.isnan(scores.rewards).all() and scores.num_failed == 4
@@ -566,7 +578,9 @@ def test_no_call_is_started_once_the_time_is_up():
         return [1.0]
 
     alive = threading.active_count()
-    scores = score_completions([slow], ["p"] * 50, ["c"] * 50, on_error="unscorable", timeout=0.3)
+    scores = score_completions(
+        [slow], ["p"] * 50, ["c"] * 50, rules=CallRules(on_error="unscorable", timeout=0.3)
+    )
     assert scores.num_failed >= 48 and len(calls) <= 4  # the batch, then the rows the 0.3 s reached
     time.sleep(0.3)
     assert threading.active_count() <= alive + 1

@@ -13,9 +13,10 @@ from .builtin import (
 )
 from .loading import RewardReferenceError, load_reward_reference, split_reference
 from .reward_model import RewardModelFunction
-from .scoring import RewardFunctionError, RewardScores, reward_name, score_completions
+from .scoring import CallRules, RewardFunctionError, RewardScores, reward_name, score_completions
 
 __all__ = [
+    "CallRules",
     "env_reward",
     "RewardFunctionError",
     "RewardModelFunction",

@@ -41,6 +41,21 @@ WAIT_SLICE = 0.1  # seconds between looks at `should_stop` while a reward functi
 
 
 @dataclass(frozen=True)
+class CallRules:
+    """The rules reward calls run under. on_error="raise" stops at the first failure with a message
+    naming the function and the row; "unscorable" scores the rows a function raised on as None (NaN)
+    and counts them. timeout: seconds each function may take on the batch (a row-by-row retry
+    included); past it, a RewardFunctionError naming the function, or with "unscorable" all its rows
+    NaN (counted). should_stop: looked at every WAIT_SLICE seconds while a function runs; True raises
+    ScoringStopped. With a timeout or should_stop, functions run on a daemon worker thread (see the
+    module docstring); without, on the caller's."""
+
+    on_error: Literal["raise", "unscorable"] = "raise"
+    timeout: float | None = None
+    should_stop: Callable[[], bool] | None = None
+
+
+@dataclass(frozen=True)
 class RewardScores:
     names: list[str]  # [R] reward function names
     rewards_per_func: torch.Tensor  # [B, R] float32, NaN = unscorable
@@ -290,20 +305,13 @@ def score_completions(
     columns: dict[str, Sequence[Any]] | None = None,
     completion_ids: Sequence[Sequence[int]] | None = None,
     weights: Sequence[float] | None = None,
-    on_error: Literal["raise", "unscorable"] = "raise",
-    timeout: float | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    rules: CallRules = CallRules(),
 ) -> RewardScores:
     """Score B completions with R reward functions and combine them.
 
     Each function is called once for the batch as f(prompts=…, completions=…, completion_ids=…,
-    **columns) with lists of length B (functions without **kwargs get the arguments they name).
-    on_error="raise" stops at the first failure with a message naming the function and the row;
-    "unscorable" scores the rows a function raised on as None (NaN) and counts them.
-    timeout: seconds each function may take on the batch (a row-by-row retry included); past it, a
-    RewardFunctionError naming the function, or with "unscorable" all its rows NaN (counted).
-    should_stop: looked at every WAIT_SLICE seconds while a function runs; True raises ScoringStopped.
-    With either, functions run on a daemon worker thread (see the module docstring); without, here.
+    **columns) with lists of length B (functions without **kwargs get the arguments they name), under
+    `rules` (`CallRules`: what a failure, a hang or a stop request does).
     """
     if not reward_funcs:
         raise ValueError("no reward functions: give at least one.")
@@ -328,8 +336,8 @@ def score_completions(
         kwargs[key] = list(values)
     table, failed = [], 0
     for fn in reward_funcs:
-        limits = _Limits.start(timeout, should_stop)  # each function has the whole timeout for the batch
-        scores, n_failed = _score_one(fn, kwargs, size, completions, on_error, limits)
+        limits = _Limits.start(rules.timeout, rules.should_stop)  # each function: the whole timeout
+        scores, n_failed = _score_one(fn, kwargs, size, completions, rules.on_error, limits)
         table.append(scores)
         failed += n_failed
     rewards_per_func = torch.tensor(table, dtype=torch.float32).T.reshape(size, len(reward_funcs))  # [B, R]

@@ -11,7 +11,7 @@ import torch
 from ..config.plan import Evaluation
 from ..data import columns_of, render_prompt
 from ..engine import PolicyEngine
-from ..rewards import score_completions
+from ..rewards import CallRules, score_completions
 from ..rollout import Rollout, SamplingParams
 
 
@@ -39,7 +39,7 @@ def evaluate(
     The engine samples as training does (its device, precision and decode loop; completions, rewards
     and metrics come back to the host); with an environment (`engine.environment`) completions are
     multi-turn episodes, each started from its row. settings.reward_timeout and `should_stop`: as
-    `score_completions`' timeout and should_stop (the training step's rules for reward functions)."""
+    `score_completions`' CallRules (the training step's rules for reward functions)."""
     settings = settings or Evaluation()  # defaults: greedy only, all rows in one call
     rows, is_correct = task.rows, task.is_correct
     environment = engine.environment
@@ -64,10 +64,8 @@ def evaluate(
         prompts,
         completions,
         columns=columns,
-        on_error=settings.on_reward_error,  # type: ignore[arg-type]
         completion_ids=completion_ids,
-        timeout=settings.reward_timeout,
-        should_stop=should_stop,
+        rules=CallRules(settings.on_reward_error, settings.reward_timeout, should_stop),  # type: ignore[arg-type]
     )
     metrics = {
         "num_prompts": float(len(rows)),

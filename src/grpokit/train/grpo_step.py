@@ -32,7 +32,7 @@ from ..data import PromptSampler, columns_of, render_prompt
 from ..engine import PolicyEngine
 from ..models import should_sync, sync_reference
 from ..ops import LOSS_TYPES, group_advantages, grpo_loss, sampling_weights
-from ..rewards import score_completions
+from ..rewards import CallRules, score_completions
 from ..rollout import SamplingParams
 from . import distributed, optim
 
@@ -199,9 +199,7 @@ def generate_and_score(
                 for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
             ],
             weights=params.spec.reward_weights,
-            on_error=params.spec.on_reward_error,
-            timeout=params.spec.reward_timeout,
-            should_stop=should_stop,
+            rules=CallRules(params.spec.on_reward_error, params.spec.reward_timeout, should_stop),  # type: ignore[arg-type]
         )
         adv = group_advantages(scores.rewards, G, scale=params.spec.scale_rewards)
         seconds["timing/scoring"] += time.perf_counter() - sampled

@@ -192,7 +192,7 @@ def _unusable(output_dir: Path, error: OSError) -> RunDirectoryError:
 
 
 def _holder(fd: int) -> str:
-    """"PID 1234" (", on host" when another machine holds it) from a lock file another process holds.
+    """ "PID 1234" (", on host" when another machine holds it) from a lock file another process holds.
     The holder writes it just after locking: a contender that comes in between waits a moment."""
     text = ""
     for _ in range(50):  # up to ~0.5 s
