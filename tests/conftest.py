@@ -81,3 +81,31 @@ def tiny_policy():
         seed=3,
     )
     return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def hub_home(tmp_path_factory) -> Path:
+    """An HF_HOME whose hub cache holds the tiny chat models of `tests/hub_cache.py` (built once)."""
+    from tests.hub_cache import build_hub_cache
+
+    home = tmp_path_factory.mktemp("hf_home")
+    build_hub_cache(home)
+    return home
+
+
+@pytest.fixture
+def hub_offline(hub_home, monkeypatch) -> Path:
+    """This process, and the processes it starts, read the hub from `hub_home`'s cache only, as a user's
+    machine does after `hf download` with HF_HUB_OFFLINE=1. huggingface_hub reads its environment once at
+    import: its constants are set here too."""
+    from huggingface_hub import constants
+
+    from tests.hub_cache import offline_env
+
+    for name, value in offline_env(hub_home).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(constants, "HF_HOME", str(hub_home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return hub_home

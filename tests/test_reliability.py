@@ -198,7 +198,7 @@ BAD_INPUTS = [
             tiny_config(t, model=str(_saved_policy(t)), max_completion_length=14), reward_funcs=[ones_reward]
         ),
         ValueError,
-        "exceed the model's context of 16 tokens",
+        "more than the model's context of 16 (max_position_embeddings); set max_completion_length=",
     ),
     (
         "nothing to train on",

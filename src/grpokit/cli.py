@@ -41,7 +41,13 @@ def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
 def _config(schema: Any, preset_name: str, items: list[str]) -> Any:
     """CONFIG.yaml plus overrides; with no CONFIG, the built-in preset plus overrides. CONFIG may
     also name a built-in preset (`rlhf_addition`), when no such file exists."""
-    from .config import load_config
+    return _config_and_preset(schema, preset_name, items)[0]
+
+
+def _config_and_preset(schema: Any, preset_name: str, items: list[str]) -> tuple[Any, Any]:
+    """`_config`'s config, and the `config.applied.Preset` it was loaded from (None: a file)."""
+    from .config import load_config, parse_overrides
+    from .config.applied import preset_of
 
     path, overrides = _split_args(items)
     if path is not None and not Path(path).exists() and _preset(path).is_file():
@@ -49,8 +55,9 @@ def _config(schema: Any, preset_name: str, items: list[str]) -> Any:
     if path is None:
         preset = resources.files("grpokit.presets").joinpath(preset_name)
         with resources.as_file(preset) as preset_path:
-            return load_config(schema, preset_path, overrides)
-    return load_config(schema, path, overrides)
+            cfg = load_config(schema, preset_path, overrides)
+        return cfg, preset_of(preset_name.removesuffix(".yaml"), parse_overrides(overrides))
+    return load_config(schema, path, overrides), None
 
 
 def _preset(name: str) -> Any:
@@ -108,9 +115,13 @@ def _console() -> Any:
 
 
 def _cmd_print_config(args: argparse.Namespace) -> int:
-    from .config import to_yaml
+    """The values a train run applies (those chosen for model: tiny included), each one that is not the
+    default under a comment saying where it came from: the preset, yours, or chosen for model=tiny."""
+    from .config import GRPOConfig
+    from .config.applied import annotated_yaml, applied
 
-    print(to_yaml(_train_config(args.items)), end="")
+    cfg, preset = _config_and_preset(GRPOConfig, PRESET, args.items)
+    print(annotated_yaml(applied(cfg, preset)), end="")
     return 0
 
 
@@ -118,12 +129,15 @@ def _run_reported(cfg: Any, train: Any) -> tuple[Any, Any, int | None]:
     """Run `train(cfg, on_event=...)` with a progress display on rank 0. Returns (console, result,
     exit code): the code is set when the command is already done (a non-zero rank, or a stop by
     signal, whose line is printed here); None means rank 0 finished and prints its summary."""
+    from .config import GRPOConfig
+    from .config.applied import applied
     from .config.plan import display
     from .train.progress import RichReporter
 
     console = _console()
     main_rank = _rank() == 0  # under torchrun only rank 0 talks
-    with RichReporter(console, display(cfg), enabled=cfg.progress and main_rank) as reporter:
+    shown = applied(cfg).config if isinstance(cfg, GRPOConfig) else cfg  # sft_steps chosen for tiny, say
+    with RichReporter(console, display(shown), enabled=cfg.progress and main_rank) as reporter:
         result = train(cfg, on_event=reporter.on_event)
     _shutdown(cfg.device)
     if not main_rank:
@@ -134,9 +148,13 @@ def _run_reported(cfg: Any, train: Any) -> tuple[Any, Any, int | None]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from .config import GRPOConfig
     from .train.grpo import train_grpo
 
-    console, result, code = _run_reported(_train_config(args.items), train_grpo)
+    cfg, preset = _config_and_preset(GRPOConfig, PRESET, args.items)
+    console, result, code = _run_reported(cfg, partial(train_grpo, preset=preset))
     if code is not None:
         return code
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
@@ -236,33 +254,19 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     """Greedy accuracy (exact answer: the task's, or an `answer` column's), mean reward of the config's
     reward_funcs (else the task's, else correctness) and pass@k, on the task's held-out prompts or
-    on eval_dataset (else dataset)."""
+    on eval_dataset (else dataset's dataset_test_split, if it has one, else dataset)."""
     import json
-    from dataclasses import replace
 
     from .config.plan import grpo_plan
-    from .data import load_prompts
     from .models import place
-    from .train.grpo_setup import Given, held_out_metrics, precision_of, probe_engine, resolve_data
+    from .train.grpo_setup import held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
     from .train.run import check_known_characters, policy_and_tokenizer
 
     cfg = _train_config(args.items)
     plan = grpo_plan(cfg.model_copy(update={"sft_steps": 0}))  # evaluation trains nothing: no answers needed
-    rows, source = None, None
-    if not cfg.task:
-        source = cfg.eval_dataset or cfg.dataset
-        if source is None:
-            raise ValueError(
-                "nothing to evaluate on: set task, or eval_dataset (or dataset) to a prompt file."
-            )
-        rows = load_prompts(source, prompt_column=cfg.prompt_column)
-    given = Given(train_rows=[] if rows is not None else None, eval_rows=rows)
-    data = resolve_data(plan.data, plan.episodes, plan.rewards, given, require_rewards=False)
-    if source is not None:
-        data = replace(data, eval_source=str(source))
-    model, tokenizer = policy_and_tokenizer(
-        plan.model, data.alphabet, 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
-    )
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False, evaluate_only=True)
+    context = tiny_context(plan.data.prompt_column, data)  # model: tiny's, made to fit the prompts
+    model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, context)
     device, _ = _placement(cfg)
     settings = plan.trainee.engine
     model = place(model, device, precision_of(settings))  # weights as training keeps them
@@ -398,27 +402,46 @@ def _choices(annotation: Any) -> list[Any]:
     return [value for arg in get_args(annotation) for value in _choices(arg)]
 
 
-def options_help(schema: Any) -> str:
-    """Every option of a config class with its default and description: a command's --help epilog."""
+def options_help(schema: Any, preset: str | None = None) -> str:
+    """Every option of a config class with its default and description: a command's --help epilog.
+    With `preset` (the built-in preset the command runs without CONFIG) each option the preset sets
+    also shows its value, and for GRPO the value chosen for model: tiny when the option is unset
+    (config/applied.py): what actually applies."""
     import textwrap
 
     import yaml
 
-    lines = [
-        f"options ({schema.__name__}; keys of CONFIG.yaml or key=value, values in YAML: null, true, [a, b]).",
-        "Defaults below; a CONFIG or built-in preset sets others (`grpokit print-config` resolves a train",
-        "config). TRL's names (bf16, per_device_train_batch_size, ...) are translated or answered.",
-        "",
-    ]
+    from .config import GRPOConfig
+    from .config.applied import TINY, preset_values, tiny_choices
+
+    def flow(value: Any) -> str:
+        text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**6)
+        return text.removesuffix("...\n").strip()
+
+    intro = (
+        f"options ({schema.__name__}; keys of CONFIG.yaml or key=value, values in YAML: null, true, [a, b]). "
+        "Each option: its default (TRL's where TRL has the option), then in parentheses its choices"
+        + (f", the {preset} preset's value (what the command runs without CONFIG)" if preset else "")
+        + (f", the value chosen for {TINY} when the option is unset" if schema is GRPOConfig else "")
+        + ". `grpokit print-config [CONFIG] [k=v ...]` shows every value a train run applies and where it "
+        "came from. TRL's names (bf16, per_device_train_batch_size, ...) are translated or answered."
+    )
+    lines = [*textwrap.wrap(intro, 100), ""]
+    sets = preset_values(preset) if preset else {}
+    chosen = tiny_choices(GRPOConfig(model="tiny")) if schema is GRPOConfig else {}
     indent = " " * 6
     own = getattr(schema, "__annotations__", {})  # the class's own options first, then the shared ones
     for name in sorted(schema.model_fields, key=lambda n: n not in own):
         field = schema.model_fields[name]
-        default = yaml.safe_dump(field.default, default_flow_style=True, allow_unicode=True)
         choices = _choices(field.annotation)
+        applies = (
+            [f"{preset} preset: {flow(sets[name])}"] if sets.get(name, field.default) != field.default else []
+        )
+        applies += [f"{TINY} when unset: {flow(chosen[name])}"] if name in chosen else []
         lines.append(
-            f"  {name} = {default.removesuffix('...' + chr(10)).strip()}"
+            f"  {name} = {flow(field.default)}"
             + (f"   ({' | '.join(map(str, choices))})" if choices else "")
+            + (f"   ({'; '.join(applies)})" if applies else "")
         )
         lines += textwrap.wrap(field.description or "", 100, initial_indent=indent, subsequent_indent=indent)
     return "\n".join(lines)
@@ -433,6 +456,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
+    presets = {
+        "train": "addition",
+        "eval": "addition",
+        "print-config": "addition",
+        "reward": "reward_addition",
+    }
+    presets["eval-reward"] = "reward_addition"  # what each command runs without CONFIG
     for name, handler, text, schema in [
         ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)", GRPOConfig),
         ("sft", _cmd_sft, "supervised warm start on a task's answers", SFTConfig),
@@ -455,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=text,
             description=text,
-            epilog=options_help(schema),
+            epilog=options_help(schema, presets.get(name)),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         cmd.add_argument(

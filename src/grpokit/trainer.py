@@ -1,4 +1,4 @@
-"""`GRPOTrainer`: the Python entry point, a thin façade over `train.grpo.train_grpo`."""
+"""`GRPOTrainer`: the Python entry point, a thin façade over `train.grpo.train_grpo`, called as TRL's is."""
 
 from __future__ import annotations
 
@@ -6,68 +6,124 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import GRPOConfig
-from .config.plan import display
+from .config.plan import display, model_spec
 from .data import load_prompts
 from .envs import EnvironmentSpec, tool_environment
+from .rewards import named_reward
 from .train.grpo import TrainResult, train_grpo
 from .train.progress import reporting
 
+# TRL's parameters that grpokit has no use for (given other than None / (None, None) / []): what to do
+_NOT_TAKEN = {
+    "reward_processing_classes": "a reward model goes in reward_funcs with its own tokenizer: "
+    "grpokit.rewards.RewardModelFunction(model, tokenizer)",
+    "callbacks": "follow the run with trainer.train(on_event=f), f(kind, step, data) with each step's "
+    "metrics, or read output_dir/metrics.jsonl",
+    "optimizers": "grpokit builds AdamW and its schedule from the config: set learning_rate, weight_decay, "
+    "adam_beta1, adam_beta2, adam_epsilon, lr_scheduler_type and warmup_steps",
+    "quantization_config": "load the model quantized yourself and pass it with its tokenizer",
+    "rollout_func": "grpokit samples with its own decode loop; for multi-turn episodes pass tools or "
+    "environment_factory",
+}
+
+# peft LoraConfig options grpokit's adapters do not have (any value but peft's default is refused)
+_LORA_FIXED = (
+    "bias",
+    "use_rslora",
+    "use_dora",
+    "modules_to_save",
+    "layers_to_transform",
+    "rank_pattern",
+    "alpha_pattern",
+    "fan_in_fan_out",
+    "init_lora_weights",
+)
+
 
 class GRPOTrainer:
-    """GRPOTrainer(model, reward_funcs, train_dataset, config, eval_dataset=None, tokenizer=None).train()
+    """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., ...).train(): TRL 1.16's
+    parameters in TRL's order, so that a TRL script runs with its import changed.
 
-    model: a local model directory, or a loaded causal LM (then pass its tokenizer).
-    reward_funcs: one callable or a list, f(prompts, completions, **columns) -> list[float | None].
-    train_dataset / eval_dataset: a file path, a list of dicts or a datasets.Dataset.
-    config: a GRPOConfig (or a dict of its fields); its `task` is ignored: the data given here is used.
+    model: a hub id, a local model directory or "tiny", or a loaded causal LM (then pass its tokenizer
+        as processing_class; with a name, a processing_class given is used with the model loaded here).
+    reward_funcs: a function, a built-in reward's name ("exact_answer", "math_answer", "format_tags") or
+        a reference to a function ("pkg.mod.f", "pkg.mod:f", "FILE.py:f"), or a list of them;
+        f(prompts, completions, **columns) -> list[float | None].
+    args: a GRPOConfig (or a dict of its fields; None: the defaults); its `task` is ignored: the data
+        given here is used.
+    train_dataset / eval_dataset: a datasets.Dataset, a list of dicts or a file path.
+    peft_config: a peft LoraConfig: use_peft with its r, lora_alpha, lora_dropout and target_modules.
+    reward_processing_classes, callbacks, optimizers, quantization_config, rollout_func: TRL's, not
+        taken; given, each is one error saying what to do instead.
     tools: plain functions the policy may call (multi-turn episodes, the config's tool_call_format,
         max_turns and tool_timeout); environment_factory: a class or function returning a fresh
         environment per episode (reset(row) / step(text), see grpokit.envs). TRL's names; at most one.
         With either, reward_funcs may be empty: the reward is then what the environment paid.
+    is_correct: f(completion, row) -> bool, the held-out accuracy (default: the answer column's exact match).
     """
 
     def __init__(
         self,
         model: Any,
-        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]],
-        train_dataset: Any,
-        config: GRPOConfig | dict[str, Any] | None = None,
+        reward_funcs: Any = None,
+        args: GRPOConfig | dict[str, Any] | None = None,
+        train_dataset: Any = None,
         eval_dataset: Any = None,
-        tokenizer: Any = None,
-        is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
+        processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        *,
         tools: Sequence[Callable[..., Any]] | None = None,
+        rollout_func: Callable[..., Any] | None = None,
         environment_factory: Callable[[], Any] | None = None,
+        is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
     ) -> None:
-        cfg = config if isinstance(config, GRPOConfig) else GRPOConfig(**(config or {}))
-        if tools and environment_factory is not None:
-            raise ValueError(
-                "give tools or environment_factory, not both: an environment runs its own tools."
-            )
-        self.environment = None
-        if tools:
-            self.environment = tool_environment(
-                list(tools),
-                cfg.tool_call_format or "hermes",
-                max_turns=cfg.max_turns,
-                timeout=cfg.tool_timeout,
-            )
-        elif environment_factory is not None:
-            self.environment = EnvironmentSpec(
-                environment_factory,
-                max_turns=cfg.max_turns,
-                stop_strings=getattr(environment_factory, "stop_strings", ()),
-                name=getattr(environment_factory, "__name__", "environment"),
-            )
+        given = {
+            "reward_processing_classes": reward_processing_classes,
+            "callbacks": callbacks,
+            "optimizers": optimizers,
+            "quantization_config": quantization_config,
+            "rollout_func": rollout_func,
+        }
+        _refuse_not_taken(given)
+        cfg = args if isinstance(args, GRPOConfig) else GRPOConfig(**(args or {}))
+        updates: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
+        if peft_config is not None:
+            updates |= _lora_options(peft_config, model, cfg)
+        if updates:  # validated as the config itself (a hub id, the LoRA options' ranges)
+            cfg = GRPOConfig.model_validate(cfg.model_dump() | updates)
+        self.environment = _environment(cfg, tools, environment_factory)
         if isinstance(model, str):
-            cfg, model = cfg.model_copy(update={"model": model}), None
-        elif tokenizer is None:
-            raise ValueError("a loaded model needs its tokenizer: GRPOTrainer(..., tokenizer=tokenizer).")
+            model = _loaded_for(cfg) if processing_class is not None and model != "tiny" else None
+        elif processing_class is None:
+            raise ValueError(
+                "a loaded model needs its tokenizer: GRPOTrainer(model, ..., processing_class=tokenizer)."
+            )
+        if train_dataset is None and cfg.dataset is None:
+            raise ValueError(
+                "GRPOTrainer needs train_dataset: a datasets.Dataset, a list of dicts or a file."
+            )
         self.config = cfg.model_copy(update={"task": None})
-        self.model, self.tokenizer = model, tokenizer
-        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs]
-        self.train_rows = load_prompts(train_dataset, prompt_column=cfg.prompt_column)
-        self.eval_rows = (
-            load_prompts(eval_dataset, prompt_column=cfg.prompt_column) if eval_dataset is not None else []
+        self.model, self.processing_class = model, processing_class
+        self.reward_funcs = _reward_functions(reward_funcs)
+        reading = {  # a dataset name or directory: its split of dataset_config; answers by answer_format
+            "prompt_column": cfg.prompt_column,
+            "dataset_config": cfg.dataset_config,
+            "answer_column": cfg.answer_column,
+            "answer_format": cfg.answer_format,
+        }
+        self.train_rows = (
+            None
+            if train_dataset is None
+            else load_prompts(train_dataset, split=cfg.dataset_train_split, **reading)
+        )
+        self.eval_rows = (  # None: the config's dataset and its held-out split, as `grpokit train`
+            load_prompts(eval_dataset, split=cfg.dataset_test_split, **reading)
+            if eval_dataset is not None
+            else (None if train_dataset is None else [])
         )
         self.is_correct = is_correct
 
@@ -77,7 +133,7 @@ class GRPOTrainer:
             return train_grpo(
                 self.config,
                 model=self.model,
-                tokenizer=self.tokenizer,
+                tokenizer=self.processing_class,
                 reward_funcs=self.reward_funcs,
                 train_rows=self.train_rows,
                 eval_rows=self.eval_rows,
@@ -85,3 +141,124 @@ class GRPOTrainer:
                 on_event=events,
                 environment=self.environment,
             )
+
+
+def _refuse_not_taken(given: dict[str, Any]) -> None:
+    """One error for the first of TRL's parameters grpokit has no use for that was given a value."""
+    for name, value in given.items():
+        parts = value if name == "optimizers" else [value]
+        if any(part is not None for part in parts) and not (name == "callbacks" and value == []):
+            raise ValueError(f"grpokit's GRPOTrainer does not take {name} (TRL's); {_NOT_TAKEN[name]}.")
+
+
+def _environment(
+    cfg: GRPOConfig, tools: Sequence[Callable[..., Any]] | None, environment_factory: Any
+) -> EnvironmentSpec | None:
+    """The episodes' environment TRL's tools or environment_factory make (None: single-turn)."""
+    if tools and environment_factory is not None:
+        raise ValueError("give tools or environment_factory, not both: an environment runs its own tools.")
+    if tools:
+        return tool_environment(
+            list(tools), cfg.tool_call_format or "hermes", max_turns=cfg.max_turns, timeout=cfg.tool_timeout
+        )
+    if environment_factory is not None:
+        return EnvironmentSpec(
+            environment_factory,
+            max_turns=cfg.max_turns,
+            stop_strings=getattr(environment_factory, "stop_strings", ()),
+            name=getattr(environment_factory, "__name__", "environment"),
+        )
+    return None
+
+
+def _reward_functions(reward_funcs: Any) -> list[Callable[..., Any]]:
+    """TRL's forms: None, one, or a list; a name is a built-in reward or a reference to a function."""
+    import torch
+
+    listed = [] if reward_funcs is None else reward_funcs
+    listed = list(listed) if isinstance(listed, (list, tuple)) else [listed]
+    out = []
+    for func in listed:
+        if isinstance(func, str):
+            func = named_reward(func)
+        elif isinstance(func, torch.nn.Module):
+            raise ValueError(
+                f"reward_funcs holds a loaded {type(func).__name__}; wrap a reward model with its tokenizer: "
+                "grpokit.rewards.RewardModelFunction(model, tokenizer)."
+            )
+        elif not callable(func):
+            raise ValueError(
+                f"reward_funcs holds a {type(func).__name__}; give functions f(prompts, completions, "
+                "**columns), built-in reward names or references to functions ('pkg.mod.f')."
+            )
+        out.append(func)
+    return out
+
+
+def _loaded_for(cfg: GRPOConfig) -> Any:
+    """The model a config names, loaded as training loads it (TRL: a name with your processing_class)."""
+    from .train.run import policy_and_tokenizer
+
+    return policy_and_tokenizer(model_spec(cfg), None, 0)[0]
+
+
+def _lora_options(peft_config: Any, model: Any, cfg: GRPOConfig) -> dict[str, Any]:
+    """A peft LoraConfig as grpokit's options (TRL's ModelConfig names): use_peft, lora_r, lora_alpha,
+    lora_dropout, lora_target_modules."""
+    if type(peft_config).__name__ != "LoraConfig":
+        raise ValueError(
+            f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters only: pass a "
+            "peft LoraConfig (or set use_peft and lora_* in the GRPOConfig)."
+        )
+    from peft import LoraConfig
+
+    default = LoraConfig()
+    changed = [
+        name for name in _LORA_FIXED if getattr(peft_config, name, None) != getattr(default, name, None)
+    ]
+    if changed:
+        raise ValueError(
+            f"peft_config sets {', '.join(changed)}, which grpokit's LoRA does not have; leave "
+            f"{'them' if len(changed) > 1 else 'it'} at peft's default (grpokit sets r, lora_alpha, "
+            "lora_dropout and target_modules)."
+        )
+    targets = peft_config.target_modules
+    if targets is None:  # peft's choice for the model's type (q_proj and v_proj for Llama and Qwen2)
+        targets = _peft_default_targets(model, cfg)
+    elif targets == "all-linear":
+        targets = None  # grpokit's default: every linear projection but the LM head
+    elif isinstance(targets, str):
+        raise ValueError(
+            f"peft_config.target_modules={targets!r} is a regular expression; name the modules as a list "
+            "(e.g. ['q_proj', 'v_proj']) or 'all-linear'."
+        )
+    else:
+        targets = sorted(targets)
+    return {
+        "use_peft": True,
+        "lora_r": peft_config.r,
+        "lora_alpha": peft_config.lora_alpha,
+        "lora_dropout": peft_config.lora_dropout,
+        "lora_target_modules": targets,
+    }
+
+
+def _peft_default_targets(model: Any, cfg: GRPOConfig) -> list[str]:
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as BY_TYPE
+
+    if not isinstance(model, str):
+        kind = getattr(getattr(model, "config", None), "model_type", None)
+    elif model == "tiny":
+        kind = "llama"
+    else:
+        from transformers import AutoConfig
+
+        kind = AutoConfig.from_pretrained(
+            model, revision=cfg.model_revision, trust_remote_code=cfg.trust_remote_code
+        ).model_type
+    if kind not in BY_TYPE:
+        raise ValueError(
+            f"peft_config.target_modules is None and peft has no default for model type {kind!r}; name the "
+            "modules (e.g. target_modules=['q_proj', 'v_proj']) or 'all-linear'."
+        )
+    return list(BY_TYPE[kind])

@@ -107,13 +107,13 @@ def test_facade_takes_a_path_or_a_loaded_model(tmp_path, tiny_policy):
     save_policy(model, tok, tmp_path / "policy")
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
     cfg = tiny_config(tmp_path, task=None, max_steps=1)
-    result = GRPOTrainer(str(tmp_path / "policy"), ones_reward, rows, cfg, eval_dataset=rows[:4]).train()
+    result = GRPOTrainer(str(tmp_path / "policy"), ones_reward, cfg, rows, eval_dataset=rows[:4]).train()
     assert result.steps == 1 and "reward" in result.eval_after
     cfg2 = tiny_config(tmp_path / "two", task=None, max_steps=1)
-    result2 = GRPOTrainer(model, [ones_reward], rows, cfg2, tokenizer=tok).train()
+    result2 = GRPOTrainer(model, [ones_reward], cfg2, rows, processing_class=tok).train()
     assert result2.eval_after == {}  # no eval dataset given
     with pytest.raises(ValueError, match="needs its tokenizer"):
-        GRPOTrainer(model, ones_reward, rows, cfg2)
+        GRPOTrainer(model, ones_reward, cfg2, rows)
 
 
 def test_report_writes_plots_and_html(tmp_path):

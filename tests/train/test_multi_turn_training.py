@@ -250,12 +250,12 @@ def test_the_python_api_takes_tools_or_an_environment_factory_as_trl_names_them(
     rows = [{"prompt": f"{d}+{d}=", "digit": str(d), "answer": str(2 * d)} for d in range(10)]
     small = {k: v for k, v in tiny_config(tmp_path).model_dump().items() if k != "task"}
     small |= {"max_completion_length": 10, "max_turns": 2, "overwrite": True}
-    trainer = GRPOTrainer("tiny", [], rows, config=small, environment_factory=Countdown)
+    trainer = GRPOTrainer("tiny", [], small, rows, environment_factory=Countdown)
     assert trainer.environment.stop_strings == ("=",) and trainer.environment.max_turns == 2
     step = next(r for r in _metrics(trainer.train().output_dir) if "loss" in r)
     assert step["reward"] == pytest.approx(step["env/reward"])  # no reward_funcs: the environment's
-    trainer = GRPOTrainer("tiny", [], rows, config=small | {"tool_call_format": "brackets"}, tools=[calc])
+    trainer = GRPOTrainer("tiny", [], small | {"tool_call_format": "brackets"}, rows, tools=[calc])
     assert trainer.environment.stop_strings == ("]",)
     assert "env/tool_calls" in next(r for r in _metrics(trainer.train().output_dir) if "loss" in r)
     with pytest.raises(ValueError, match="not both"):
-        GRPOTrainer("tiny", [], rows, config=small, tools=[calc], environment_factory=Countdown)
+        GRPOTrainer("tiny", [], small, rows, tools=[calc], environment_factory=Countdown)

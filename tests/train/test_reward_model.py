@@ -267,8 +267,8 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
     assert "rewards/reward_model:rm/mean" in rows[1] and rows[1]["rewards/reward_model:rm/std"] > 0
     with pytest.raises(ConfigError, match="exactly one of 'model'"):
         load_config(GRPOConfig, None, ["reward_funcs=[{model: a, builtin: task}]"])
-    with pytest.raises(ValueError, match="unknown builtin reward 'nope'"):
-        configured_rewards(reward_spec(GRPOConfig(reward_funcs=[{"builtin": "nope"}])), None)
+    with pytest.raises(ValueError, match="reward function 'nope' is not a built-in reward"):
+        GRPOConfig(reward_funcs=[{"builtin": "nope"}])  # said by the config, before any work
 
 
 @pytest.mark.slow

@@ -259,12 +259,12 @@ def test_the_report_plots_zero_spread_and_the_warm_start_loss(tmp_path):
 def test_the_python_api_shows_progress_like_the_cli(tmp_path, capsys):
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]
     cfg = tiny_config(tmp_path, progress=True, eval_steps=1).model_dump()
-    trainer = GRPOTrainer("tiny", ones_reward, rows, cfg | {"task": None}, eval_dataset=rows[:4])
+    trainer = GRPOTrainer("tiny", ones_reward, cfg | {"task": None}, rows, eval_dataset=rows[:4])
     trainer.train()
     out = capsys.readouterr().out
     assert "step 2 eval" in out
     capsys.readouterr()
-    GRPOTrainer("tiny", ones_reward, rows, cfg | {"progress": False, "overwrite": True}).train()
+    GRPOTrainer("tiny", ones_reward, cfg | {"progress": False, "overwrite": True}, rows).train()
     assert capsys.readouterr().out == ""
     assert weights(tmp_path / "run")
 
@@ -280,7 +280,7 @@ def test_the_python_api_says_why_it_stopped(tmp_path, capsys):
     cfg = tiny_config(
         tmp_path, progress=True, sft_steps=100_000, sft_batch_size=8
     ).model_dump()  # until the signal
-    trainer = GRPOTrainer("tiny", ones_reward, rows, cfg | {"task": None})
+    trainer = GRPOTrainer("tiny", ones_reward, cfg | {"task": None}, rows)
     import threading
 
     timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))

@@ -245,7 +245,7 @@ def load_config(
     """Validate `path` (optional YAML file) updated by `overrides` against `schema`. written: `path` is
     a config grpokit wrote (a checkpoint's config.yaml): options removed since are dropped, not
     refused, so that a run from before their removal still resumes."""
-    from .trl_names import REMOVED, translate
+    from .trl_names import BATCH_FIELDS, REMOVED, split_batch_names, takes_batch_names, translate
 
     source = (
         ", ".join(filter(None, [str(path) if path else "", "command line" if overrides else ""]))
@@ -253,7 +253,9 @@ def load_config(
     )
     data: dict[str, Any] = {}
     # TRL names are translated per source, so that a command-line alias (bf16=true) overrides the
-    # file's value of what it stands for (dtype) instead of contradicting it
+    # file's value of what it stands for (dtype) instead of contradicting it; TRL's batch names are
+    # read together, from all sources, and override what earlier sources set for them (`batch`)
+    batch: dict[str, Any] = {}
     for where, values in [
         (str(path), _read_yaml(path) if path is not None else {}),
         ("command line", parse_overrides(overrides)),
@@ -261,9 +263,20 @@ def load_config(
         if written and where == str(path):
             values = {k: v for k, v in values.items() if schema.__name__ not in REMOVED.get(k, {})}
         try:
-            data.update(translate(schema.__name__, schema.model_fields, values))
+            values = translate(schema.__name__, schema.model_fields, values, batch=False)
+            trl_batch = split_batch_names(values) if takes_batch_names(schema.model_fields) else {}
         except ConfigError as error:
             raise ConfigError(f"invalid configuration ({where}):\n  {error}") from None
+        if trl_batch:
+            batch.update(trl_batch)
+            data = {k: v for k, v in data.items() if k not in BATCH_FIELDS}
+        data.update(values)
+    if batch:  # translated with the merged num_generations; what later sources set for them wins
+        later = {k: data.pop(k) for k in BATCH_FIELDS if k in data}
+        try:
+            data = translate(schema.__name__, schema.model_fields, data | batch) | later
+        except ConfigError as error:
+            raise ConfigError(f"invalid configuration ({source}):\n  {error}") from None
     try:
         return schema.model_validate(data)
     except ValidationError as error:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .applied import Preset, annotated_yaml, applied
 from .load import to_yaml
 from .schema import GRPOConfig, RewardConfig, SFTConfig
 
@@ -37,8 +38,9 @@ class TinySize:
 class ModelSpec:
     """Which model, and how it is loaded and stored."""
 
-    name: str  # a local directory, or "tiny"
+    name: str  # a hub id, a local directory, or "tiny"
     seed: int  # the tiny model's initialisation
+    revision: str | None = None  # a hub id's branch, tag or commit
     dtype: str = "float32"  # compute precision
     master_weights: str = "float32"  # "float32", or "dtype": the weights stored in `dtype`
     trust_remote_code: bool = False
@@ -80,13 +82,19 @@ class DataSpec:
 
     task: str | None
     seed: int  # a task's generator
-    dataset: str | None = None
+    dataset: str | None = None  # a file, a hub dataset name or a dataset directory
     eval_dataset: str | None = None
+    dataset_config: str | None = None  # of a hub dataset or directory
+    dataset_train_split: str = "train"
+    dataset_test_split: str = "test"  # also the held-out rows of `dataset` without eval_dataset
     prompt_column: str = "prompt"
     answer_column: str = "answer"
+    answer_format: str = "raw"  # data/answers.py ANSWER_FORMATS
     num_eval_prompts: int = 200
     max_prompt_length: int | None = None  # None: the task's (or no limit)
     max_completion_length: int | None = None  # None: the task's (or 256)
+    system_prompt: str | None = None  # opens every prompt (text prompts become conversations)
+    chat_template_kwargs: dict[str, Any] | None = None
     tiny_model: bool = True  # the tiny model's character tokenizer is built over the data's alphabet
     # what learns the answers of the first `sft_examples` training rows (None: nothing), which they
     # must then have, and the way out an error names
@@ -168,6 +176,7 @@ class StepSpec:
     num_iterations: int
     loss: LossSpec
     prompt_column: str
+    chat_template_kwargs: dict[str, Any] | None
     scale_rewards: str
     reward_weights: tuple[float, ...] | None
     on_reward_error: str
@@ -246,6 +255,7 @@ class Evaluation:
     """How held-out evaluation samples and scores (`train.evaluation.evaluate`)."""
 
     prompt_column: str = "prompt"
+    chat_template_kwargs: dict[str, Any] | None = None
     pass_at_k: int = 0
     temperature: float = 1.0  # of pass@k's samples; accuracy is greedy
     seed: int = 0
@@ -303,6 +313,7 @@ def model_spec(cfg: GRPOConfig | SFTConfig | RewardConfig) -> ModelSpec:
     return ModelSpec(
         name=cfg.model,
         seed=cfg.seed,
+        revision=cfg.model_revision,
         dtype=getattr(cfg, "dtype", "float32"),
         master_weights=getattr(cfg, "master_weights", "float32"),
         trust_remote_code=getattr(cfg, "trust_remote_code", False),
@@ -320,11 +331,11 @@ def _named(cls: Any, cfg: Any, **given: Any) -> Any:
     return cls(**same, **given)
 
 
-def run_control(cfg: GRPOConfig | RewardConfig) -> RunControl:
+def run_control(cfg: GRPOConfig | RewardConfig, config_yaml: str | None = None) -> RunControl:
+    """config_yaml: the run's config.yaml (None: `to_yaml(cfg)`)."""
     values = cfg.model_dump(mode="json")
-    return _named(
-        RunControl, cfg, report_to=tuple(cfg.report_to), config_yaml=to_yaml(cfg), config_values=values
-    )
+    text = to_yaml(cfg) if config_yaml is None else config_yaml
+    return _named(RunControl, cfg, report_to=tuple(cfg.report_to), config_yaml=text, config_values=values)
 
 
 def optimizer_spec(cfg: GRPOConfig | RewardConfig, total_updates: int) -> OptimizerSpec:
@@ -377,8 +388,13 @@ def step_spec(cfg: GRPOConfig) -> StepSpec:
     )
 
 
-def grpo_plan(cfg: GRPOConfig) -> GRPOPlan:
-    """Everything a GRPO run reads from its config, resolved once."""
+def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: bool = False) -> GRPOPlan:
+    """Everything a GRPO run reads from its config, resolved once: first the values chosen for its
+    model where the config leaves them unset (`config.applied`; model_given: the caller passes its own
+    model, which keeps the config's values), then the plan objects. `preset`: the built-in preset the
+    config came from, named in config.yaml."""
+    resolved = applied(cfg, preset, model_given=model_given)
+    cfg = resolved.config
     lora = None
     if cfg.use_peft:
         lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, _tuple(cfg.lora_target_modules))
@@ -418,7 +434,7 @@ def grpo_plan(cfg: GRPOConfig) -> GRPOPlan:
             step=step_spec(cfg),
             optimizer=optimizer_spec(cfg, cfg.max_steps * cfg.num_iterations),
         ),
-        run=run_control(cfg),
+        run=run_control(cfg, annotated_yaml(resolved)),
         evaluation=evaluation(cfg),
         display=display(cfg),
     )
@@ -512,17 +528,8 @@ def reward_plan(cfg: RewardConfig) -> RewardPlan:
 
 def sft_data(cfg: SFTConfig) -> DataSpec:
     """`grpokit sft`'s data, resolved as training resolves it (its rows must all have answers)."""
-    return DataSpec(
-        task=cfg.task,
-        seed=cfg.seed,
-        dataset=cfg.dataset,
-        eval_dataset=cfg.eval_dataset,
-        prompt_column=cfg.prompt_column,
-        answer_column=cfg.answer_column,
-        num_eval_prompts=cfg.num_eval_prompts,
-        tiny_model=cfg.model == "tiny",
-        answers_for="grpokit sft",
-        answers_otherwise="use task",
+    return _named(
+        DataSpec, cfg, tiny_model=cfg.model == "tiny", answers_for="grpokit sft", answers_otherwise="use task"
     )
 
 

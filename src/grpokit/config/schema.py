@@ -39,6 +39,9 @@ RATIO_BOUND_MAX = 1e6
 # Seeds: what every generator takes (numpy's is 32 bits, torch's 64, random's any), and the per-step
 # sampling seed derived from it (seed·1000003 + step·101 + …, train/grpo_step.py) stays below 2**64.
 SEED_MAX = 2**32 - 1
+# GRPO's micro_batch_size when unset: the largest divisor of the step's rows up to this (TRL's default
+# generation batch, 8 prompts × 8 completions, in one pass)
+MICRO_BATCH_MAX = 64
 
 LearningRate = Annotated[float, Field(gt=0.0, le=LEARNING_RATE_MAX)]
 Seconds = Annotated[float, Field(gt=0.0, le=SECONDS_MAX)]
@@ -90,6 +93,64 @@ def _task_name(value: Any) -> Any:
 TaskName = Annotated[str, BeforeValidator(_task_name)]
 
 ReportTo = Annotated[list[Literal["tensorboard", "wandb"]], BeforeValidator(_report_to)]
+
+# reward_funcs' built-in names: rewards.BUILTIN_REWARDS and the task's own reward (tested)
+BUILTIN_REWARDS = (
+    "exact_answer",
+    "math_answer",
+    "format_tags",
+    "gsm8k_answer",
+    "gsm8k_format",
+    "env",
+    "task",
+)
+REWARD_FORMS = "FILE.py:FUNCTION, package.module:FUNCTION or package.module.FUNCTION"
+
+
+def unknown_reward(name: str) -> str:
+    """The one line for a reward name that is neither a built-in reward nor a function reference."""
+    return (
+        f"reward function {shown(name)} is not a built-in reward ({', '.join(BUILTIN_REWARDS)}) nor a "
+        f"reference to your function ({REWARD_FORMS}); a reward model is an entry {{model: DIR}}"
+    )
+
+
+def _reward_entries(value: Any) -> Any:
+    """TRL's short forms: one entry or a list; a bare string is a built-in reward when it is one's
+    name, else a reference to a function ({python: ...})."""
+    entries = [value] if isinstance(value, (str, dict)) else value
+    if not isinstance(entries, (list, tuple)):
+        return value  # pydantic says what type it wants
+    out: list[Any] = []
+    for entry in entries:
+        if isinstance(entry, str):
+            name = entry.strip()
+            if name in BUILTIN_REWARDS:
+                entry = {"builtin": name}
+            elif ":" in name or "." in name:
+                entry = {"python": name}
+            else:
+                raise ValueError(unknown_reward(entry))
+        out.append(entry)
+    return out
+
+
+RewardEntries = Annotated[list[dict[str, Any]] | None, BeforeValidator(_reward_entries)]
+
+
+# the data options GRPOConfig and SFTConfig share (dataset_* are TRL's ScriptArguments names)
+DATASET_CONFIG = (
+    "the config (subset) of a hub dataset or directory, e.g. main for openai/gsm8k (None = its only one)"
+)
+DATASET_TRAIN_SPLIT = "the split of a hub dataset or directory trained on"
+DATASET_TEST_SPLIT = (
+    "the held-out split of a hub dataset or directory (also eval_dataset's); without eval_dataset the "
+    "held-out rows are this split of `dataset` when it has one ('test' absent: none; another name must exist)"
+)
+ANSWER_FORMAT = (
+    "how answer_column writes the answer, made bare when rows are loaded: raw (as is) or gsm8k (a worked "
+    "solution ending in '#### 1,234' -> '1234')"
+)
 
 
 class _Keys(BaseModel):
@@ -225,7 +286,14 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     )
 
     # ---------------------------------------------------------------- model
-    model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
+    model: str = Field(
+        "tiny",
+        description="a hub id (e.g. Qwen/Qwen2.5-0.5B-Instruct: through the Hugging Face cache, downloaded "
+        "unless HF_HUB_OFFLINE=1), a local model directory, or 'tiny' to build a small Llama",
+    )
+    model_revision: str | None = Field(
+        None, description="a hub id's branch, tag or commit (None = its default branch; TRL's name)"
+    )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
     )
@@ -249,10 +317,27 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "its scorer; pip install reasoning-gym); None to use `dataset`",
     )
     dataset: str | None = Field(
-        None, description="prompt file (.jsonl/.json/.csv/.parquet) when task is None"
+        None,
+        description="prompts when task is None: a file (.jsonl/.json/.csv/.parquet), a Hugging Face Hub "
+        "dataset (e.g. openai/gsm8k, through the HF cache; offline with HF_HUB_OFFLINE=1) or a directory "
+        "laid out like one",
     )
-    eval_dataset: str | None = Field(None, description="held-out prompt file, when task is None")
+    eval_dataset: str | None = Field(
+        None, description="held-out prompts (a file, hub dataset or directory), when task is None"
+    )
+    dataset_config: str | None = Field(None, description=DATASET_CONFIG)
+    dataset_train_split: str = Field("train", description=DATASET_TRAIN_SPLIT)
+    dataset_test_split: str = Field("test", description=DATASET_TEST_SPLIT)
     prompt_column: str = Field("prompt", description="the column holding the prompt")
+    system_prompt: str | None = Field(
+        None,
+        description="a system message opening every prompt: text prompts become [system, user] conversations "
+        "rendered with the model's chat template (None = prompts as the data has them)",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="extra variables for the chat template, e.g. {enable_thinking: false} (TRL's name)",
+    )
     num_eval_prompts: int = Field(200, ge=1, description="held-out prompts used by evaluation")
 
     # ---------------------------------------------------------------- supervised warm start
@@ -290,7 +375,12 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     )
     num_generations: int = Field(8, ge=2, description="G, completions per prompt (TRL: 8)")
     prompts_per_step: int = Field(32, ge=1, description="P, prompts per generation batch (B = P·G rows)")
-    micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward; gradients accumulate")
+    micro_batch_size: int = Field(
+        MICRO_BATCH_MAX,
+        ge=1,
+        description="rows per forward/backward; gradients accumulate. Unset: the largest divisor of "
+        f"prompts_per_step·num_generations up to {MICRO_BATCH_MAX}; set: it must divide that",
+    )
     max_prompt_length: int | None = Field(
         None, ge=1, description="prompt tokens (None = the task's, or no limit)"
     )
@@ -390,11 +480,12 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     mask_truncated_completions: bool = Field(
         False, description="completions cut at max_completion_length get no loss (DAPO)"
     )
-    reward_funcs: list[dict[str, Any]] | None = Field(
+    reward_funcs: RewardEntries = Field(
         None,
         description="None = the task's reward; else entries {model: DIR} (a trained reward model, "
-        "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | task} or "
-        "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns))",
+        "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | env | task} or "
+        "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns)); "
+        "a bare name is a builtin's when it is one, else a python reference (reward_funcs=exact_answer)",
     )
     reward_weights: list[RewardWeight] | None = Field(
         None, description="one weight per reward function, summed into the reward (None = all 1)"
@@ -439,6 +530,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="the column of a dataset's rows holding the reference answer: what sft_steps learns, "
         "and the exact-match accuracy evaluation reports when every held-out row has one",
     )
+    answer_format: Literal["raw", "gsm8k"] = Field("raw", description=ANSWER_FORMAT)
     use_peft: bool = Field(
         False, description="train LoRA adapters (after any warm start) instead of every weight (needs peft)"
     )
@@ -485,6 +577,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 "whole model, which FSDP shards); use strategy=ddp, whose ranks each hold the small adapters"
             )
         rows = self.prompts_per_step * self.num_generations
+        _fit_micro_batch(self, rows)
         if rows % self.micro_batch_size != 0:
             raise ValueError(
                 f"prompts_per_step·num_generations = {rows} rows must be divisible by micro_batch_size="
@@ -507,6 +600,14 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         for reference in [*(self.tools or []), *([self.environment] if self.environment else [])]:
             _check_reference(reference)
         return self
+
+
+def _fit_micro_batch(cfg: GRPOConfig, rows: int) -> None:
+    """micro_batch_size left unset: the largest divisor of the step's `rows` up to MICRO_BATCH_MAX, so
+    that a small batch (2 prompts × 4 completions) needs no micro_batch_size of its own."""
+    if "micro_batch_size" not in cfg.model_fields_set:
+        fitted = max(d for d in range(1, min(rows, MICRO_BATCH_MAX) + 1) if rows % d == 0)
+        cfg.__dict__["micro_batch_size"] = fitted  # (the config is frozen: set while it is validated)
 
 
 def _check_training_dtype(dtype: str) -> None:
@@ -536,9 +637,11 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
     if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):
         raise ValueError(
             f"reward_funcs entry {shown(spec)} must have exactly one of 'model' (a directory), 'builtin' "
-            "(exact_answer, math_answer, format_tags, task) or 'python' (FILE.py:FUNCTION or "
+            f"({', '.join(BUILTIN_REWARDS)}) or 'python' (FILE.py:FUNCTION or "
             "package.module:FUNCTION); a model entry optionally batch_size, device"
         )
+    if "builtin" in spec and spec["builtin"] not in BUILTIN_REWARDS:
+        raise ValueError(unknown_reward(spec["builtin"]))
     if "python" in spec:
         ref = spec["python"]
         where, sep, name = ref.rpartition(":") if isinstance(ref, str) else ("", "", "")
@@ -558,7 +661,10 @@ class SFTConfig(_Placement, _TinyModel):
 
     output_dir: str = Field("runs/sft", description="where the final model and config go")
     seed: Seed = Field(42, description="seeds initialisation and example order")
-    model: str = Field("tiny", description="a local model directory, or 'tiny' to build a small Llama")
+    model: str = Field(
+        "tiny", description="a hub id (through the Hugging Face cache), a local model directory, or 'tiny'"
+    )
+    model_revision: str | None = Field(None, description="a hub id's branch, tag or commit (TRL's name)")
     task: Literal["addition", "countdown", "reverse"] | None = Field(
         "addition", description="a built-in task; None to train on `dataset`"
     )
@@ -570,13 +676,19 @@ class SFTConfig(_Placement, _TinyModel):
 
     # ---------------------------------------------------------------- own data (as GRPOConfig)
     dataset: str | None = Field(
-        None, description="prompt/answer file (.jsonl/.json/.csv/.parquet) when task is None"
+        None,
+        description="prompt/answer rows when task is None: a file (.jsonl/.json/.csv/.parquet), a Hugging "
+        "Face Hub dataset (through the HF cache) or a directory laid out like one",
     )
     eval_dataset: str | None = Field(
-        None, description="held-out prompt/answer file: greedy exact-answer accuracy after training"
+        None, description="held-out prompt/answer rows: greedy exact-answer accuracy after training"
     )
+    dataset_config: str | None = Field(None, description=DATASET_CONFIG)
+    dataset_train_split: str = Field("train", description=DATASET_TRAIN_SPLIT)
+    dataset_test_split: str = Field("test", description=DATASET_TEST_SPLIT)
     prompt_column: str = Field("prompt", description="the column holding the prompt")
     answer_column: str = Field("answer", description="the column holding the answer the model learns")
+    answer_format: Literal["raw", "gsm8k"] = Field("raw", description=ANSWER_FORMAT)
 
 
 class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation):
@@ -596,8 +708,11 @@ class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisatio
 
     # ---------------------------------------------------------------- model
     model: str = Field(
-        "tiny", description="a local sequence-classification or causal-LM directory, or 'tiny'"
+        "tiny",
+        description="a sequence-classification or causal LM: a hub id (through the Hugging Face cache), a "
+        "local directory, or 'tiny'",
     )
+    model_revision: str | None = Field(None, description="a hub id's branch, tag or commit (TRL's name)")
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
     )

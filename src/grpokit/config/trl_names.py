@@ -57,6 +57,13 @@ def _only_steps(name: str, grpokit_key: str, answer: str) -> Rule:
     return rule
 
 
+def _dataset_name(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+    """TRL's ScriptArguments.dataset_name (a hub dataset) -> grpokit's dataset."""
+    if data.get("dataset") not in (None, value):
+        raise ConfigError("dataset_name (TRL's name) and dataset are both set; set only dataset.")
+    return {"dataset": value}, f"TRL name: dataset_name={shorten(str(value))} -> dataset"
+
+
 _EVAL_ANSWER = "grpokit evaluates at the start, every eval_steps steps and at the end; set eval_steps."
 _SAVE_ANSWER = "grpokit saves every save_steps steps and at the end; set save_steps (0 = only at the end)."
 
@@ -67,6 +74,7 @@ ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
     "fp16": (("dtype",), _precision("fp16", "float16")),
     "eval_strategy": (("eval_steps",), _only_steps("eval_strategy", "eval_steps", _EVAL_ANSWER)),
     "save_strategy": (("save_steps",), _only_steps("save_strategy", "save_steps", _SAVE_ANSWER)),
+    "dataset_name": (("dataset",), _dataset_name),  # TRL's ScriptArguments (its dataset_config too)
 }
 
 # ------------------------------------------------------------------------ rejected: the grpokit option to use
@@ -74,16 +82,12 @@ ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
 _GRPO_STEP = "a grpokit step takes prompts_per_step·num_generations completions (TRL's generation batch)"
 # name -> {config class name or "*": what to set instead}
 REJECTED: dict[str, dict[str, str]] = {
-    "per_device_train_batch_size": {
-        "GRPOConfig": f"{_GRPO_STEP}, micro_batch_size rows per forward/backward; set prompts_per_step, "
-        "num_generations and micro_batch_size.",
+    "per_device_train_batch_size": {  # GRPOConfig: translated (BATCH_NAMES)
         "RewardConfig": "grpokit counts pairs: batch_size per optimizer step (over all processes), "
         "micro_batch_size per forward/backward; set batch_size and micro_batch_size.",
         "SFTConfig": "set batch_size (examples per optimizer step).",
     },
-    "gradient_accumulation_steps": {
-        "GRPOConfig": f"accumulation is implied: {_GRPO_STEP}, run in micro-batches of micro_batch_size rows "
-        "whose gradients add up to one update; set micro_batch_size.",
+    "gradient_accumulation_steps": {  # GRPOConfig: translated (BATCH_NAMES)
         "RewardConfig": "accumulation is implied: batch_size pairs run in micro-batches of micro_batch_size "
         "whose gradients add up to one update; set batch_size and micro_batch_size.",
         "SFTConfig": "the warm start takes one batch of batch_size examples per step; set batch_size.",
@@ -193,6 +197,78 @@ REMOVED: dict[str, dict[str, str]] = {
 
 COMMANDS = {"GRPOConfig": "train", "RewardConfig": "reward", "SFTConfig": "sft"}
 
+# ------------------------------------------------------------------------ accepted: TRL's batch geometry
+
+# TRL's names for the batch (GRPOConfig) and their TRL defaults. TRL 1.16 (GRPOConfig.__post_init__,
+# GRPOTrainer._prepare_inputs) with steps_per_generation unset: steps_per_generation =
+# gradient_accumulation_steps, generation batch = per_device_train_batch_size · processes ·
+# steps_per_generation completions, drawn as generation batch / num_generations prompts; each process
+# runs per_device_train_batch_size rows per forward/backward, and gradient_accumulation_steps of them
+# make one optimizer update: one update per generation batch (num_iterations of them with μ > 1),
+# which is a grpokit step.
+BATCH_NAMES = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+BATCH_FIELDS = ("prompts_per_step", "micro_batch_size")  # what they set
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer (got {shown(value)}).")
+    return value
+
+
+def takes_batch_names(fields: Iterable[str]) -> bool:
+    """Whether a config translates TRL's batch names (GRPOConfig)."""
+    fields = set(fields)
+    return {*BATCH_FIELDS, "num_generations"} <= fields and not set(BATCH_NAMES) & fields
+
+
+def split_batch_names(data: dict[str, Any]) -> dict[str, Any]:
+    """TRL's batch names taken out of one source's `data`; a source that also sets what they set
+    (prompts_per_step, micro_batch_size) is one line naming both."""
+    given = {name: data.pop(name) for name in BATCH_NAMES if name in data}
+    for name in given:
+        for own in BATCH_FIELDS:
+            if own in data:
+                raise ConfigError(
+                    f"{name} and {own} are both set; {name} (TRL's name) sets {' and '.join(BATCH_FIELDS)}: "
+                    "set only one of them."
+                )
+    return given
+
+
+def _batch_geometry(fields: Mapping[str, Any], data: dict[str, Any]) -> str | None:
+    """TRL's per_device_train_batch_size / gradient_accumulation_steps in `data` replaced by the
+    prompts_per_step and micro_batch_size that make a grpokit step the same work (the line that says
+    so; None when neither is given)."""
+    given = split_batch_names(data)
+    if not given:
+        return None
+    per_device, accumulation = (
+        _positive_int(name, given.get(name, default)) for name, default in BATCH_NAMES.items()
+    )
+    field = fields.get("num_generations")
+    generations = data.get("num_generations", getattr(field, "default", 8))
+    if isinstance(generations, bool) or not isinstance(generations, int) or generations < 1:
+        return None  # the config's own check of num_generations says what is wrong
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    batch = per_device * accumulation * processes  # completions per generation batch (per update)
+    product = (
+        f"per_device_train_batch_size={per_device} × gradient_accumulation_steps={accumulation} × "
+        f"{processes} process{'es' * (processes != 1)} = {batch} completions"
+    )
+    if batch % generations:
+        raise ConfigError(
+            f"{product} per step is not divisible by num_generations={generations}: a step takes whole "
+            f"groups; make per_device_train_batch_size × gradient_accumulation_steps a multiple of "
+            f"{generations} (or set prompts_per_step and micro_batch_size instead)."
+        )
+    data.update(prompts_per_step=batch // generations, micro_batch_size=per_device)
+    return (
+        f"TRL names: {product} per optimizer step -> prompts_per_step={batch // generations} "
+        f"(÷ num_generations={generations}), micro_batch_size={per_device}"
+    )
+
+
 _said: set[str] = set()
 
 
@@ -203,9 +279,14 @@ def _say(line: str) -> None:
         logging.getLogger("grpokit.config").warning(line)
 
 
-def translate(schema_name: str, fields: Iterable[str], data: Mapping[str, Any]) -> dict[str, Any]:
+def translate(
+    schema_name: str, fields: Iterable[str], data: Mapping[str, Any], *, batch: bool = True
+) -> dict[str, Any]:
     """`data` with every accepted TRL alias replaced by the grpokit option it stands for (said once).
-    Keys the config has, and names it rejects, are left for `check_keys`."""
+    Keys the config has, and names it rejects, are left for `check_keys`. batch: also TRL's batch
+    names (BATCH_NAMES), read together: `load_config` translates them once, over all its sources.
+    `fields`: the config's field names, or its model_fields (whose num_generations default is read)."""
+    defaults = fields if isinstance(fields, Mapping) else {}
     fields = set(fields)
     out = dict(data)
     for name, (sets, rule) in ALIASES.items():
@@ -213,6 +294,10 @@ def translate(schema_name: str, fields: Iterable[str], data: Mapping[str, Any]) 
             value = out.pop(name)
             updates, line = rule(value, out)
             out.update(updates)
+            _say(line)
+    if batch and takes_batch_names(fields):
+        line = _batch_geometry(defaults, out)
+        if line:
             _say(line)
     return out
 
@@ -244,8 +329,8 @@ def check_keys(schema_name: str, fields: Iterable[str], data: Any) -> Any:
     with one line each (ConfigError, a ValueError: pydantic's error then carries the same text)."""
     if not isinstance(data, Mapping):
         return data
-    fields = list(fields)
     data = translate(schema_name, fields, data)
+    fields = list(fields)
     unknown = [key for key in data if key not in fields]
     if unknown:
         raise ConfigError("\n  ".join(unknown_key(schema_name, fields, str(key)) for key in unknown))

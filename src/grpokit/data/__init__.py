@@ -1,5 +1,6 @@
 """Prompt datasets and the built-in tasks."""
 
+from .answers import ANSWER_FORMATS, apply_answer_format, gsm8k_answer
 from .custom import (
     answer_checker,
     check_characters,
@@ -9,6 +10,7 @@ from .custom import (
     require_demonstrations,
     sft_rows,
 )
+from .hub import dataset_splits, is_dataset_name
 from .preferences import (
     PreferenceBatch,
     collate_preferences,
@@ -17,11 +19,16 @@ from .preferences import (
     preference_pairs,
     pretokenize,
 )
-from .prompts import DataError, PromptSampler, columns_of, load_prompts, render_prompt
+from .prompts import DataError, PromptSampler, columns_of, load_prompts, render_prompt, with_system_prompt
 from .task import Task
 from .tasks import TASKS, evaluate_expression, get_task
 
 __all__ = [
+    "ANSWER_FORMATS",
+    "apply_answer_format",
+    "dataset_splits",
+    "gsm8k_answer",
+    "is_dataset_name",
     "PreferenceBatch",
     "collate_preferences",
     "load_preferences",
@@ -44,4 +51,5 @@ __all__ = [
     "get_task",
     "load_prompts",
     "render_prompt",
+    "with_system_prompt",
 ]

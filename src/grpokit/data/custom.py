@@ -111,6 +111,7 @@ def sft_rows(
     answer_column: str = "answer",
     demonstrations: bool = False,
     tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}; with
     `demonstrations` (multi-turn training), {"prompt", "segments"} from the row's "demonstration"
@@ -119,13 +120,16 @@ def sft_rows(
         require_demonstrations(rows)
         return [
             {
-                "prompt": render_prompt(row[prompt_column], tokenizer, tools),
+                "prompt": render_prompt(row[prompt_column], tokenizer, tools, template_kwargs),
                 "segments": [(str(text), bool(policy)) for text, policy in row["demonstration"]],
             }
             for row in rows
         ]
     return [
-        {"prompt": render_prompt(row[prompt_column], tokenizer), "answer": str(row[answer_column])}
+        {
+            "prompt": render_prompt(row[prompt_column], tokenizer, None, template_kwargs),
+            "answer": str(row[answer_column]),
+        }
         for row in rows
     ]
 

@@ -1,8 +1,8 @@
 """Prompt datasets: rows (dicts) with a prompt column; every other column reaches the rewards.
 
-Sources: a JSON Lines / JSON / CSV / Parquet file, a `datasets.Dataset` (if that package is
-installed; it is not a dependency), or a Python list of dicts. A prompt is a string, or a list of
-chat messages ({"role", "content"}) rendered with the tokenizer's chat template.
+Sources: a JSON Lines / JSON / CSV / Parquet file, a Hugging Face Hub dataset or a directory laid
+out like one (data/hub.py), a `datasets.Dataset`, or a Python list of dicts. A prompt is a string, or
+a list of chat messages ({"role", "content"}) rendered with the tokenizer's chat template.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-
-class DataError(ValueError):
-    """The prompt data cannot be used; the message names the file, row or column and the fix."""
+from .errors import FILE_SUFFIXES, DataError
 
 
 def _decoded(path: Path) -> str:
@@ -123,35 +121,58 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+assert tuple(READERS) == FILE_SUFFIXES  # one reader per suffix that names a file
 
 
-def load_prompts(source: Any, *, prompt_column: str = "prompt") -> list[dict[str, Any]]:
-    """Rows of a prompt dataset, checked: non-empty, each with a non-empty `prompt_column`.
+def _read_source(source: Any, split: str, dataset_config: str | None) -> tuple[list[dict[str, Any]], str]:
+    """(rows, how errors name them) of any source `load_prompts` takes."""
+    from .hub import is_dataset_name, load_dataset_dict, split_rows
 
-    Args:
-        source: a path (.jsonl, .json, .csv, .parquet), a `datasets.Dataset`, or a list of dicts.
-        prompt_column: the column holding the prompt (a string or a list of chat messages).
-    """
-    name = "the prompt list"
+    if is_dataset_name(source):
+        loaded, label = load_dataset_dict(source, dataset_config)
+        where = f"config {dataset_config}, split {split}" if dataset_config else f"split {split}"
+        return split_rows(loaded, label, split), f"dataset {str(source)!r} ({where})"
     if isinstance(source, (str, Path)):
         path = Path(source)
-        name = str(path)
         if not path.is_file():
-            raise DataError(f"prompt file {name!r} does not exist.")
+            raise DataError(f"prompt file {str(path)!r} does not exist.")
         reader = READERS.get(path.suffix.lower())
         if reader is None:
-            raise DataError(f"{name}: unknown file type {path.suffix!r}; use one of {', '.join(READERS)}.")
-        rows = reader(path)
-    elif hasattr(source, "column_names") and hasattr(source, "to_list"):  # datasets.Dataset
-        name = "the dataset"
-        rows = source.to_list()
-    elif isinstance(source, Sequence) and all(isinstance(r, dict) for r in source):
-        rows = [dict(r) for r in source]
-    else:
-        raise DataError(
-            f"cannot read prompts from a {type(source).__name__}; "
-            "give a file path, a list of dicts or a datasets.Dataset."
-        )
+            raise DataError(f"{path}: unknown file type {path.suffix!r}; use one of {', '.join(READERS)}.")
+        return reader(path), str(path)
+    if isinstance(source, dict) and source and all(hasattr(d, "to_list") for d in source.values()):
+        return split_rows(source, "the DatasetDict", split), f"the DatasetDict (split {split})"
+    if hasattr(source, "column_names") and hasattr(source, "to_list"):  # datasets.Dataset
+        return source.to_list(), "the dataset"
+    if isinstance(source, Sequence) and all(isinstance(r, dict) for r in source):
+        return [dict(r) for r in source], "the prompt list"
+    raise DataError(
+        f"cannot read prompts from a {type(source).__name__}; "
+        "give a file path, a dataset name, a list of dicts or a datasets.Dataset."
+    )
+
+
+def load_prompts(
+    source: Any,
+    *,
+    prompt_column: str = "prompt",
+    split: str = "train",
+    dataset_config: str | None = None,
+    answer_column: str = "answer",
+    answer_format: str = "raw",
+) -> list[dict[str, Any]]:
+    """Rows of a prompt dataset, checked: non-empty, each with a non-empty `prompt_column`, answers
+    in `answer_column` made bare by `answer_format` (data/answers.py), once, here.
+
+    Args:
+        source: a path (.jsonl, .json, .csv, .parquet), a Hugging Face Hub dataset name or a directory
+            laid out like one (data/hub.py; its `split` of config `dataset_config`), a `datasets.Dataset`
+            (or DatasetDict: its `split`), or a list of dicts.
+        prompt_column: the column holding the prompt (a string or a list of chat messages).
+    """
+    from .answers import apply_answer_format
+
+    rows, name = _read_source(source, split, dataset_config)
     if not rows:
         raise DataError(f"{name} has no rows: a prompt dataset needs at least one prompt.")
     missing = [i for i, row in enumerate(rows) if row.get(prompt_column) in (None, "", [])]
@@ -166,13 +187,19 @@ def load_prompts(source: Any, *, prompt_column: str = "prompt") -> list[dict[str
             f"{name}: row {missing[0]} has an empty {prompt_column!r} ({len(missing)} rows do); "
             "remove or fill them."
         )
-    return rows
+    return apply_answer_format(rows, answer_column, answer_format, name)
 
 
-def render_prompt(prompt: Any, tokenizer: Any = None, tools: Sequence[dict[str, Any]] | None = None) -> str:
+def render_prompt(
+    prompt: Any,
+    tokenizer: Any = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
     """A text prompt as is; a conversation (list of {"role", "content"}) through the chat template,
     which also receives the JSON schemas of the episode's `tools` (`envs.tool_schema`), if any, as a
-    tool-calling model expects them."""
+    tool-calling model expects them, and `template_kwargs` (the config's chat_template_kwargs, e.g.
+    enable_thinking=False)."""
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and all(
@@ -182,11 +209,29 @@ def render_prompt(prompt: Any, tokenizer: Any = None, tools: Sequence[dict[str, 
             raise DataError(
                 "a conversational prompt needs a tokenizer with a chat template; this one has none."
             )
-        extra = {"tools": list(tools)} if tools else {}
+        extra = {**(template_kwargs or {}), **({"tools": list(tools)} if tools else {})}
         return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **extra)
     raise DataError(
         f"a prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}."
     )
+
+
+def with_system_prompt(
+    rows: Sequence[dict[str, Any]], prompt_column: str, system: str
+) -> list[dict[str, Any]]:
+    """Rows whose prompt is a conversation opened by `system`: a text prompt becomes [system, user]; a
+    conversation without a system message gets it first; one with its own keeps it."""
+    out = []
+    for row in rows:
+        prompt = row[prompt_column]
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+            raise DataError(f"system_prompt needs text or chat-message prompts, got {type(prompt).__name__}.")
+        if prompt[0].get("role") != "system":
+            prompt = [{"role": "system", "content": system}, *prompt]
+        out.append({**row, prompt_column: prompt})
+    return out
 
 
 def columns_of(rows: Sequence[dict[str, Any]], prompt_column: str, repeat: int = 1) -> dict[str, list[Any]]:

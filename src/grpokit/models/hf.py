@@ -1,7 +1,9 @@
 """The one module that builds and loads models and tokenizers through transformers.
 
-Nothing here downloads: `load_policy` reads a local directory only (`local_files_only=True`), and
-the built-in tasks build their policy from a config (`build_policy`) and their tokenizer from an
+A model is named as a user's other tools name it (`ModelSource`): a local directory (read as it is,
+never from the network), or a hub id such as `Qwen/Qwen2.5-0.5B-Instruct` with an optional revision,
+loaded by transformers through the Hugging Face cache (downloading into it unless HF_HUB_OFFLINE=1).
+The built-in tasks build their policy from a config (`build_policy`) and their tokenizer from an
 alphabet (`char_tokenizer`).
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,46 +155,103 @@ def _seeded(model_class: Any, seed: int, shape: tuple, **extra: Any) -> Any:
 def load_reward_model(
     path: str | Path,
     *,
+    revision: str | None = None,
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
 ) -> LoadedPolicy:
-    """A sequence-classification model with one label, and its tokenizer, from a local directory.
-    A causal-LM directory (a policy) works too: its backbone is loaded and a new scalar head added."""
+    """A sequence-classification model with one label, and its tokenizer, from a local directory or a
+    hub id (`ModelSource`). A causal LM (a policy) works too: its backbone is loaded and a new scalar
+    head added."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    directory = Path(path)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} is not a saved transformers model (no config.json).")
+    source = ModelSource.of(path, revision)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    with _readable(directory):
+    with source.readable():
         tokenizer = AutoTokenizer.from_pretrained(
-            directory, local_files_only=True, trust_remote_code=trust_remote_code
+            source.where, trust_remote_code=trust_remote_code, **source.kwargs()
         )
     _ensure_pad_token(tokenizer)
-    with _readable(directory):
+    with source.readable():
         model = AutoModelForSequenceClassification.from_pretrained(
-            directory,
+            source.where,
             num_labels=1,
             dtype=torch_dtype,
-            local_files_only=True,
             trust_remote_code=trust_remote_code,
             pad_token_id=tokenizer.pad_token_id,
+            **source.kwargs(),
         ).to(device)
     return LoadedPolicy(model=model, tokenizer=tokenizer)
 
 
-@contextlib.contextmanager
-def _readable(directory: Path) -> Any:
-    """Turn a failure to read a model directory into one message naming it (the cause stays chained)."""
-    try:
-        yield
-    except Exception as error:  # noqa: BLE001 - safetensors, tokenizers and json raise their own types
+# owner/name as the hub spells ids (or a bare legacy name such as gpt2): what is not a directory here and
+# has this shape is looked up in the Hugging Face cache and, unless offline, on the hub
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: a local directory, or a hub id at a revision (None: the default branch)."""
+
+    name: str
+    directory: Path | None  # a local directory; None: a hub id
+    revision: str | None = None
+
+    @classmethod
+    def of(cls, name: str | Path, revision: str | None = None) -> ModelSource:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"{str(name)!r} has no config.json: it is not a saved transformers model."
+                )
+            return cls(str(name), path, None)
+        if not _HUB_ID.match(str(name)) or path.exists():
+            raise FileNotFoundError(
+                f"model directory {str(name)!r} does not exist; give a local model directory or a hub id "
+                "(ORG/NAME, e.g. Qwen/Qwen2.5-0.5B-Instruct)."
+            )
+        return cls(str(name), None, revision)
+
+    def kwargs(self) -> dict[str, Any]:
+        """What `from_pretrained` takes besides the name: a directory is read locally only; a hub id
+        goes through the cache (transformers and huggingface_hub honour HF_HUB_OFFLINE)."""
+        return {"local_files_only": True} if self.directory is not None else {"revision": self.revision}
+
+    @property
+    def where(self) -> str | Path:
+        return self.directory if self.directory is not None else self.name
+
+    @contextlib.contextmanager
+    def readable(self) -> Any:
+        """A failure to load becomes one message naming the model and what to do (the cause chained)."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - safetensors, tokenizers, json and the hub raise their own
+            raise self.failure(error) from error
+
+    def failure(self, error: Exception) -> ValueError:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(
-            f"could not load the model in {str(directory)!r} ({type(error).__name__}: {reason}); "
-            "is it a complete save_pretrained directory (config.json, weights, tokenizer)?"
-        ) from error
+        if self.directory is not None:
+            return ValueError(
+                f"could not load the model in {self.name!r} ({type(error).__name__}: {reason}); "
+                "is it a complete save_pretrained directory (config.json, weights, tokenizer)?"
+            )
+        from huggingface_hub import constants
+
+        at = f" at revision {self.revision!r}" if self.revision else ""
+        download = f"hf download {self.name}" + (f" --revision {self.revision}" if self.revision else "")
+        if constants.HF_HUB_OFFLINE:
+            return ValueError(
+                f"model {self.name!r}{at} is not in the Hugging Face cache {constants.HF_HUB_CACHE} and "
+                f"HF_HUB_OFFLINE=1 forbids downloading it; download it ahead (`{download}`) or unset "
+                "HF_HUB_OFFLINE (HF_HOME / HF_HUB_CACHE choose the cache)."
+            )
+        return ValueError(
+            f"could not load model {self.name!r}{at} from the Hugging Face hub or the cache "
+            f"{constants.HF_HUB_CACHE} ({type(error).__name__}: {reason}); check the id and the revision, "
+            f"your network and HF_TOKEN for a gated model, or download it ahead (`{download}`)."
+        )
 
 
 def _ensure_pad_token(tokenizer: Any) -> None:
@@ -205,33 +265,32 @@ def _ensure_pad_token(tokenizer: Any) -> None:
 def load_policy(
     path: str | Path,
     *,
+    revision: str | None = None,
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
 ) -> LoadedPolicy:
-    """Load a causal LM and its tokenizer from a local directory (never from a hub).
+    """Load a causal LM and its tokenizer from a local directory or a hub id (`ModelSource`: through
+    the Hugging Face cache, at `revision`).
 
     A tokenizer without a pad token gets its eos token as pad (logged); prompts are left-padded.
     A LoRA checkpoint (adapters in `lora_adapter/`) comes back with its adapters merged.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"model directory {str(path)!r} does not exist; give a local directory.")
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} has no config.json: it is not a saved transformers model.")
+    source = ModelSource.of(path, revision)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    with _readable(directory):
+    with source.readable():
         model = AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
+            source.where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **source.kwargs()
         ).to(device)
-    if (directory / ADAPTER_DIR / "adapter_config.json").is_file():  # a LoRA checkpoint: merged on load
-        model = merge_lora(model, directory)
-    with _readable(directory):
+    directory = source.directory
+    if directory is not None and (directory / ADAPTER_DIR / "adapter_config.json").is_file():
+        model = merge_lora(model, directory)  # a LoRA checkpoint: merged on load
+    with source.readable():
         tokenizer = AutoTokenizer.from_pretrained(
-            directory, local_files_only=True, trust_remote_code=trust_remote_code
+            source.where, trust_remote_code=trust_remote_code, **source.kwargs()
         )
     _ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"

@@ -1,6 +1,7 @@
 """Reward functions: the TRL convention f(prompts, completions, **columns) -> list[float | None]."""
 
 from .builtin import (
+    BUILTIN_REWARDS,
     env_reward,
     exact_answer,
     extract_math_answer,
@@ -11,17 +12,19 @@ from .builtin import (
     overlong_penalty,
     parse_number,
 )
-from .loading import RewardReferenceError, load_reward_reference, split_reference
+from .loading import RewardReferenceError, load_reward_reference, named_reward, split_reference
 from .reward_model import RewardModelFunction
 from .scoring import CallRules, RewardFunctionError, RewardScores, reward_name, score_completions
 
 __all__ = [
+    "BUILTIN_REWARDS",
     "CallRules",
     "env_reward",
     "RewardFunctionError",
     "RewardModelFunction",
     "RewardReferenceError",
     "load_reward_reference",
+    "named_reward",
     "split_reference",
     "RewardScores",
     "exact_answer",

@@ -171,3 +171,50 @@ def env_reward(prompts: Sequence[Any], completions: Sequence[str], **columns: An
             "environment; set tools or environment, or choose another reward"
         )
     return list(paid)
+
+
+_HASH_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)")  # GSM8K's final-answer line: "#### 1,234"
+
+
+def hash_answer(completion: str) -> Fraction | None:
+    """The number after the last `####` of a completion (commas and a `$` allowed), as GSM8K's
+    solutions end and verl's strict GSM8K scorer reads them; None when there is none."""
+    found = _HASH_ANSWER.findall(completion.replace("$", ""))
+    return parse_number(found[-1]) if found else None
+
+
+def gsm8k_answer(
+    prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """1.0 when the number after the completion's last `####` equals the reference (`answer`, a number
+    or a whole GSM8K solution ending in `#### N`), else 0.0: a right number without the marker earns
+    nothing, as in verl's strict scorer. None where the reference holds no number."""
+    if answer is None:
+        raise ValueError("gsm8k_answer needs an 'answer' column in the dataset.")
+    scores: list[float | None] = []
+    for completion, reference in zip(completions, answer, strict=True):
+        text = "" if reference is None else str(reference)
+        expected = hash_answer(text) if "####" in text else parse_number(text)
+        if expected is None:
+            scores.append(None)
+            continue
+        given = hash_answer(completion)
+        scores.append(1.0 if given is not None and given == expected else 0.0)
+    return scores
+
+
+def gsm8k_format(prompts: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
+    """1.0 when the completion ends with its answer line, `#### N` (N a number), else 0.0."""
+    return [1.0 if re.search(r"####\s*-?[\d,]*\.?\d+\s*$", c.replace("$", "")) else 0.0 for c in completions]
+
+
+# the built-in rewards by name (config: reward_funcs: [exact_answer]; Python: reward_funcs=["exact_answer"]);
+# with a built-in task, "task" names its reward too (config.schema.BUILTIN_REWARDS lists them all)
+BUILTIN_REWARDS: dict[str, RewardFunc] = {
+    "env": env_reward,
+    "exact_answer": exact_answer,
+    "math_answer": math_answer,
+    "format_tags": format_tags,
+    "gsm8k_answer": gsm8k_answer,
+    "gsm8k_format": gsm8k_format,
+}

@@ -90,6 +90,29 @@ def _label(reference: str) -> str:
     return f"reward_funcs {{python: {reference!r}}}"
 
 
+def named_reward(name: str, task_reward: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """A reward function given by name, as TRL users give theirs in Python (reward_funcs=["exact_answer"])
+    and the config's bare entries: a built-in reward's name ("task": `task_reward`, the built-in task's
+    own), else a reference to a function (FILE.py:f, pkg.mod:f, pkg.mod.f); any other name is one line
+    listing the built-in rewards."""
+    from ..config.schema import unknown_reward
+    from .builtin import BUILTIN_REWARDS
+
+    text = str(name).strip()
+    if text in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[text]
+    if text == "task":
+        if task_reward is None:
+            raise RewardReferenceError(
+                "reward function 'task' is the built-in task's reward, and no built-in task is set; "
+                "name another reward, or set task."
+            )
+        return task_reward
+    if ":" not in text and "." not in text:
+        raise RewardReferenceError(unknown_reward(text) + ".")
+    return load_reward_reference(text, label=f"reward function {text!r}")
+
+
 def load_reward_reference(
     reference: str,
     label: str | None = None,

@@ -290,11 +290,24 @@ def _stored_shapes(checkpoint: Path, name: str) -> dict[str, torch.Size]:
         raise CheckpointError(f"checkpoint {checkpoint}: {name} is unreadable ({error}).") from None
 
 
-def _check_fits(checkpoint: Path, stored: dict[str, torch.Size], expected: dict[str, torch.Size]) -> None:
+def _shapes(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Size], dict[str, set[str]]]:
+    """Each tensor's shape, and the names sharing its memory (a tied head and embedding, which
+    save_pretrained stores once, under either name)."""
+    names: dict[tuple[int, torch.Size], set[str]] = {}
+    for name, value in weights.items():
+        names.setdefault((value.data_ptr(), value.shape), set()).add(name)
+    tied = {name: group - {name} for group in names.values() for name in group}
+    return {name: value.shape for name, value in weights.items()}, tied
+
+
+def _check_fits(checkpoint: Path, stored: dict[str, torch.Size], weights: dict[str, torch.Tensor]) -> None:
     """One line naming the first tensor where the checkpoint's weights and the model's differ (in
     name or shape), instead of load_state_dict's list of every key or its traceback."""
     problem = None
+    expected, tied = _shapes(weights)
     for name, shape in expected.items():
+        if name not in stored and tied[name] & set(stored):
+            continue  # stored once under the name it is tied to; loading that fills both
         if name not in stored and "rotary" not in name:  # rotary tables are recomputed, maybe not saved
             problem = f"it has no {name}"
         elif name in stored and stored[name] != shape:
@@ -319,11 +332,14 @@ def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
     stored = _stored_shapes(checkpoint, "model.safetensors")
     if is_lora(model):  # the base weights, named as in a plain model (load_lora_weights' mapping)
         base = model.get_base_model().state_dict()
-        expected = {k.replace(".base_layer.", "."): v.shape for k, v in base.items() if "lora_" not in k}
-        _check_fits(checkpoint, stored, expected)
+        _check_fits(
+            checkpoint,
+            stored,
+            {k.replace(".base_layer.", "."): v for k, v in base.items() if "lora_" not in k},
+        )
         load_lora_weights(model, checkpoint)
         return _load_state(checkpoint)
-    _check_fits(checkpoint, stored, {name: value.shape for name, value in model.state_dict().items()})
+    _check_fits(checkpoint, stored, model.state_dict())
     model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)  # rotary: recomputed
     return _load_state(checkpoint)
 

@@ -45,7 +45,8 @@ def evaluate(
     environment = engine.environment
     episodic = environment is not None
     tools = environment.tool_schemas if episodic else None
-    prompts = [render_prompt(r[settings.prompt_column], engine.tokenizer, tools) for r in rows]
+    kwargs = settings.chat_template_kwargs
+    prompts = [render_prompt(r[settings.prompt_column], engine.tokenizer, tools, kwargs) for r in rows]
     max_prompt_length, max_completion_length = task.max_prompt_length, task.max_completion_length
     batch_size, pass_at_k = settings.batch_size, settings.pass_at_k
     greedy = SamplingParams(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import GRPOConfig
+from ..config.applied import Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
 from ..config.resume import resume_changes
 from ..models import check_lora_targets, require_peft
@@ -37,6 +38,7 @@ from .grpo_setup import (
     resolve_data,
     restore,
     save,
+    tiny_context,
     warm_start,
 )
 from .grpo_step import grpo_step
@@ -83,10 +85,11 @@ def train_grpo(
     is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
     on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
     environment: Any = None,
+    preset: Preset | None = None,
 ) -> TrainResult:
     """Run GRPO as configured. Anything not given comes from the config (task, dataset, model).
     `environment`: an `envs.EnvironmentSpec` (multi-turn episodes), in place of the config's tools or
-    environment.
+    environment. `preset`: the built-in preset `cfg` was loaded from (config.yaml names it).
 
     SIGINT and SIGTERM never cut a run short silently: during the warm start it stops after the
     current supervised step and says so (no checkpoint exists yet; the same command starts again);
@@ -94,9 +97,10 @@ def train_grpo(
 
     The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
     (rundir.py): a second run into the same directory meanwhile is refused."""
-    plan = grpo_plan(cfg)  # the config, resolved once: nothing below reads `cfg`
+    plan = grpo_plan(cfg, preset, model_given=model is not None)  # resolved once: nothing below reads `cfg`
     given = Given(model, tokenizer, train_rows, eval_rows, reward_funcs, is_correct, environment)
-    compare = lambda saved: resume_changes(cfg, saved)  # noqa: E731 - a checkpoint's config.yaml vs this
+    values = applied(cfg, preset, model_given=model is not None).config  # what the run applies
+    compare = lambda saved: resume_changes(values, saved)  # noqa: E731 - a checkpoint's config.yaml vs this
     placement = plan.trainee.placement
     d = distributed.init(placement.device)  # (joins the process group once; _train_grpo gets the same)
     with (
@@ -135,8 +139,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     seed_everything(plan.seed)
     model, tokenizer = given.model, given.tokenizer
     if model is None:
-        max_len = 4 * ((data.max_prompt_length or 64) + data.max_completion_length)
-        model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, max_len)
+        context = tiny_context(plan.data.prompt_column, data)  # (a model loaded from a directory has its own)
+        model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, context)
     columns = plan.data.prompt_column, plan.data.answer_column
     check_context(columns[0], model, tokenizer, data)
     check_known_characters(  # a character tokenizer would read an unknown character as <unk>

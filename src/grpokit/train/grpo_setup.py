@@ -28,13 +28,16 @@ from ..data import (
     PromptSampler,
     answer_checker,
     data_alphabet,
+    dataset_splits,
     get_task,
     has_answers,
+    is_dataset_name,
     load_prompts,
     render_prompt,
     require_answers,
     require_demonstrations,
     sft_rows,
+    with_system_prompt,
 )
 from ..engine import EngineSpec, PolicyEngine, Wrapping
 from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
@@ -79,6 +82,7 @@ class RunData:
     train_source: str = "the training rows"  # how errors name the data
     eval_source: str = "the held-out rows"
     environment: EnvironmentSpec | None = None  # multi-turn episodes (tools or your environment), or None
+    chat_template_kwargs: dict[str, Any] | None = None  # what the chat template is rendered with
 
 
 def resolve_environment(spec: EpisodeSpec, task: Any) -> EnvironmentSpec | None:
@@ -127,27 +131,12 @@ def configured_rewards(
 ) -> list[Callable[..., Any]]:
     """The reward functions the config names (`reward_funcs`), or the task's reward. A reward model
     goes to its entry's `device`, else the policy's (`device`; None: the config's)."""
-    from ..rewards import (
-        RewardModelFunction,
-        env_reward,
-        exact_answer,
-        format_tags,
-        load_reward_reference,
-        math_answer,
-    )
+    from ..rewards import RewardModelFunction, env_reward, load_reward_reference, named_reward
 
     if spec.funcs is None:
         if task is not None:
             return [task.reward]
         return [env_reward] if episodic else []  # what the episodes' environment paid
-    builtins: dict[str, Any] = {
-        "env": env_reward,
-        "exact_answer": exact_answer,
-        "math_answer": math_answer,
-        "format_tags": format_tags,
-    }
-    if task is not None:
-        builtins["task"] = task.reward
     funcs = []
     for entry in spec.funcs:
         if "model" in entry:
@@ -160,10 +149,8 @@ def configured_rewards(
             )
         elif "python" in entry:  # your own function, by reference (FILE.py:NAME or package.module:NAME)
             funcs.append(load_reward_reference(entry["python"]))
-        elif entry["builtin"] in builtins:
-            funcs.append(builtins[entry["builtin"]])
-        else:
-            raise ValueError(f"unknown builtin reward {entry['builtin']!r}; valid: {', '.join(builtins)}.")
+        else:  # a built-in reward's name ("task": the task's own)
+            funcs.append(named_reward(entry["builtin"], task.reward if task is not None else None))
     return funcs
 
 
@@ -207,6 +194,60 @@ def _own_data(
     return alphabet, is_correct
 
 
+def _dataset_rows(spec: DataSpec, source: str, split: str) -> tuple[list[dict[str, Any]], str]:
+    """(rows, how errors name them) of `split` of a dataset (a file has no splits: all its rows)."""
+    rows = load_prompts(
+        source,
+        prompt_column=spec.prompt_column,
+        split=split,
+        dataset_config=spec.dataset_config,
+        answer_column=spec.answer_column,
+        answer_format=spec.answer_format,
+    )
+    return rows, f"{source} (split {split})" if is_dataset_name(source) else str(source)
+
+
+def _held_out_rows(spec: DataSpec) -> tuple[list[dict[str, Any]], str | None]:
+    """The held-out rows of the config's own data: eval_dataset's (its dataset_test_split, if a hub
+    dataset or directory), else `dataset`'s dataset_test_split when it has one (the default 'test'
+    may be absent: no held-out rows; a split named otherwise must exist), else none."""
+    if spec.eval_dataset:
+        return _dataset_rows(spec, spec.eval_dataset, spec.dataset_test_split)
+    if spec.dataset is None or not is_dataset_name(spec.dataset):
+        return [], None
+    split = spec.dataset_test_split  # the default ("test") may be absent: then no held-out rows
+    optional = split == DataSpec.dataset_test_split
+    if optional and split not in dataset_splits(spec.dataset, spec.dataset_config):
+        return [], None
+    return _dataset_rows(spec, spec.dataset, spec.dataset_test_split)
+
+
+def _rows(spec: DataSpec, task: Any, given: Given, evaluate_only: bool) -> tuple[Any, str, Any, str]:
+    """(training rows, how errors name them, held-out rows, their name) for `resolve_data`."""
+    train_source, eval_source = "the training rows", "the held-out rows"
+    train_rows, eval_rows = given.train_rows, given.eval_rows
+    if task is None and evaluate_only and train_rows is None:
+        if spec.dataset is None and not spec.eval_dataset:
+            raise ValueError("nothing to evaluate on: set task, or eval_dataset (or dataset).")
+        train_rows, (eval_rows, held_out) = [], _held_out_rows(spec)
+        if held_out is None:  # no held-out rows: the dataset's training split is evaluated on
+            eval_rows, held_out = _dataset_rows(spec, str(spec.dataset), spec.dataset_train_split)
+        eval_source = held_out
+    if train_rows is None:
+        if task is None and spec.dataset is None:
+            raise ValueError("nothing to train on: set task or dataset in the config, or pass train rows.")
+        if task is not None:
+            train_rows, train_source = task.train, f"task {spec.task!r}"
+        else:
+            train_rows, train_source = _dataset_rows(spec, spec.dataset, spec.dataset_train_split)
+    if eval_rows is None and task is not None:
+        eval_rows, eval_source = task.eval, f"task {spec.task!r} (held out)"
+    elif eval_rows is None:
+        eval_rows, held_out = _held_out_rows(spec)
+        eval_source = held_out or eval_source
+    return train_rows, train_source, eval_rows, eval_source
+
+
 def resolve_data(
     spec: DataSpec,
     episodes: EpisodeSpec,
@@ -214,26 +255,19 @@ def resolve_data(
     given: Given = Given(),
     *,
     require_rewards: bool = True,
+    evaluate_only: bool = False,
     device: torch.device | None = None,
 ) -> RunData:
     """What the run trains on: what the caller `given` where given, else the config's task or
     dataset. `given.environment` (Python API) replaces what the config's tools / environment make.
-    Training, `grpokit sft` and `grpokit eval` all resolve their data here."""
+    Training, `grpokit sft` and `grpokit eval` all resolve their data here; `evaluate_only` (eval):
+    no training rows from a dataset, whose held-out rows are `_held_out_rows`, else its training split."""
     task = get_task(spec.task, seed=spec.seed, num_eval=spec.num_eval_prompts) if spec.task else None
-    train_source, eval_source = "the training rows", "the held-out rows"
-    train_rows, eval_rows = given.train_rows, given.eval_rows
-    if train_rows is None:
-        if task is None and spec.dataset is None:
-            raise ValueError("nothing to train on: set task or dataset in the config, or pass train rows.")
-        train_rows = task.train if task else load_prompts(spec.dataset, prompt_column=spec.prompt_column)
-        train_source = f"task {spec.task!r}" if task else str(spec.dataset)
-    if eval_rows is None:
-        eval_rows = task.eval if task else []
-        eval_source = f"task {spec.task!r} (held out)" if task else eval_source
-        if task is None and spec.eval_dataset:
-            eval_rows = load_prompts(spec.eval_dataset, prompt_column=spec.prompt_column)
-            eval_source = str(spec.eval_dataset)
+    train_rows, train_source, eval_rows, eval_source = _rows(spec, task, given, evaluate_only)
     train_rows, eval_rows = list(train_rows), list(eval_rows)[: spec.num_eval_prompts]
+    if spec.system_prompt:  # every prompt opened by it, as a conversation (through the chat template)
+        train_rows = with_system_prompt(train_rows, spec.prompt_column, spec.system_prompt)
+        eval_rows = with_system_prompt(eval_rows, spec.prompt_column, spec.system_prompt)
     environment = given.environment or resolve_environment(episodes, task)
     learned = train_rows[: spec.sft_examples]
     if spec.answers_for is not None and environment is not None:
@@ -268,6 +302,7 @@ def resolve_data(
         train_source=train_source,
         eval_source=eval_source,
         environment=environment,
+        chat_template_kwargs=spec.chat_template_kwargs,
     )
 
 
@@ -300,16 +335,40 @@ def check_context(prompt_column: str, model: Any, tokenizer: Any, data: RunData)
     if context is None:
         return
     tools = data.environment.tool_schemas if data.environment is not None else None
-    rendered = (render_prompt(r[prompt_column], tokenizer, tools) for r in data.train_rows[:2000])
+    kwargs = data.chat_template_kwargs
+    rendered = (render_prompt(r[prompt_column], tokenizer, tools, kwargs) for r in data.train_rows[:2000])
     longest = data.max_prompt_length or max(
         (len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered), default=0
     )
-    if longest + data.max_completion_length > context:
+    completion = data.max_completion_length
+    if longest + completion > context:
+        limit = " (max_prompt_length)" if data.max_prompt_length else ""
         raise ValueError(
-            f"prompts of up to {longest} tokens plus max_completion_length={data.max_completion_length} "
-            "exceed "
-            f"the model's context of {context} tokens; lower max_prompt_length or max_completion_length."
+            f"prompts of up to {longest} tokens{limit} plus max_completion_length={completion} make "
+            f"{longest + completion} tokens, more than the model's context of {context} "
+            f"(max_position_embeddings); set {fitting_lengths(context, longest, completion)}."
         )
+
+
+def fitting_lengths(context: int, prompt: int, completion: int) -> str:
+    """The settings that make prompts of `prompt` tokens and completions fit `context` tokens: a shorter
+    completion when that leaves one, else prompts cut to what the completion leaves, else both halved."""
+    if prompt < context:
+        return f"max_completion_length={context - prompt} (or lower max_prompt_length)"
+    if completion < context:
+        return f"max_prompt_length={context - completion} (prompts cut from the left)"
+    return f"max_prompt_length={context // 2} and max_completion_length={context - context // 2}"
+
+
+def tiny_context(prompt_column: str, data: RunData) -> int:
+    """The context the tiny model is built with. It is built here, so it is made to fit: four times
+    the prompt (64 when unlimited) and completion lengths, and at least the longest training or
+    held-out prompt (its tokenizer has one token per character) plus a completion."""
+    rows = [*data.train_rows, *data.eval_rows]
+    chars = max((len(str(row.get(prompt_column, ""))) for row in rows), default=0)
+    longest = data.max_prompt_length or chars
+    completion = data.max_completion_length
+    return max(4 * ((data.max_prompt_length or 64) + completion), longest + completion)
 
 
 def sampling_params(spec: SamplingSpec, data: RunData) -> SamplingParams:
@@ -477,6 +536,7 @@ def warm_start(
             spec.answer_column,
             demonstrations=data.environment is not None,  # whole episodes, the policy's turns learned
             tools=data.environment.tool_schemas if data.environment is not None else None,
+            template_kwargs=data.chat_template_kwargs,
         ),
         spec.schedule,
         SFTHooks(

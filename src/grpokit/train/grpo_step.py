@@ -176,7 +176,11 @@ def generate_and_score(
         began = time.perf_counter()
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
         tools = engine.environment.tool_schemas if engine.environment is not None else None
-        texts = [render_prompt(r[params.spec.prompt_column], engine.tokenizer, tools) for r in rows]
+        spec = params.spec
+        texts = [
+            render_prompt(r[spec.prompt_column], engine.tokenizer, tools, spec.chat_template_kwargs)
+            for r in rows
+        ]
         seed = params.spec.seed * 1_000_003 + step * 101 + attempt + 7919 * d.rank
         # ends on the host: synced (multi-turn episodes start from their rows)
         rollout = engine.generate(texts, replace(params.sampling, seed=seed), rows=rows)

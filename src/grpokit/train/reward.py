@@ -68,7 +68,9 @@ def reward_model_and_tokenizer(
     `spec.dtype`; training stores them in its master dtype); a tiny one holds `max_length` tokens."""
     dtype = dtype or getattr(torch, spec.dtype)
     if spec.name != "tiny":
-        loaded = load_reward_model(spec.name, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+        loaded = load_reward_model(
+            spec.name, revision=spec.revision, dtype=dtype, trust_remote_code=spec.trust_remote_code
+        )
         return loaded.model, loaded.tokenizer
     if alphabet is None:
         raise ValueError(

@@ -54,11 +54,12 @@ def seed_everything(seed: int) -> None:
 
 
 def policy_and_tokenizer(spec: ModelSpec, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
-    """Load the model from a local directory, or build the tiny Llama over the task's alphabet; its
-    weights in the master dtype (float32, or the compute dtype with master_weights=dtype)."""
+    """Load the model (a hub id or a local directory), or build the tiny Llama over the task's alphabet;
+    its weights in the master dtype (float32, or the compute dtype with master_weights=dtype)."""
     if spec.name != "tiny":
         loaded = load_policy(
             spec.name,
+            revision=spec.revision,
             dtype=spec.stored,
             gradient_checkpointing=spec.gradient_checkpointing,
             trust_remote_code=spec.trust_remote_code,

@@ -1,0 +1,153 @@
+"""A Hugging Face cache made in the test: what `hf download ORG/NAME` would leave under HF_HOME, with
+tiny random models whose tokenizers are byte-level BPE trained here and whose chat templates are the
+real families' shapes. Nothing is downloaded; `model=ORG/NAME` with HF_HUB_OFFLINE=1 then runs the
+same code path a user's download feeds.
+
+* `QWEN`: a Qwen2ForCausalLM (GQA, qkv bias, tied embeddings), ChatML, EOS `<|im_end|>` (generation
+  config: `<|im_end|>` and `<|endoftext|>`), pad `<|endoftext|>`: pad ≠ EOS.
+* `LLAMA`: a LlamaForCausalLM (GQA, untied head), Llama 3's header template with `<|begin_of_text|>`,
+  EOS `<|eot_id|>` (generation config: `<|end_of_text|>` and `<|eot_id|>`), no pad token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+QWEN = "tiny-org/qwen2-chat"
+LLAMA = "tiny-org/llama-chat"
+REVISION = "0123456789abcdef0123456789abcdef01234567"  # a commit hash, as the hub's are
+
+CHATML = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+# what the BPE merges are learned from: arithmetic, words of the test prompts, tool calls, answers
+CORPUS = [
+    "What is 12 + 34? The answer is 46.",
+    "Solve: 7 * 8 = 56. #### 56",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    '<tool_call>{"name": "calc", "arguments": {"expression": "3+4"}}</tool_call>',
+    "<tool_response>7</tool_response> <answer>7</answer> <think>reason step by step</think>",
+    "You are a helpful assistant. Think, then give the final answer after ####.",
+    "user assistant system The quick brown fox jumps over the lazy dog 0123456789 ,.!?:;()[]{}+-*/=",
+] * 20
+
+
+def bpe_tokenizer(special: list[str], chat_template: str, **tokens: Any) -> Any:
+    """A byte-level BPE tokenizer trained on CORPUS (every byte is in its alphabet: any text encodes),
+    with `special` tokens that are never split, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def _snapshot(hf_home: Path, repo: str) -> Path:
+    """`hub/models--ORG--NAME/snapshots/REV/`, with `refs/main` naming REV (huggingface_hub's layout)."""
+    folder = hf_home / "hub" / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(REVISION)
+    snapshot = folder / "snapshots" / REVISION
+    snapshot.mkdir(parents=True, exist_ok=True)
+    return snapshot
+
+
+def _save(model: Any, tokenizer: Any, where: Path) -> None:
+    model.save_pretrained(where, safe_serialization=True)
+    tokenizer.save_pretrained(where)
+
+
+def build_qwen(where: Path, seed: int = 0) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = bpe_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        CHATML,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=ids("<|endoftext|>"),
+        eos_token_id=ids("<|im_end|>"),
+        pad_token_id=ids("<|endoftext|>"),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = [ids("<|im_end|>"), ids("<|endoftext|>")]
+    model.generation_config.pad_token_id = ids("<|endoftext|>")
+    _save(model, tokenizer, where)
+
+
+def build_llama(where: Path, seed: int = 0) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    special = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+    ]
+    tokenizer = bpe_tokenizer(special, LLAMA3, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    ids = tokenizer.convert_tokens_to_ids
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=ids("<|begin_of_text|>"),
+        eos_token_id=[ids("<|end_of_text|>"), ids("<|eot_id|>")],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = [ids("<|end_of_text|>"), ids("<|eot_id|>")]
+    _save(model, tokenizer, where)
+
+
+def build_hub_cache(hf_home: Path) -> None:
+    """Both models under `hf_home/hub`, as a download would leave them."""
+    build_qwen(_snapshot(hf_home, QWEN))
+    build_llama(_snapshot(hf_home, LLAMA))
+
+
+def offline_env(hf_home: Path) -> dict[str, str]:
+    """The environment of a process that reads the hub only from `hf_home`'s cache."""
+    return {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

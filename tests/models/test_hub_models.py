@@ -1,0 +1,183 @@
+"""Models by hub id, through a Hugging Face cache made in the test (tests/hub_cache.py): byte-level BPE
+tokenizers, chat templates, EOS from the generation config, pad ≠ EOS, tied and untied heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.engine import EngineSpec, PolicyEngine
+from grpokit.envs import EnvironmentSpec
+from grpokit.models import LeanBackend, backend_of, load_policy, load_reward_model
+from grpokit.models.hf import ModelSource
+from grpokit.rollout import Decoder, SamplingParams
+from grpokit.rollout.decode import eos_and_pad
+from tests.hub_cache import LLAMA, QWEN, REVISION
+
+
+def test_a_hub_id_loads_from_the_cache_offline_with_its_tokens(hub_offline):
+    qwen = load_policy(QWEN)
+    assert type(qwen.model).__name__ == "Qwen2ForCausalLM"
+    assert type(qwen.tokenizer.backend_tokenizer.model).__name__ == "BPE"
+    assert qwen.model.lm_head.weight is qwen.model.model.embed_tokens.weight  # tied, as Qwen2.5-0.5B
+    ids = qwen.tokenizer.convert_tokens_to_ids
+    # EOS from the generation config (both ids), pad its own token: pad ≠ EOS
+    assert eos_and_pad(qwen.model, qwen.tokenizer) == (
+        [ids("<|im_end|>"), ids("<|endoftext|>")],
+        ids("<|endoftext|>"),
+    )
+    assert qwen.tokenizer.padding_side == "left"
+
+    llama = load_policy(LLAMA, revision=REVISION)
+    assert type(llama.model).__name__ == "LlamaForCausalLM"
+    assert llama.model.lm_head.weight is not llama.model.model.embed_tokens.weight  # untied
+    ids = llama.tokenizer.convert_tokens_to_ids
+    eos, pad = eos_and_pad(llama.model, llama.tokenizer)
+    assert eos == [ids("<|end_of_text|>"), ids("<|eot_id|>")] and pad == ids("<|eot_id|>")  # no pad: EOS pads
+    text = llama.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.startswith(
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+    )
+
+
+@pytest.mark.parametrize("repo", [QWEN, LLAMA])
+def test_the_lean_backend_equals_transformers_on_the_hub_models(hub_offline, repo):
+    """Qwen2's qkv bias and tied head, Llama's untied head, GQA: the lean forward the trainer uses gives
+    transformers' logits to float32 round-off, over left-padded prompts."""
+    loaded = load_policy(repo)
+    model, tok = loaded.model, loaded.tokenizer
+    backend = backend_of(model)
+    assert isinstance(backend, LeanBackend)
+    prompts = ["What is 12 + 34?", "Natalia sold clips to 48 of her friends"]
+    encoded = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+    ids, mask = encoded["input_ids"], encoded["attention_mask"].bool()  # [2, L] left-padded
+    targets = torch.randint(0, len(tok), (2, 5), generator=torch.Generator().manual_seed(0))
+    attended = torch.ones_like(targets, dtype=torch.bool)
+    with torch.no_grad():
+        hidden = backend.hidden(ids, mask, targets, attended, 1)  # [2, 5, H]
+        lean = torch.nn.functional.linear(hidden, backend.head.weight, backend.head.bias)
+        full = torch.cat([mask, attended], dim=1).long()
+        positions = (full.cumsum(-1) - 1).clamp(min=0)
+        reference = model(input_ids=torch.cat([ids, targets], 1), attention_mask=full, position_ids=positions)
+    torch.testing.assert_close(lean, reference.logits[:, ids.shape[1] - 1 : -1], rtol=0, atol=2e-5)
+
+
+def test_a_missing_hub_id_offline_is_one_line_naming_the_cache_and_the_download(hub_offline):
+    with pytest.raises(ValueError) as caught:
+        load_policy("Qwen/Qwen2.5-0.5B-Instruct")
+    message = str(caught.value)
+    assert "\n" not in message
+    for part in (
+        "'Qwen/Qwen2.5-0.5B-Instruct'",
+        str(hub_offline / "hub"),
+        "HF_HUB_OFFLINE=1",
+        "hf download Qwen/Qwen2.5-0.5B-Instruct",
+    ):
+        assert part in message, part
+    with pytest.raises(ValueError, match=r"at revision 'v9'.*hf download tiny-org/qwen2-chat --revision v9"):
+        load_policy(QWEN, revision="v9")
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1"):
+        load_reward_model("org/missing-reward-model")
+
+
+def test_online_failures_name_the_id_the_cache_and_what_to_check(hub_offline, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    error = ModelSource.of("org/gated", "main").failure(OSError("401 Client Error: gated repo\nmore"))
+    message = str(error)
+    assert "\n" not in message and "'org/gated' at revision 'main'" in message
+    assert (
+        "401 Client Error: gated repo" in message
+        and "HF_TOKEN" in message
+        and str(hub_offline / "hub") in message
+    )
+
+
+@pytest.mark.parametrize("name", ["./runs/missing", "runs/a/b", "/no/such/dir", "not a model"])
+def test_what_is_neither_a_directory_nor_a_hub_id_is_refused(name):
+    with pytest.raises(FileNotFoundError, match="does not exist; give a local model directory or a hub id"):
+        ModelSource.of(name)
+
+
+def _eos_likely(model, eos: int, scale: float = 6.0) -> None:
+    """Make EOS frequent in a random model (its output row scaled): turns then end at random places."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight[eos] *= scale
+
+
+@pytest.mark.parametrize("repo", [QWEN, LLAMA])
+def test_the_loss_mask_ends_at_the_first_eos_decoded(hub_offline, repo):
+    """completion_mask covers each completion up to and including its first EOS (any of the generation
+    config's), nothing after; the masked tokens decode to the completion text."""
+    loaded = load_policy(repo)
+    model, tok = loaded.model, loaded.tokenizer
+    eos_ids, pad = eos_and_pad(model, tok)
+    _eos_likely(model, eos_ids[0])
+    engine = PolicyEngine.create(model, tok, EngineSpec(torch.device("cpu")))
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 7 * 8?"}], tokenize=False, add_generation_prompt=True
+    )
+    r = engine.generate(
+        [prompt, "Solve: 3 + 4 ="], SamplingParams(num_generations=8, max_completion_length=12, seed=1)
+    )
+    ended = 0
+    for b in range(r.completion_ids.shape[0]):
+        ids, mask = r.completion_ids[b].tolist(), r.completion_mask[b].tolist()
+        first = next((t for t, i in enumerate(ids) if i in eos_ids), None)
+        n = len(ids) if first is None else first + 1
+        assert mask == [True] * n + [False] * (len(ids) - n), b
+        assert all(i == pad for i in ids[n:])
+        assert bool(r.truncated[b]) == (first is None and n == 12)
+        assert r.completions[b] == tok.decode(ids[:n], skip_special_tokens=True)
+        ended += first is not None
+    assert 0 < ended < r.completion_ids.shape[0]  # the case is exercised both ways
+
+
+class Quoting:
+    """Answers each turn with a fixed observation whose BPE tokens differ from what re-tokenising the
+    joined transcript would give (a leading space merges with the policy's last token otherwise). A
+    policy turn ends at EOS or at an "e" in its text, inside a BPE token or across two."""
+
+    stop_strings = ("e",)
+
+    def reset(self, row, seed):
+        return ""
+
+    def step(self, text):
+        return " answer 46.", 0.0, False
+
+
+def test_multi_turn_observations_are_appended_as_their_own_tokens(hub_offline):
+    """Token in, token out: each observation's ids are exactly the tokenizer's ids of its text, placed
+    after the turn's EOS; the loss mask is the policy's tokens and nothing else; no re-tokenising."""
+    loaded = load_policy(QWEN)
+    model, tok = loaded.model, loaded.tokenizer
+    eos_ids, _ = eos_and_pad(model, tok)
+    spec = EnvironmentSpec(Quoting, max_turns=3, stop_strings=Quoting.stop_strings)
+    decoder = Decoder(backend_of(model), tok, environment=spec)
+    r = decoder.sample(
+        ["What is 12 + 34?"], SamplingParams(num_generations=4, max_completion_length=40, seed=0), [{}]
+    )
+    observation = tok(" answer 46.", add_special_tokens=False)["input_ids"]
+    checked = 0
+    for b in range(4):
+        n = int(r.attention[b].sum())
+        ids, mask = r.completion_ids[b, :n].tolist(), r.completion_mask[b, :n].tolist()
+        t, start = 0, 0
+        while t < n:
+            if mask[t]:
+                t += 1
+                continue
+            end = t
+            while end < n and not mask[end]:
+                end += 1
+            turn = tok.decode(ids[start:t], skip_special_tokens=True)
+            assert ids[t - 1] in eos_ids or "e" in turn  # the turn ended at EOS or its stop string...
+            assert "e" not in tok.decode(ids[start : t - 1], skip_special_tokens=True)  # ...and not before
+            assert ids[t:end] == observation[: end - t]  # its own tokens (cut only by the budget)
+            checked += 1
+            t = start = end
+    assert checked > 0

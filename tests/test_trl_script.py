@@ -1,0 +1,228 @@
+"""A TRL user's script runs with only its import changed (issue 25, point 6), and the TRL-shaped
+`GRPOTrainer` behind it: TRL 1.16's parameters in TRL's order, names for reward functions, a peft
+LoraConfig, and one line for each TRL parameter grpokit does not take."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.rewards import exact_answer, format_tags
+
+# Written as TRL 1.16's README quickstart writes it (a datasets.Dataset with a "prompt" column, a
+# reward that prefers 20-character completions); tiny sizes, the model from the test's hub cache.
+TRL_SCRIPT = textwrap.dedent(
+    """
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset = Dataset.from_dict({"prompt": [f"Write about the number {i}:" for i in range(16)]})
+
+
+    def reward_len(completions, **kwargs):
+        return [-abs(20 - len(completion)) for completion in completions]
+
+
+    training_args = GRPOConfig(
+        output_dir="qwen2-chat-GRPO",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-5,
+        max_steps=2,
+        logging_steps=1,
+        report_to="none",
+    )
+    trainer = GRPOTrainer(
+        model="tiny-org/qwen2-chat",
+        reward_funcs=reward_len,
+        args=training_args,
+        train_dataset=dataset,
+    )
+    trainer.train()
+    """
+)
+GRPOKIT_SCRIPT = TRL_SCRIPT.replace("from trl import", "from grpokit import")
+
+
+def _metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_scripts_differ_in_the_import_line_only_and_are_valid_trl():
+    """The string is TRL's: every GRPOConfig option is a field of TRL's GRPOConfig and the trainer's
+    keywords bind to TRL's GRPOTrainer."""
+    import dataclasses
+
+    import trl
+
+    changed = [
+        (a, b) for a, b in zip(TRL_SCRIPT.splitlines(), GRPOKIT_SCRIPT.splitlines(), strict=True) if a != b
+    ]
+    assert changed == [
+        ("from trl import GRPOConfig, GRPOTrainer", "from grpokit import GRPOConfig, GRPOTrainer")
+    ]
+    calls = {
+        node.func.id: node
+        for node in ast.walk(ast.parse(TRL_SCRIPT))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert {k.arg for k in calls["GRPOConfig"].keywords} <= fields
+    inspect.signature(trl.GRPOTrainer.__init__).bind(
+        None, **{k.arg: 0 for k in calls["GRPOTrainer"].keywords}
+    )
+
+
+def test_a_trl_script_trains_with_only_its_import_changed(hub_offline, tmp_path, monkeypatch):
+    """per_device_train_batch_size=4 × gradient_accumulation_steps=2 = TRL's generation batch of 8
+    completions per optimizer step: 2 prompts × num_generations=4 per grpokit step, 4 rows per pass."""
+    from grpokit.train import grpo_step
+
+    scored = []  # (completions, distinct prompts) of each training step's scoring
+
+    def spy(funcs, prompts, completions, **kwargs):
+        scored.append((len(completions), len(set(prompts))))
+        return score_completions(funcs, prompts, completions, **kwargs)
+
+    score_completions = grpo_step.score_completions
+    monkeypatch.setattr(grpo_step, "score_completions", spy)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(GRPOKIT_SCRIPT, "trl_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    assert scored == [(8, 2), (8, 2)]  # two steps of TRL's generation batch: 8 completions of 2 prompts
+    out = tmp_path / "qwen2-chat-GRPO"
+    config = (out / "config.yaml").read_text()
+    assert "prompts_per_step: 2\n" in config and "micro_batch_size: 4\n" in config
+    assert "model: tiny-org/qwen2-chat\n" in config
+    steps = [row for row in _metrics(out) if "loss" in row]
+    assert [row["step"] for row in steps] == [1, 2]  # max_steps=2, logging_steps=1
+    for row in steps:
+        assert 1 <= row["completions/max_length"] <= 8, row  # max_completion_length=8
+        assert row["rewards/reward_len/mean"] == row["reward"] <= 0  # -|20 - len|: never above 0
+        assert row["learning_rate"] <= 1e-5 and row["num_generation_batches"] == 1
+    assert (out / "checkpoint-2").is_dir()
+
+
+# ----------------------------------------------------------------------------- the signature
+
+
+def test_the_parameters_are_trls_in_trls_order():
+    import trl
+
+    theirs = list(inspect.signature(trl.GRPOTrainer.__init__).parameters)
+    ours = inspect.signature(GRPOTrainer.__init__).parameters
+    positional = [n for n, p in ours.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert positional == theirs[: theirs.index("peft_config") + 1]
+    keyword_only = {n for n, p in ours.items() if p.kind is p.KEYWORD_ONLY}
+    assert keyword_only == {"tools", "rollout_func", "environment_factory", "is_correct"}
+    assert set(theirs) <= set(ours)  # every TRL parameter is taken or answered
+    for name in ("reward_funcs", "args", "train_dataset", "processing_class", "callbacks", "optimizers"):
+        assert ours[name].default == inspect.signature(trl.GRPOTrainer.__init__).parameters[name].default
+
+
+ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+
+
+def test_args_positionally_and_none_as_in_trl():
+    trainer = GRPOTrainer("tiny", [exact_answer], GRPOConfig(max_steps=3, num_generations=2), ROWS)
+    assert trainer.config.max_steps == 3 and trainer.config.task is None and len(trainer.train_rows) == 8
+    trainer = GRPOTrainer("tiny", exact_answer, None, ROWS)  # TRL: args=None is the defaults
+    assert trainer.config.learning_rate == GRPOConfig().learning_rate and trainer.reward_funcs == [
+        exact_answer
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (
+            {"callbacks": [object()]},
+            "does not take callbacks (TRL's); follow the run with trainer.train(on_event",
+        ),
+        ({"optimizers": (object(), None)}, "does not take optimizers (TRL's); grpokit builds AdamW"),
+        (
+            {"reward_processing_classes": object()},
+            "does not take reward_processing_classes (TRL's); a reward",
+        ),
+        ({"quantization_config": object()}, "does not take quantization_config"),
+    ],
+)
+def test_trl_parameters_grpokit_does_not_take_are_one_line_each(given, line):
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer("tiny", exact_answer, None, ROWS, **given)
+    assert line in str(error.value) and "\n" not in str(error.value)
+    GRPOTrainer("tiny", exact_answer, None, ROWS, callbacks=[], optimizers=(None, None))  # TRL's defaults
+
+
+def test_a_model_name_with_a_processing_class_is_loaded_here_and_used_with_it(tmp_path, tiny_policy):
+    from grpokit.models import save_policy
+
+    model, tok = tiny_policy
+    save_policy(model, tok, tmp_path / "policy")
+    trainer = GRPOTrainer(str(tmp_path / "policy"), exact_answer, None, ROWS, processing_class=tok)
+    assert trainer.processing_class is tok and isinstance(trainer.model, type(model))
+    assert trainer.config.model == str(tmp_path / "policy")
+    with pytest.raises(ValueError, match=r"needs its tokenizer: GRPOTrainer\(model, ..., processing_class="):
+        GRPOTrainer(model, exact_answer, None, ROWS)
+
+
+# ----------------------------------------------------------------------------- peft_config
+
+
+def test_a_peft_lora_config_sets_grpokits_lora_options():
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["v_proj", "q_proj"])
+    cfg = GRPOTrainer("tiny", exact_answer, None, ROWS, peft_config=lora).config
+    assert (cfg.use_peft, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout) == (True, 4, 8, 0.1)
+    assert cfg.lora_target_modules == ["q_proj", "v_proj"]
+    everything = peft.LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM")
+    assert (
+        GRPOTrainer("tiny", exact_answer, None, ROWS, peft_config=everything).config.lora_target_modules
+        is None
+    )
+    # peft's own choice for the model type when target_modules is None: q_proj, v_proj for a Llama
+    chosen = GRPOTrainer("tiny", exact_answer, None, ROWS, peft_config=peft.LoraConfig()).config
+    assert chosen.lora_target_modules == ["q_proj", "v_proj"] and chosen.lora_r == 8  # peft's r
+    with pytest.raises(ValueError, match="peft_config sets use_dora, which grpokit's LoRA does not have"):
+        GRPOTrainer("tiny", exact_answer, None, ROWS, peft_config=peft.LoraConfig(use_dora=True))
+    with pytest.raises(ValueError, match="is a regular expression; name the modules as a list"):
+        GRPOTrainer("tiny", exact_answer, None, ROWS, peft_config=peft.LoraConfig(target_modules=".*proj"))
+    with pytest.raises(ValueError, match="grpokit trains LoRA adapters only"):
+        GRPOTrainer("tiny", exact_answer, None, ROWS, peft_config=peft.IA3Config())
+
+
+# ----------------------------------------------------------------------------- reward functions by name
+
+
+def test_reward_functions_by_builtin_name_and_by_reference(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def ones(completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
+    (tmp_path / "trl_pkg").mkdir()
+    (tmp_path / "trl_pkg" / "__init__.py").write_text("")
+    (tmp_path / "trl_pkg" / "mod.py").write_text(
+        "def twos(completions, **kw):\n    return [2.0] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    names = ["exact_answer", "format_tags", "my_rewards.py:ones", "trl_pkg.mod.twos", "trl_pkg.mod:twos"]
+    funcs = GRPOTrainer("tiny", names, None, ROWS).reward_funcs
+    assert funcs[:2] == [exact_answer, format_tags]
+    assert [f.__name__ for f in funcs[2:]] == ["ones", "twos", "twos"]
+    assert funcs[3] is sys.modules["trl_pkg.mod"].twos
+    assert GRPOTrainer("tiny", "exact_answer", None, ROWS).reward_funcs == [exact_answer]  # one, as TRL takes
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer("tiny", ["exact_answr"], None, ROWS)
+    assert "reward function 'exact_answr' is not a built-in reward (exact_answer, math_answer" in str(
+        error.value
+    )
+    with pytest.raises(ValueError, match="trl_pkg.mod has no function 'threes'"):
+        GRPOTrainer("tiny", ["trl_pkg.mod.threes"], None, ROWS)

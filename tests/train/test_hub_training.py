@@ -1,0 +1,194 @@
+"""The real path end to end, offline: a model by hub id from a test-made Hugging Face cache (BPE
+tokenizer, chat template), a dataset directory in hub-repo layout, the `gsm8k` preset at toy size,
+a warm start, evaluation, checkpoints that transformers loads, resume; and the pieces they rest on
+(system prompt, chat template variables, the GSM8K rewards)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.data import render_prompt, with_system_prompt
+from grpokit.rewards import BUILTIN_REWARDS
+from tests.hub_cache import QWEN, offline_env
+
+ROWS = [
+    {
+        "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+        "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b:,}",
+    }
+    for a, b in [(3, 4), (12, 30), (250, 1000), (7, 8), (40, 2), (9, 9), (15, 5), (600, 700)]
+]
+
+
+def gsm8k_like(root: Path) -> Path:
+    """A dataset directory as a hub dataset repo lays it out: README front matter naming config
+    `main` and its parquet splits."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "main").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(ROWS[:6]), root / "main" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(ROWS[6:]), root / "main" / "test-00000-of-00001.parquet")
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n    path: main/train-*\n"
+        "  - split: test\n    path: main/test-*\n---\n# a GSM8K-like dataset\n"
+    )
+    return root
+
+
+def test_gsm8k_rewards_read_the_answer_after_the_last_marker():
+    answer, fmt = BUILTIN_REWARDS["gsm8k_answer"], BUILTIN_REWARDS["gsm8k_format"]
+    completions = [
+        "3 + 4 = 7\n#### 7",
+        "#### 6\nno, #### 7",
+        "The answer is 7.",
+        "#### 1,250",
+        "#### 7 apples",
+    ]
+    refs = ["7", "He has 3 + 4 = 7.\n#### 7", "7", "#### 1,250", "7"]
+    assert answer([""] * 5, completions, answer=refs) == [1.0, 1.0, 0.0, 1.0, 1.0]
+    assert fmt([""] * 5, completions) == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert answer([""], ["#### 7"], answer=["no number"]) == [None]
+
+
+def test_a_system_prompt_opens_every_prompt_and_template_variables_reach_the_template(hub_offline):
+    from transformers import AutoTokenizer
+
+    rows = [
+        {"q": "What is 2+2?"},
+        {"q": [{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}]},
+    ]
+    out = with_system_prompt(rows, "q", "Be brief.")
+    assert out[0]["q"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
+    assert out[1]["q"] == rows[1]["q"]  # its own system message kept
+    assert rows[0]["q"] == "What is 2+2?"  # the input rows untouched
+    tok = AutoTokenizer.from_pretrained(QWEN)
+    assert render_prompt(out[0]["q"], tok) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tok.chat_template = "{{ messages[0]['content'] }}{% if enable_thinking is false %}/no_think{% endif %}"
+    assert render_prompt(out[0]["q"], tok, template_kwargs={"enable_thinking": False}) == "Be brief./no_think"
+    assert render_prompt(out[0]["q"], tok) == "Be brief."
+
+
+def _grpokit(home: Path, *args: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, **offline_env(home), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+TOY = [
+    "device=cpu",
+    "dtype=float32",
+    "prompts_per_step=2",
+    "num_generations=4",
+    "micro_batch_size=8",
+    "max_prompt_length=null",
+    "max_completion_length=12",
+    "num_eval_prompts=2",
+    "eval_steps=0",
+    "save_steps=1",
+    "report_to=none",
+    "progress=false",
+    "sft_steps=2",
+    "sft_batch_size=4",
+]
+
+
+@pytest.mark.slow
+def test_the_gsm8k_preset_trains_a_hub_model_on_a_hub_layout_dataset_and_resumes(hub_home, tmp_path):
+    """`grpokit train gsm8k model=ORG/NAME dataset=DIR` at toy size, through the CLI, offline: the chat
+    template renders the system prompt, a warm start learns the bare answers, GRPO scores with the GSM8K
+    rewards, evaluation reports accuracy, every checkpoint loads with transformers' Auto classes (chat
+    template included), and resume continues the run."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data, out = gsm8k_like(tmp_path / "gsm8k_data"), tmp_path / "run"
+    common = ["gsm8k", f"model={QWEN}", f"dataset={data}", f"output_dir={out}", *TOY]
+    first = _grpokit(hub_home, "train", *common, "max_steps=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rewards/gsm8k_answer/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all("rewards/gsm8k_format/mean" in r for r in steps)
+    assert any("eval/accuracy" in r for r in rows)  # held-out accuracy on the test split
+    assert (out / "sft_metrics.jsonl").read_text().count("\n") >= 2  # the warm start ran its steps
+
+    checkpoint = out / "checkpoint-2"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    original = AutoTokenizer.from_pretrained(
+        hub_home
+        / "hub"
+        / "models--tiny-org--qwen2-chat"
+        / "snapshots"
+        / "0123456789abcdef0123456789abcdef01234567"
+    )
+    assert tokenizer.chat_template == original.chat_template and tokenizer.eos_token == "<|im_end|>"
+    assert model.generation_config.eos_token_id == [
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.pad_token_id,
+    ]
+    saved = load_file(checkpoint / "model.safetensors")
+    for name, tensor in model.state_dict().items():  # transformers reads exactly what was written
+        key = name if name in saved else "model.embed_tokens.weight"  # the tied head is stored once
+        assert torch.equal(tensor, saved[key]), name
+
+    second = _grpokit(hub_home, "train", *common, "max_steps=3", "resume=true")
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rewards/gsm8k_answer/mean" in r] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_the_trained_weights_are_what_transformers_loads(hub_offline, tmp_path):
+    """Python API with a model loaded by hub id: after training, the last checkpoint loads with
+    AutoModelForCausalLM to exactly the weights the run ended with."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.config import GRPOConfig
+    from grpokit.models import load_policy
+    from grpokit.train.grpo import train_grpo
+
+    loaded = load_policy(QWEN)
+    before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+    cfg = GRPOConfig(
+        task=None,
+        dataset=str(gsm8k_like(tmp_path / "data")),
+        dataset_config="main",
+        prompt_column="question",
+        answer_format="gsm8k",
+        system_prompt="Answer after ####.",
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        learning_rate=1e-3,
+        **{item.split("=")[0]: _value(item.split("=")[1]) for item in TOY if not item.startswith("sft")},
+    )
+    train_grpo(cfg, model=loaded.model, tokenizer=loaded.tokenizer, reward_funcs=[_longer_is_better])
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-2")
+    trained = loaded.model.state_dict()
+    assert any(not torch.equal(trained[k], before[k]) for k in before)  # it trained
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
+
+
+def _longer_is_better(completions, **_):
+    """A reward that varies within a group on a random model (GSM8K's are all 0 there)."""
+    return [float(len(c)) for c in completions]
+
+
+def _value(text: str):
+    return {"null": None, "false": False, "true": True}.get(text, int(text) if text.isdigit() else text)
