@@ -147,8 +147,8 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "sync_ref_model": ({"sync_ref_model": True, "ref_model_sync_steps": 1}, differ),
     "learning_rate": ({"learning_rate": 1e-3}, differ),
     "lr_scheduler_type": (
-        {"lr_scheduler_type": "constant"},
-        lambda b, v: v["steps"][1]["learning_rate"] > b["steps"][1]["learning_rate"],
+        {"lr_scheduler_type": "linear"},  # the base: constant, chosen for model=tiny (config/applied.py)
+        lambda b, v: v["steps"][1]["learning_rate"] < b["steps"][1]["learning_rate"],
     ),
     "warmup_steps": (
         {"warmup_steps": 4},
