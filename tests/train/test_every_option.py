@@ -129,7 +129,6 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "top_k": ({"top_k": 2}, lambda b, v: completions(v) != completions(b)),
     "min_p": ({"min_p": 0.95}, lambda b, v: completions(v) != completions(b)),
     "repetition_penalty": ({"repetition_penalty": 3.0}, lambda b, v: completions(v) != completions(b)),
-    "loss_type": ({"loss_type": "grpo"}, differ),
     "beta": ({"beta": 0.5}, differ),
     "epsilon": ({"epsilon": 0.001}, differ),
     "epsilon_high": ({"epsilon_high": 0.001}, differ),
@@ -168,6 +167,15 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
 # options whose effect needs another base run:
 # option -> (overrides of the base, overrides of the variant, reward, check)
 RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
+    # grpo (mean per sequence, then over sequences) and dapo (mean over all tokens) differ only when
+    # completions have different lengths: room for them to end at different places
+    "loss_type": (
+        {"max_completion_length": 8},
+        {"loss_type": "grpo"},
+        ones_reward,
+        lambda b, v: b["steps"][0]["completions/min_length"] < b["steps"][0]["completions/max_length"]
+        and differ(b, v),
+    ),
     # top-k draws from q = π/Z on the k likeliest tokens: the sampled tokens' π_old/q is Z < 1
     "sampling_correction": (
         {"top_k": 3},
