@@ -69,16 +69,43 @@ def top_p_filter(scores: torch.Tensor, top_p: float, candidates: int = _TOP_P_CA
             return kept.scatter(1, order, values.masked_fill(drop, -torch.inf))
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # [B, V]
     probs = torch.softmax(sorted_scores, dim=-1)
-    drop = probs.cumsum(-1) - probs > top_p  # [B, V] probability of the strictly better tokens
+    drop = blocked_cumsum(probs) - probs > top_p  # [B, V] probability of the strictly better tokens
     drop[:, 0] = False
     return scores.scatter(1, order, sorted_scores.masked_fill(drop, -torch.inf))
 
 
-def inverse_cdf(logprobs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The token whose CDF interval holds (1 − u)·total, for u ∈ [0, 1) per row. [B, V], [B] -> [B]"""
-    cdf = logprobs.exp().cumsum(-1)  # [B, V]
-    u = (1.0 - uniform)[:, None] * cdf[:, -1:]  # [B, 1] in (0, total]
-    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+def blocked_cumsum(x: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """`x.cumsum(-1)` computed as scans within blocks of `block` plus the blocks' running totals, so
+    that no scan runs over a whole vocabulary row (see `inverse_cdf`). [B, V] -> [B, V]"""
+    B, V = x.shape
+    blocks = torch.nn.functional.pad(x, (0, -V % block)).view(B, -1, block)  # [B, C, block]
+    inner = blocks.cumsum(-1)  # [B, C, block]
+    offsets = inner[:, :, -1].cumsum(-1) - inner[:, :, -1]  # [B, C] the mass of the earlier blocks
+    return (inner + offsets[:, :, None]).view(B, -1)[:, :V]
+
+
+def inverse_cdf(logprobs: torch.Tensor, uniform: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """The token whose CDF interval holds (1 − u)·total, for u ∈ [0, 1) per row. [B, V], [B] -> [B]
+
+    In two levels, so that no scan runs over the whole vocabulary (Inductor splits a long scan over
+    few rows, and its CUDA code generation for that split fails in torch 2.11): the CDF of the
+    vocabulary's blocks of `block` tokens picks a block, then the CDF inside that block picks the
+    token. A token of probability 0 is never drawn: the target is clamped into the chosen block's
+    mass, whose first token reaching it has positive probability.
+    """
+    B, V = logprobs.shape
+    probs = logprobs.exp()  # [B, V]
+    padded = torch.nn.functional.pad(probs, (0, -V % block))  # [B, C·block], zeros at the end
+    blocks = padded.view(B, -1, block)  # [B, C, block]
+    C = blocks.shape[1]
+    outer = blocks.sum(-1).cumsum(-1)  # [B, C]
+    u = (1.0 - uniform)[:, None] * outer[:, -1:]  # [B, 1] in (0, total]
+    chosen = torch.searchsorted(outer, u).clamp(max=C - 1)  # [B, 1]
+    before = torch.where(chosen > 0, outer.gather(1, (chosen - 1).clamp(min=0)), 0.0)  # [B, 1]
+    inner = blocks.gather(1, chosen[:, :, None].expand(B, 1, block)).squeeze(1).cumsum(-1)  # [B, block]
+    target = torch.minimum(u - before, inner[:, -1:])  # [B, 1] within the block's mass
+    token = chosen * block + torch.searchsorted(inner, target).clamp(max=block - 1)  # [B, 1]
+    return token.squeeze(-1).clamp(max=V - 1)
 
 
 @dataclass(frozen=True)

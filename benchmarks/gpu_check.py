@@ -1,0 +1,249 @@
+"""The whole GPU verdict in one command (issue 28): every GPU check and goal of grpokit, each part in
+its own process under its own time budget, so that one failure or hang does not hide the rest.
+
+Parts (budgets in seconds; the sum stays under 9 minutes on one H100):
+
+* `pytest_gpu` (120): `pytest -m gpu tests/gpu`, the CPU-parity and learning tests on CUDA;
+* `decode` (150): `decode_loops.py --setup 0.5b`, the decode loops at a 0.47B Llama's shape against
+  transformers' `generate` at 64 and 512 rows: tokens/s, ratio to `generate`, weight-read floor;
+* `throughput` (70): `gpu_throughput.py`, model FLOPs utilisation of the update and reference passes;
+* `vs_trl` (160): `gpu_vs_trl.py`, 8×8×256 against TRL 1.16 (each in its own child): step time and
+  peak memory ratios;
+* `train_bf16` (40): a bf16 GRPO run of a tiny model on the '1'-share reward, whose reward must rise.
+
+Writes `benchmarks/results/gpu_check.json` (device, torch and CUDA versions, every figure, each goal
+met or not, each failure with its message) and prints a table. `--smoke` runs the same parts at toy
+size on the CPU (the test suite does); its verdict says nothing about a GPU.
+
+    python benchmarks/gpu_check.py [--smoke] [--only PART,...] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+# Issue 28's goals, each a (part, figure, comparison, bound).
+GOALS = {
+    "sampling_tokens_per_s_64_rows_at_least_40000": ("decode", "best_tokens_per_s_64", ">=", 40000.0),
+    "sampling_vs_generate_64_rows_at_least_8": ("decode", "best_vs_generate_64", ">=", 8.0),
+    "update_mfu_at_least_0.30": ("throughput", "update_mfu", ">=", 0.30),
+    "reference_mfu_at_least_0.40": ("throughput", "reference_mfu", ">=", 0.40),
+    "step_time_vs_trl_at_most_0.25": ("vs_trl", "step_time_ratio", "<=", 0.25),
+    "peak_memory_vs_trl_at_most_0.5": ("vs_trl", "peak_memory_ratio", "<=", 0.5),
+    "bf16_reward_rises": ("train_bf16", "reward_gain", ">", 0.2),
+}
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip() and "DEBUG" not in line]
+    return "\n".join(kept[-lines:])
+
+
+def _parts(smoke: bool, work: Path) -> tuple[dict[str, list[str]], dict[str, Path]]:
+    """Each part's command, and where the parts that write a JSON write it (pytest: read its output)."""
+    py = sys.executable
+    out = {name: work / f"{name}.json" for name in ("decode", "throughput", "vs_trl", "train_bf16")}
+    decode = ["--setup", "tiny", "--rows", "8", "--repeats", "1"] if smoke else ["--setup", "0.5b"]
+    throughput = ["--size", "tiny", "--device", "cpu", "--repeats", "1"] if smoke else []
+    size = ["--smoke"] if smoke else []
+    return {
+        "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider"],
+        "decode": [py, str(BENCH / "decode_loops.py"), *decode, "--out", str(out["decode"])],
+        "throughput": [py, str(BENCH / "gpu_throughput.py"), *throughput, "--out", str(out["throughput"])],
+        "vs_trl": [py, str(BENCH / "gpu_vs_trl.py"), *size, "--out", str(out["vs_trl"])],
+        "train_bf16": [py, __file__, "--child", "train_bf16", *size, "--out", str(out["train_bf16"])],
+    }, out
+
+
+BUDGETS = {"pytest_gpu": 120, "decode": 150, "throughput": 70, "vs_trl": 160, "train_bf16": 40}
+
+
+def run_part(name: str, argv: list[str], budget: float, json_path: Path | None) -> dict[str, Any]:
+    """Runs one part; returns its figures, or its failure (exit status, timeout, last lines)."""
+    start = time.perf_counter()
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    try:
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget)
+    except subprocess.TimeoutExpired as stopped:
+        output = (stopped.stdout or b"").decode() if isinstance(stopped.stdout, bytes) else stopped.stdout or ""
+        return {"ok": False, "seconds": round(time.perf_counter() - start, 1),
+                "error": f"over its budget of {budget} s", "output_tail": _tail(output)}  # fmt: skip
+    result: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1)}
+    output = done.stdout + "\n" + done.stderr
+    try:
+        figures = SUMMARIES[name](json.loads(json_path.read_text()) if json_path else output)
+    except Exception as error:  # noqa: BLE001 - recorded, and the next part still runs
+        figures = {"summary_error": f"{type(error).__name__}: {error}"}
+    result |= figures
+    result["ok"] = done.returncode == 0 and "summary_error" not in figures and not figures.get("failed")
+    if not result["ok"]:
+        result["error"] = f"exit status {done.returncode}" if done.returncode else "see the figures"
+        result["output_tail"] = _tail(output, 12)
+    return result
+
+
+def summarise_pytest(output: str) -> dict[str, Any]:
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", output)}
+    failures = re.findall(r"^FAILED (\S+)", output, flags=re.M)
+    return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0)
+            + counts.get("errors", 0), "skipped": counts.get("skipped", 0), "failures": failures}  # fmt: skip
+
+
+def summarise_decode(result: dict[str, Any]) -> dict[str, Any]:
+    figures: dict[str, Any] = {"rows": {}}
+    for run in result["runs"]:
+        loops = {k: v for k, v in run["loops"].items() if k != "generate"}
+        best = max(loops, key=lambda k: loops[k]["tokens_per_s"])
+        figures["rows"][run["rows"]] = {
+            loop: {key: entry.get(key) for key in ("tokens_per_s", "vs_generate", "weight_read_floor_fraction")}
+            for loop, entry in run["loops"].items()
+        } | {"best": best}
+        figures[f"best_tokens_per_s_{run['rows']}"] = loops[best]["tokens_per_s"]
+        figures[f"best_vs_generate_{run['rows']}"] = loops[best]["vs_generate"]
+    return figures
+
+
+def summarise_throughput(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "sampling_tokens_per_s": result["sampling"]["tokens_per_second"],
+        "update_mfu": result["policy_update"]["mfu"],
+        "reference_mfu": result["reference_pass"]["mfu"],
+        "decode_loop": result["decode_loop"],
+        "peak_tflops": result["peak_tflops"],
+    }
+
+
+def summarise_vs_trl(result: dict[str, Any]) -> dict[str, Any]:
+    ours, trl = result["grpokit"], result["trl"]
+    return {
+        "grpokit_step_s": ours["step_time"]["median"],
+        "trl_step_s": None if trl.get("out_of_memory") else trl["step_time"]["median"],
+        "step_time_ratio": result.get("step_time_ratio"),
+        "peak_memory_ratio": result.get("peak_memory_ratio"),
+        "grpokit_peak_bytes": ours.get("max_memory_allocated_bytes"),
+        "trl_peak_bytes": trl.get("max_memory_allocated_bytes"),
+        "grpokit_phases_s": {k: v["median"] for k, v in ours.get("phases", {}).items()},
+    }
+
+
+def summarise_train(result: dict[str, Any]) -> dict[str, Any]:
+    return result
+
+
+SUMMARIES = {
+    "pytest_gpu": summarise_pytest,
+    "decode": summarise_decode,
+    "throughput": summarise_throughput,
+    "vs_trl": summarise_vs_trl,
+    "train_bf16": summarise_train,
+}
+
+
+def train_bf16(smoke: bool, out: Path) -> int:
+    """A tiny model, bf16 autocast with float32 master weights, rewarded for the share of '1'
+    characters; writes the per-step rewards and the gain of the last 5 steps over the first 5."""
+    import torch
+
+    from grpokit.config import GRPOConfig
+    from grpokit.train.grpo import train_grpo
+
+    def ones(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        return [c.count("1") / max(len(c), 1) for c in completions]
+
+    device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GRPOConfig(
+            output_dir=tmp, task="addition", model="tiny", seed=3, tiny_hidden_size=16, tiny_num_layers=1,
+            tiny_num_heads=2, tiny_intermediate_size=32, max_steps=10 if smoke else 30, prompts_per_step=8,
+            num_generations=4, micro_batch_size=32, max_completion_length=4, num_eval_prompts=4, eval_steps=0,
+            save_steps=0, log_completions_steps=0, learning_rate=3e-2, progress=False, device=device,
+            dtype="bfloat16",
+        )  # fmt: skip
+        run = train_grpo(config, reward_funcs=[ones])
+        rows = [json.loads(line) for line in (Path(run.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rewards = [row["reward"] for row in rows if "reward" in row]
+    gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+    out.write_text(json.dumps({"device": device, "steps": len(rewards), "rewards": rewards, "reward_gain": gain}))
+    return 0
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def _goals(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    goals = {}
+    for name, (part, figure, op, bound) in GOALS.items():
+        value = parts.get(part, {}).get(figure)
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound if op == "<=" else value > bound)
+        goals[name] = {"value": value, "bound": f"{op} {bound}", "met": met}
+    return goals
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    print(f"\ngpu_check on {result['machine']['device']} (torch {result['machine']['torch']}, "
+          f"CUDA {result['machine']['cuda']}), {result['machine']['date']}{' [smoke]' if result['smoke'] else ''}")  # fmt: skip
+    print(f"{'part':<12} {'ok':<5} {'s':>6}  note")
+    for name, part in result["parts"].items():
+        note = part.get("error", "") or ""
+        if name == "pytest_gpu":
+            note = f"{part.get('passed')} passed, {part.get('failed')} failed, {part.get('skipped')} skipped " + note
+        print(f"{name:<12} {str(part['ok']):<5} {part['seconds']:>6}  {note}")
+    print(f"\n{'goal':<48} {'value':>12} {'bound':>12}  met")
+    for name, goal in result["goals"].items():
+        value = goal["value"]
+        shown = "-" if value is None else f"{value:.4g}"
+        print(f"{name:<48} {shown:>12} {goal['bound']:>12}  {goal['met']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="every part at toy size on the CPU")
+    parser.add_argument("--only", default=None, help="comma-separated parts (default: all)")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_check.json (none with --smoke)")
+    parser.add_argument("--child", choices=["train_bf16"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return train_bf16(args.smoke, Path(args.out))
+    with tempfile.TemporaryDirectory() as tmp:
+        commands, outputs = _parts(args.smoke, Path(tmp))
+        chosen = args.only.split(",") if args.only else list(commands)
+        unknown = sorted(set(chosen) - set(commands))
+        if unknown:
+            parser.error(f"unknown part(s) {unknown}; the parts are {list(commands)}")
+        parts = {}
+        for name in chosen:
+            print(f"[gpu_check] {name} (budget {BUDGETS[name]} s) ...", flush=True)
+            parts[name] = run_part(name, commands[name], BUDGETS[name], outputs.get(name))
+            print(f"[gpu_check] {name}: {'ok' if parts[name]['ok'] else 'FAILED'} in {parts[name]['seconds']} s", flush=True)
+    result = {"machine": _machine(), "smoke": args.smoke, "parts": parts, "goals": _goals(parts)}
+    out = args.out or (None if args.smoke else str(BENCH / "results" / "gpu_check.json"))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2, default=str))
+    _print_table(result)
+    return 0 if all(part["ok"] for part in parts.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
