@@ -3,13 +3,13 @@ its own process under its own time budget, so that one failure or hang does not 
 
 Parts (budgets in seconds; the sum stays under 9 minutes on one H100):
 
-* `pytest_gpu` (120): `pytest -m gpu tests/gpu`, the CPU-parity and learning tests on CUDA;
-* `decode` (150): `decode_loops.py --setup 0.5b`, the decode loops at a 0.47B Llama's shape against
+* `pytest_gpu` (110): `pytest -m gpu tests/gpu`, the CPU-parity and learning tests on CUDA;
+* `decode` (120): `decode_loops.py --setup 0.5b`, the decode loops at a 0.47B Llama's shape against
   transformers' `generate` at 64 and 512 rows: tokens/s, ratio to `generate`, weight-read floor;
-* `throughput` (70): `gpu_throughput.py`, model FLOPs utilisation of the update and reference passes;
-* `vs_trl` (160): `gpu_vs_trl.py`, 8×8×256 against TRL 1.16 (each in its own child): step time and
+* `throughput` (75): `gpu_throughput.py`, model FLOPs utilisation of the update and reference passes;
+* `vs_trl` (170): `gpu_vs_trl.py`, 8×8×256 against TRL 1.16 (each in its own child): step time and
   peak memory ratios;
-* `train_bf16` (40): a bf16 GRPO run of a tiny model on the '1'-share reward, whose reward must rise.
+* `train_bf16` (70): a bf16 GRPO run of a tiny model on the '1'-share reward, whose reward must rise.
 
 Writes `benchmarks/results/gpu_check.json` (device, torch and CUDA versions, every figure, each goal
 met or not, each failure with its message) and prints a table. `--smoke` runs the same parts at toy
@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,45 +52,69 @@ def _tail(text: str, lines: int = 6) -> str:
     return "\n".join(kept[-lines:])
 
 
-def _parts(smoke: bool, work: Path) -> tuple[dict[str, list[str]], dict[str, Path]]:
+def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list[str]], dict[str, Path]]:
     """Each part's command, and where the parts that write a JSON write it (pytest: read its output)."""
     py = sys.executable
     out = {name: work / f"{name}.json" for name in ("decode", "throughput", "vs_trl", "train_bf16")}
-    decode = ["--setup", "tiny", "--rows", "8", "--repeats", "1"] if smoke else ["--setup", "0.5b"]
+    # the GPU decode run keeps the eager loop (the baseline) and the CUDA-graph one (the fastest)
+    decode = (
+        ["--setup", "tiny", "--rows", "8"] if smoke else ["--setup", "0.5b", "--loops", "eager,cuda_graph"]
+    )
     throughput = ["--size", "tiny", "--device", "cpu", "--repeats", "1"] if smoke else []
-    size = ["--smoke"] if smoke else []
+    throughput += ["--profile", str(profile)] if profile else []
+    size = ["--smoke"] if smoke else ["--steps", "5", "--warmup", "2"]
     return {
         "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider"],
-        "decode": [py, str(BENCH / "decode_loops.py"), *decode, "--out", str(out["decode"])],
+        "decode": [
+            py,
+            str(BENCH / "decode_loops.py"),
+            *decode,
+            "--repeats",
+            "2",
+            "--out",
+            str(out["decode"]),
+        ],
         "throughput": [py, str(BENCH / "gpu_throughput.py"), *throughput, "--out", str(out["throughput"])],
         "vs_trl": [py, str(BENCH / "gpu_vs_trl.py"), *size, "--out", str(out["vs_trl"])],
         "train_bf16": [py, __file__, "--child", "train_bf16", *size, "--out", str(out["train_bf16"])],
     }, out
 
 
-BUDGETS = {"pytest_gpu": 120, "decode": 150, "throughput": 70, "vs_trl": 160, "train_bf16": 40}
+BUDGETS = {"pytest_gpu": 110, "decode": 120, "throughput": 75, "vs_trl": 170, "train_bf16": 70}
 
 
 def run_part(name: str, argv: list[str], budget: float, json_path: Path | None) -> dict[str, Any]:
     """Runs one part; returns its figures, or its failure (exit status, timeout, last lines)."""
     start = time.perf_counter()
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    try:
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget)
-    except subprocess.TimeoutExpired as stopped:
-        output = (stopped.stdout or b"").decode() if isinstance(stopped.stdout, bytes) else stopped.stdout or ""
-        return {"ok": False, "seconds": round(time.perf_counter() - start, 1),
-                "error": f"over its budget of {budget} s", "output_tail": _tail(output)}  # fmt: skip
+    with tempfile.TemporaryFile("w+") as log:  # a file, so that a part stopped at its budget keeps its output
+        child = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code: int | None = child.wait(timeout=budget)
+        except subprocess.TimeoutExpired:  # the part and every process it started
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = None
+        log.seek(0)
+        output = log.read()
+    if code is None:
+        return {
+            "ok": False,
+            "seconds": round(time.perf_counter() - start, 1),
+            "error": f"over its budget of {budget} s",
+            "output_tail": _tail(output, 12),
+        }
     result: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1)}
-    output = done.stdout + "\n" + done.stderr
     try:
         figures = SUMMARIES[name](json.loads(json_path.read_text()) if json_path else output)
     except Exception as error:  # noqa: BLE001 - recorded, and the next part still runs
         figures = {"summary_error": f"{type(error).__name__}: {error}"}
     result |= figures
-    result["ok"] = done.returncode == 0 and "summary_error" not in figures and not figures.get("failed")
+    result["ok"] = code == 0 and "summary_error" not in figures and not figures.get("failed")
     if not result["ok"]:
-        result["error"] = f"exit status {done.returncode}" if done.returncode else "see the figures"
+        result["error"] = f"exit status {code}" if code else "see the figures"
         result["output_tail"] = _tail(output, 12)
     return result
 
@@ -97,8 +122,12 @@ def run_part(name: str, argv: list[str], budget: float, json_path: Path | None) 
 def summarise_pytest(output: str) -> dict[str, Any]:
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", output)}
     failures = re.findall(r"^FAILED (\S+)", output, flags=re.M)
-    return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0)
-            + counts.get("errors", 0), "skipped": counts.get("skipped", 0), "failures": failures}  # fmt: skip
+    return {
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
+        "skipped": counts.get("skipped", 0),
+        "failures": failures,
+    }
 
 
 def summarise_decode(result: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +136,9 @@ def summarise_decode(result: dict[str, Any]) -> dict[str, Any]:
         loops = {k: v for k, v in run["loops"].items() if k != "generate"}
         best = max(loops, key=lambda k: loops[k]["tokens_per_s"])
         figures["rows"][run["rows"]] = {
-            loop: {key: entry.get(key) for key in ("tokens_per_s", "vs_generate", "weight_read_floor_fraction")}
+            loop: {
+                key: entry.get(key) for key in ("tokens_per_s", "vs_generate", "weight_read_floor_fraction")
+            }
             for loop, entry in run["loops"].items()
         } | {"best": best}
         figures[f"best_tokens_per_s_{run['rows']}"] = loops[best]["tokens_per_s"]
@@ -165,17 +196,37 @@ def train_bf16(smoke: bool, out: Path) -> int:
     device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
-            output_dir=tmp, task="addition", model="tiny", seed=3, tiny_hidden_size=16, tiny_num_layers=1,
-            tiny_num_heads=2, tiny_intermediate_size=32, max_steps=10 if smoke else 30, prompts_per_step=8,
-            num_generations=4, micro_batch_size=32, max_completion_length=4, num_eval_prompts=4, eval_steps=0,
-            save_steps=0, log_completions_steps=0, learning_rate=3e-2, progress=False, device=device,
+            output_dir=tmp,
+            task="addition",
+            model="tiny",
+            seed=3,
+            tiny_hidden_size=16,
+            tiny_num_layers=1,
+            tiny_num_heads=2,
+            tiny_intermediate_size=32,
+            max_steps=10 if smoke else 30,
+            prompts_per_step=8,
+            num_generations=4,
+            micro_batch_size=32,
+            max_completion_length=4,
+            num_eval_prompts=4,
+            eval_steps=0,
+            save_steps=0,
+            log_completions_steps=0,
+            learning_rate=3e-2,
+            progress=False,
+            device=device,
             dtype="bfloat16",
-        )  # fmt: skip
+        )
         run = train_grpo(config, reward_funcs=[ones])
-        rows = [json.loads(line) for line in (Path(run.output_dir) / "metrics.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line) for line in (Path(run.output_dir) / "metrics.jsonl").read_text().splitlines()
+        ]
     rewards = [row["reward"] for row in rows if "reward" in row]
     gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
-    out.write_text(json.dumps({"device": device, "steps": len(rewards), "rewards": rewards, "reward_gain": gain}))
+    out.write_text(
+        json.dumps({"device": device, "steps": len(rewards), "rewards": rewards, "reward_gain": gain})
+    )
     return 0
 
 
@@ -195,19 +246,29 @@ def _goals(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     goals = {}
     for name, (part, figure, op, bound) in GOALS.items():
         value = parts.get(part, {}).get(figure)
-        met = None if value is None else (value >= bound if op == ">=" else value <= bound if op == "<=" else value > bound)
+        met = (
+            None
+            if value is None
+            else (value >= bound if op == ">=" else value <= bound if op == "<=" else value > bound)
+        )
         goals[name] = {"value": value, "bound": f"{op} {bound}", "met": met}
     return goals
 
 
 def _print_table(result: dict[str, Any]) -> None:
-    print(f"\ngpu_check on {result['machine']['device']} (torch {result['machine']['torch']}, "
-          f"CUDA {result['machine']['cuda']}), {result['machine']['date']}{' [smoke]' if result['smoke'] else ''}")  # fmt: skip
+    machine, smoke = result["machine"], " [smoke]" if result["smoke"] else ""
+    print(
+        f"\ngpu_check on {machine['device']} (torch {machine['torch']}, CUDA {machine['cuda']}), "
+        f"{machine['date']}{smoke}"
+    )
     print(f"{'part':<12} {'ok':<5} {'s':>6}  note")
     for name, part in result["parts"].items():
         note = part.get("error", "") or ""
         if name == "pytest_gpu":
-            note = f"{part.get('passed')} passed, {part.get('failed')} failed, {part.get('skipped')} skipped " + note
+            note = (
+                f"{part.get('passed')} passed, {part.get('failed')} failed, {part.get('skipped')} skipped "
+                + note
+            )
         print(f"{name:<12} {str(part['ok']):<5} {part['seconds']:>6}  {note}")
     print(f"\n{'goal':<48} {'value':>12} {'bound':>12}  met")
     for name, goal in result["goals"].items():
@@ -220,13 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every part at toy size on the CPU")
     parser.add_argument("--only", default=None, help="comma-separated parts (default: all)")
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_check.json (none with --smoke)")
+    parser.add_argument(
+        "--out", default=None, help="default: benchmarks/results/gpu_check.json (none with --smoke)"
+    )
+    parser.add_argument("--profile", default=None, help="the throughput part's profiler table, written here")
     parser.add_argument("--child", choices=["train_bf16"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return train_bf16(args.smoke, Path(args.out))
     with tempfile.TemporaryDirectory() as tmp:
-        commands, outputs = _parts(args.smoke, Path(tmp))
+        commands, outputs = _parts(args.smoke, Path(tmp), args.profile)
         chosen = args.only.split(",") if args.only else list(commands)
         unknown = sorted(set(chosen) - set(commands))
         if unknown:
@@ -235,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in chosen:
             print(f"[gpu_check] {name} (budget {BUDGETS[name]} s) ...", flush=True)
             parts[name] = run_part(name, commands[name], BUDGETS[name], outputs.get(name))
-            print(f"[gpu_check] {name}: {'ok' if parts[name]['ok'] else 'FAILED'} in {parts[name]['seconds']} s", flush=True)
+            verdict = "ok" if parts[name]["ok"] else "FAILED"
+            print(f"[gpu_check] {name}: {verdict} in {parts[name]['seconds']} s", flush=True)
     result = {"machine": _machine(), "smoke": args.smoke, "parts": parts, "goals": _goals(parts)}
     out = args.out or (None if args.smoke else str(BENCH / "results" / "gpu_check.json"))
     if out:

@@ -62,6 +62,22 @@ def timed(fn: Any, repeats: int, sync: Any) -> dict[str, float]:
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
+def profile_table(pieces: dict[str, Any], sync: Any) -> str:
+    """torch.profiler's operator table (by device time, else CPU time) of one reference pass and one
+    policy update, each under its own label."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for key in ("reference_pass", "policy_update"):
+            with record_function(key):
+                pieces[key][0]()
+            sync()
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -86,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_throughput_<size>.json")
+    parser.add_argument(
+        "--profile", default=None, help="write a profiler table of one reference pass and update"
+    )
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -194,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             "model_tflops": achieved / 1e12,
             "mfu": achieved / (peak * 1e12) if peak and cuda else None,
         }
+    if args.profile:
+        Path(args.profile).write_text(profile_table(pieces, sync))
     if cuda:
         results["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     out = Path(args.out or f"benchmarks/results/gpu_throughput_{args.size}.json")
