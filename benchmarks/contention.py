@@ -30,7 +30,15 @@ from pathlib import Path
 
 def launch(run_dir: Path, arm: str, extra: list[str]) -> tuple[subprocess.Popen, float]:
     env = dict(os.environ)
-    cmd = [sys.executable, "-m", "grpokit", "train", f"output_dir={run_dir}", "overwrite=true", "progress=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpokit",
+        "train",
+        f"output_dir={run_dir}",
+        "overwrite=true",
+        "progress=false",
+    ]
     if arm.startswith("env:"):
         _, threads, *policy = arm.split(":")
         env["OMP_NUM_THREADS"] = threads
@@ -38,7 +46,9 @@ def launch(run_dir: Path, arm: str, extra: list[str]) -> tuple[subprocess.Popen,
             env["OMP_WAIT_POLICY"] = policy[0].upper()
     else:
         cmd.append(f"num_threads={'null' if arm == 'auto' else arm}")
-    process = subprocess.Popen([*cmd, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [*cmd, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     return process, time.perf_counter()
 
 

@@ -62,7 +62,8 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
     )
     throughput = ["--size", "tiny", "--device", "cpu", "--repeats", "1"] if smoke else []
     throughput += ["--profile", str(profile)] if profile else []
-    size = ["--smoke"] if smoke else ["--steps", "5", "--warmup", "2"]
+    size = ["--smoke"] if smoke else []
+    trl_steps = [] if smoke else ["--steps", "5", "--warmup", "2"]
     return {
         "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider"],
         "decode": [
@@ -75,7 +76,7 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
             str(out["decode"]),
         ],
         "throughput": [py, str(BENCH / "gpu_throughput.py"), *throughput, "--out", str(out["throughput"])],
-        "vs_trl": [py, str(BENCH / "gpu_vs_trl.py"), *size, "--out", str(out["vs_trl"])],
+        "vs_trl": [py, str(BENCH / "gpu_vs_trl.py"), *size, *trl_steps, "--out", str(out["vs_trl"])],
         "train_bf16": [py, __file__, "--child", "train_bf16", *size, "--out", str(out["train_bf16"])],
     }, out
 

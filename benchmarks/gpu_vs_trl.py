@@ -242,6 +242,14 @@ def _memory(device: str) -> dict[str, Any]:
     return out
 
 
+def _version(package: str) -> str | None:
+    """The installed version; None for a package on the path but not installed (a source checkout)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def machine(device: str) -> dict[str, Any]:
     import torch
 
@@ -249,9 +257,9 @@ def machine(device: str) -> dict[str, Any]:
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
-        "transformers": metadata.version("transformers"),
-        "trl": metadata.version("trl"),
-        "grpokit": metadata.version("grpokit"),
+        "transformers": _version("transformers"),
+        "trl": _version("trl"),
+        "grpokit": _version("grpokit"),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
     }
