@@ -1,15 +1,15 @@
 """The whole GPU verdict in one command (issue 28): every GPU check and goal of grpokit, each part in
 its own process under its own time budget, so that one failure or hang does not hide the rest.
 
-Parts (budgets in seconds; the sum stays under 9 minutes on one H100):
+Parts (budgets in seconds, 8 min 50 s in all: the whole check stays under 9 minutes on one H100):
 
-* `pytest_gpu` (110): `pytest -m gpu tests/gpu`, the CPU-parity and learning tests on CUDA;
-* `decode` (120): `decode_loops.py --setup 0.5b`, the decode loops at a 0.47B Llama's shape against
+* `pytest_gpu` (100): `pytest -m gpu tests/gpu`, the CPU-parity and learning tests on CUDA;
+* `decode` (160): `decode_loops.py --setup 0.5b`, the decode loops at a 0.47B Llama's shape against
   transformers' `generate` at 64 and 512 rows: tokens/s, ratio to `generate`, weight-read floor;
-* `throughput` (75): `gpu_throughput.py`, model FLOPs utilisation of the update and reference passes;
-* `vs_trl` (170): `gpu_vs_trl.py`, 8×8×256 against TRL 1.16 (each in its own child): step time and
+* `throughput` (65): `gpu_throughput.py`, model FLOPs utilisation of the update and reference passes;
+* `vs_trl` (150): `gpu_vs_trl.py`, 8×8×256 against TRL 1.16 (each in its own child): step time and
   peak memory ratios;
-* `train_bf16` (70): a bf16 GRPO run of a tiny model on the '1'-share reward, whose reward must rise.
+* `train_bf16` (55): a bf16 GRPO run of a tiny model on the '1'-share reward, whose reward must rise.
 
 Writes `benchmarks/results/gpu_check.json` (device, torch and CUDA versions, every figure, each goal
 met or not, each failure with its message) and prints a table. `--smoke` runs the same parts at toy
@@ -63,7 +63,7 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
     throughput = ["--size", "tiny", "--device", "cpu", "--repeats", "1"] if smoke else []
     throughput += ["--profile", str(profile)] if profile else []
     size = ["--smoke"] if smoke else []
-    trl_steps = [] if smoke else ["--steps", "5", "--warmup", "2"]
+    trl_steps = [] if smoke else ["--steps", "4", "--warmup", "1"]
     return {
         "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider"],
         "decode": [
@@ -81,7 +81,9 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
     }, out
 
 
-BUDGETS = {"pytest_gpu": 110, "decode": 120, "throughput": 75, "vs_trl": 170, "train_bf16": 70}
+# Seen on an H100 (2026-11-24): pytest_gpu 88-92 s, throughput 54 s (over 75 s with --profile),
+# vs_trl 135 s at 4 steps; decode went past 120 s at 2 repeats and train_bf16 has not run there yet.
+BUDGETS = {"pytest_gpu": 100, "decode": 160, "throughput": 65, "vs_trl": 150, "train_bf16": 55}
 
 
 def run_part(name: str, argv: list[str], budget: float, json_path: Path | None) -> dict[str, Any]:

@@ -132,3 +132,50 @@ def test_decode_loops_script_runs_on_a_tiny_model(tmp_path):
     assert run["rows"] == 32 and set(run["loops"]) == {"eager", "static", "generate"}
     assert run["loops"]["eager"]["vs_eager"] == 1.0 and run["loops"]["generate"]["vs_generate"] == 1.0
     assert all(v["tokens_per_s"] > 0 and "weight_read_floor_fraction" not in v for v in run["loops"].values())
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT.parent / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_reads_pytest_counts_and_judges_goals():
+    """The pytest summary line and FAILED lines become counts and names; a goal is met, missed, or
+    None when its part did not report the figure (never met by default)."""
+    module = _gpu_check()
+    text = "FAILED tests/gpu/test_gpu.py::test_a - boom\n=== 1 failed, 9 passed, 2 skipped in 55.6s ==="
+    assert module.summarise_pytest(text) == {
+        "passed": 9, "failed": 1, "skipped": 2, "failures": ["tests/gpu/test_gpu.py::test_a"],
+    }  # fmt: skip
+    goals = module._goals({"vs_trl": {"step_time_ratio": 0.17, "peak_memory_ratio": 0.95}})
+    assert goals["step_time_vs_trl_at_most_0.25"]["met"] is True
+    assert goals["peak_memory_vs_trl_at_most_0.5"]["met"] is False
+    assert goals["update_mfu_at_least_0.30"] == {"value": None, "bound": ">= 0.3", "met": None}
+
+
+def test_gpu_check_stops_a_part_at_its_budget_with_its_output(tmp_path):
+    """A part over its budget is killed with the processes it started, and its last lines are kept."""
+    import sys
+
+    module = _gpu_check()
+    script = "import subprocess, sys, time; print('started', flush=True); time.sleep(30)"
+    part = module.run_part("train_bf16", [sys.executable, "-c", script], 2, tmp_path / "none.json")
+    assert part["ok"] is False and part["error"] == "over its budget of 2 s"
+    assert part["output_tail"] == "started" and part["seconds"] < 10
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
+    """`--smoke`: every part runs at toy size on the CPU and reports its figures; the bf16 run's
+    reward rises (a CPU fact here, checked on a GPU by the real run)."""
+    out = tmp_path / "check.json"
+    assert _gpu_check().main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True and result["machine"]["device"] == "cpu"
+    assert set(result["parts"]) == {"pytest_gpu", "decode", "throughput", "vs_trl", "train_bf16"}
+    assert all(part["ok"] for part in result["parts"].values()), result["parts"]
+    assert result["parts"]["pytest_gpu"]["passed"] == 0  # no CUDA here: the GPU tests skip
+    assert result["parts"]["decode"]["best_tokens_per_s_8"] > 0
+    assert result["goals"]["bf16_reward_rises"]["met"] is True
