@@ -179,3 +179,18 @@ def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
     assert result["parts"]["pytest_gpu"]["passed"] == 0  # no CUDA here: the GPU tests skip
     assert result["parts"]["decode"]["best_tokens_per_s_8"] > 0
     assert result["goals"]["bf16_reward_rises"]["met"] is True
+
+
+def test_packed_pass_benchmark_runs_and_records_the_auto_choice(tmp_path):
+    """benchmarks/packed_pass.py on its first case (no padding): every route timed, the token counts
+    by hand, and the auto rule declines to pack a batch without padding."""
+    spec = importlib.util.spec_from_file_location("packed_pass", SCRIPT.parent / "packed_pass.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "packed.json"
+    assert module.main(["--cases", "1", "--repeats", "1", "--out", str(out)]) == 0
+    (case,) = json.loads(out.read_text())["cases"]
+    assert set(case["median_s"]) == {"shared", "padded", "padding_free"}
+    assert all(t > 0 for t in case["median_s"].values())
+    assert case["tokens"] == {"shared": 2 * 32 + 16 * 128, "padded": 16 * 160, "padding_free": 2 * 32 + 16 * 128}
+    assert case["real_completion_share"] == 1.0 and case["auto_takes_padding_free"] is False

@@ -206,6 +206,76 @@ class LeanLlamaDecoder:
         suffix_hidden, _ = self._run(suffix_ids[:, :-1], key_mask[:, :-1], None, past=kv)  # [B, T-1, H]
         return torch.cat([last, suffix_hidden], dim=1)  # [B, T, H]
 
+    def padding_free(
+        self,
+        prefix_ids: torch.Tensor,
+        prefix_mask: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        suffix_mask: torch.Tensor,
+        group_size: int,
+    ) -> torch.Tensor:
+        """`shared_prefix` without the completions' padding: each prefix is run once per group of
+        `group_size` rows, then the attended suffix tokens of all rows are packed into one sequence of
+        N tokens for the embeddings, projections, MLPs and norms (no padding multiplied), and attention
+        runs over each row's segment (its offsets in the pack, cu_seqlens-style) padded only to the
+        longest segment, with its prefix's keys in front. Positions are those of the padded rows, so
+        the states equal the padded pass's to float32 round-off; differentiable.
+
+        prefix_ids, prefix_mask: [P, Lp] (left-padded); suffix_ids, suffix_mask: [P·G, T] (a row's
+        attended tokens come first). -> [P·G, T, H]; a state after a padding token is 0.
+        """
+        device = self.device  # inputs may come from the host: everything runs where the weights are
+        prefix_ids, suffix_ids = prefix_ids.to(device), suffix_ids.to(device)
+        prefix_mask = prefix_mask.to(device=device, dtype=torch.bool)
+        inputs = suffix_mask.to(device=device, dtype=torch.bool)[
+            :, :-1
+        ]  # [B, T-1]: the last token scores nothing
+        G, Lp, (B, T) = group_size, prefix_ids.shape[1], suffix_ids.shape
+        prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, keep_kv=True)  # [P, Lp, H]
+        last = prefix_hidden[:, -1:].repeat_interleave(G, 0)  # [B, 1, H] scores suffix token 0
+        pack = _pack_layout(inputs)
+        if pack.flat.numel() == 0:  # no completion has a second token
+            return torch.cat([last, last.new_zeros(B, T - 1, last.shape[-1])], dim=1)
+        tokens = suffix_ids[:, :-1].reshape(-1)[pack.flat][None]  # [1, N]
+        positions = (Lp + pack.flat % (T - 1))[None]  # [1, N]: the padded rows' positions
+        hidden = F.embedding(tokens, self.llama.embed_tokens.weight)  # [1, N, H]
+        cos, sin = self._cos_sin(hidden, positions, Lp + T)  # [1, N, d] each
+        W, h, d = pack.width, self.num_heads, self.head_dim
+        slots = torch.arange(W, device=device)  # [W]
+        own = (slots[None, :] <= slots[:, None])[None] & (slots[None, :] < pack.lengths[:, None])[:, None, :]
+        own = own | torch.eye(W, dtype=torch.bool, device=device)[None]  # [B, W, W]; padding sees itself
+        sees = prefix_mask.repeat_interleave(G, 0)[:, None, :].expand(B, W, Lp)  # [B, W, Lp]
+        allowed = torch.cat([sees, own], dim=2)[:, None]  # [B, 1, W, Lp+W]
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=device).masked_fill_(
+            ~allowed, -torch.inf
+        )
+        past = [(k.repeat_interleave(G, 0), v.repeat_interleave(G, 0)) for k, v in kv]  # [B, kv, Lp, d] each
+
+        def segments(x: torch.Tensor) -> torch.Tensor:  # [1, heads, N, d] -> [B, heads, W, d]
+            heads = x.shape[1]
+            dense = x.new_zeros(B * W, heads, d).index_copy(0, pack.dest, x[0].transpose(0, 1))
+            return dense.view(B, W, heads, d).transpose(1, 2)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys = torch.cat([past[i][0], segments(k)], dim=2)  # [B, kv, Lp+W, d]
+            values = torch.cat([past[i][1], segments(v)], dim=2)  # [B, kv, Lp+W, d]
+            out = F.scaled_dot_product_attention(
+                segments(q),
+                keys,
+                values,
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.num_kv_heads != self.num_heads,
+            )  # [B, h, W, d]
+            return out.transpose(1, 2).reshape(B * W, h, d).index_select(0, pack.dest).transpose(0, 1)[None]
+
+        hidden = llama_layers(
+            self.layers, self.shape, hidden, cos[:, None], sin[:, None], attend
+        )  # [1, N, H]
+        hidden = _rms_norm(self.llama.norm.weight, self.llama.norm.variance_epsilon, hidden)
+        states = hidden.new_zeros(B * (T - 1), hidden.shape[-1]).index_copy(0, pack.flat, hidden[0])
+        return torch.cat([last, states.view(B, T - 1, -1)], dim=1)  # [B, T, H]
+
     def _packed_groups(
         self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, suffix_ids: torch.Tensor, G: int
     ) -> torch.Tensor:
@@ -579,6 +649,26 @@ def supports_static_decode(decoder: LeanLlamaDecoder) -> bool:
         if any(m._forward_hooks or m._forward_pre_hooks for m in (layer, attn, mlp)):  # noqa: SLF001
             return False
     return True
+
+
+@dataclass(frozen=True)
+class _PackLayout:
+    """Where the real tokens of b padded rows of width L sit in a pack of N tokens (cu_seqlens-style)."""
+
+    flat: torch.Tensor  # [N] long: index in the flattened [b·L] rows of each packed token, in order
+    dest: torch.Tensor  # [N] long: index in the [b·W] segments (row·W + slot) of each packed token
+    lengths: torch.Tensor  # [b] long: real tokens of each row (its segment's length)
+    width: int  # W: the longest segment
+
+
+def _pack_layout(real: torch.Tensor) -> _PackLayout:
+    """The pack of the True entries of real [b, L], row after row (one host sync: N and W)."""
+    b, L = real.shape
+    flat = real.reshape(-1).nonzero().squeeze(1)  # [N]
+    lengths = real.sum(1)  # [b]
+    width = max(int(lengths.max()), 1)
+    slot = real.long().cumsum(1).reshape(-1)[flat] - 1  # [N] rank of each token in its row
+    return _PackLayout(flat=flat, dest=(flat // L) * width + slot, lengths=lengths, width=width)
 
 
 @dataclass(frozen=True)
