@@ -7,11 +7,12 @@ shares the CPU (a seed sweep, a test run beside a training run).
 For each arm (a `num_threads` setting: `auto` is the default, a number pins torch's intra-op threads;
 `env:N` instead sets OMP_NUM_THREADS=N and leaves the option unset, which is how grpokit ran before
 it had the option; `env:N:passive` also sets OMP_WAIT_POLICY=PASSIVE, idle OpenMP threads sleeping
-at once instead of spin-waiting), the main job (`python3 -m grpokit train`, the README's first command) runs once
-alone, then `--copies` copies start together, each into its own output_dir. Reported per run: wall
-time, the median GRPO step time (`step_time` in metrics.jsonl) and held-out accuracy before and after;
-per arm: each copy's wall time over the arm's alone time (the goal is at most 2.5x) and the alone
-time over the `2` arm's alone time (how the arm runs alone against pinned two threads).
+at once instead of spin-waiting), the main job (`python3 -m grpokit train`, the README's first
+command) runs once alone, then `--copies` copies start together, each into its own output_dir.
+Reported per run: wall time, the median GRPO step time (`step_time` in metrics.jsonl) and held-out
+accuracy before and after; per arm: each copy's wall time over the arm's alone time (the goal is at
+most 2.5x) and the alone time over the `2` arm's alone time (how the arm runs alone against pinned
+two threads).
 Nothing else should run on the machine meanwhile.
 """
 

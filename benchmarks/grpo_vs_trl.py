@@ -50,9 +50,9 @@ def dense_reward(prompts, completions, **_):
 
 
 def warm_policy(directory: Path, seed: int) -> None:
+    from grpokit.config.plan import SFTSchedule
     from grpokit.data import get_task
     from grpokit.models import build_policy, char_tokenizer, save_policy
-    from grpokit.config.plan import SFTSchedule
     from grpokit.train.sft import run_sft
 
     task = get_task("addition", seed=seed)

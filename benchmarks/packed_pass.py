@@ -34,6 +34,9 @@ CASES = [  # P, G, Lp, T, short (completion lengths uniform in [short·T, T])
     (2, 8, 32, 128, 0.1),
     (2, 8, 128, 64, 0.5),
     (4, 4, 16, 256, 0.25),
+    (2, 8, 16, 8, 0.5),  # short completions: shared_prefix packs each group in one pass
+    (2, 8, 16, 16, 0.5),
+    (2, 8, 16, 32, 0.5),
 ]
 
 

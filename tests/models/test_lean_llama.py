@@ -15,7 +15,7 @@ from grpokit.models import (
     lean_decoder,
     lm_head_of,
 )
-from grpokit.models.lean_llama import LeanLlamaDecoder, _packing_pays
+from grpokit.models.lean_llama import LeanLlamaDecoder, packing_pays
 
 
 def _policy(kv_heads: int | None = None, seed: int = 0):
@@ -127,7 +127,7 @@ def test_shared_prefix_equals_full_rows_in_values_and_gradients(T, kv_heads, pac
     states that score the completion tokens and every parameter's gradient equal those of running
     each full row on its own."""
     P, G = 2, 3
-    assert (T > 1 and _packing_pays(5, T, G)) == packed  # both routes are covered
+    assert (T > 1 and packing_pays(5, T, G)) == packed  # both routes are covered
     model, twin = _policy(kv_heads).double().train(), _policy(kv_heads).double().train()
     prefix, prefix_mask = _ids_and_mask(b=P, L=5, seed=3)
     prefix_mask[1, :2] = 0

@@ -14,7 +14,7 @@ import torch
 
 from grpokit.engine import EngineSpec, PolicyEngine
 from grpokit.models import backend_of, build_policy, char_tokenizer, lean_decoder
-from grpokit.models.backend import PADDING_FREE_SHARE, padding_free_pays
+from grpokit.models.backend import PADDING_FREE_MIN_WIDTH, PADDING_FREE_SHARE, padding_free_pays
 from grpokit.models.lean_llama import LeanLlamaDecoder
 from grpokit.ops import LOSS_TYPES, grpo_loss
 from grpokit.train.grpo_step import Batch
@@ -147,13 +147,16 @@ def test_loss_and_gradients_of_every_loss_type_equal_the_padded_pass(loss_type, 
 
 def test_the_backend_packs_where_padding_pays_and_only_where_exact():
     """`auto` takes the padding-free pass when at most PADDING_FREE_SHARE of the completion slots are
-    attended, `shared_prefix` (whole groups) otherwise; never when an attended token follows padding
-    (the pack assumes attended tokens first) or when completions are one token wide."""
-    assert padding_free_pays(torch.ones(10, 10, dtype=torch.bool)) is False
-    assert PADDING_FREE_SHARE == 0.9  # measured (RESULTS.md); the cases below sit on either side
-    ragged = torch.arange(10)[None] < torch.tensor([10] * 9 + [0])[:, None]  # 90 of 100 attended
-    assert padding_free_pays(ragged) is True  # exactly the share: taken
-    assert padding_free_pays(torch.arange(10)[None] < torch.tensor([10] * 9 + [1])[:, None]) is False
+    attended and completions are at least PADDING_FREE_MIN_WIDTH wide (both measured), the padded
+    route (`shared_prefix` for whole groups) otherwise; never when an attended token follows padding
+    (the pack assumes attended tokens first)."""
+    assert (PADDING_FREE_SHARE, PADDING_FREE_MIN_WIDTH) == (0.9, 32)  # the cases below sit on either side
+    W = PADDING_FREE_MIN_WIDTH
+    assert padding_free_pays(torch.ones(10, W, dtype=torch.bool)) is False
+    assert padding_free_pays(torch.arange(W)[None] < torch.tensor([W] * 9 + [W - 32])[:, None]) is True  # 90%
+    assert padding_free_pays(torch.arange(W)[None] < torch.tensor([W] * 9 + [W - 31])[:, None]) is False
+    narrow = torch.arange(W - 1)[None] < torch.tensor([W - 1] * 9 + [0])[:, None]  # 90%, one slot too narrow
+    assert padding_free_pays(narrow) is False
     model = _policy()
     backend = backend_of(model)
     calls: list[str] = []
@@ -167,16 +170,24 @@ def test_the_backend_packs_where_padding_pays_and_only_where_exact():
 
         return mock.patch.object(LeanLlamaDecoder, name, counted)
 
-    prefix, prefix_mask, suffix, suffix_mask = _work(2, 3, [7, 7, 7, 7, 7, 7])
+    prefix, prefix_mask, suffix, suffix_mask = _work(2, 3, [W] * 6, T=W)
     rows_prefix, rows_mask = prefix.repeat_interleave(3, 0), prefix_mask.repeat_interleave(3, 0)
-    holes = suffix_mask.clone()
+    ragged = torch.arange(W)[None] < torch.tensor([W, 2, 3, W, 1, 4])[:, None]
+    holes = ragged.clone()
     holes[0, 2] = False  # attended tokens after a padding one
     with spy("shared_prefix"), spy("padding_free"):
         backend.hidden(rows_prefix, rows_mask, suffix, suffix_mask, 3)  # full length
-        ragged = suffix_mask & (torch.arange(7)[None] < torch.tensor([7, 2, 3, 7, 1, 4])[:, None])
         backend.hidden(rows_prefix, rows_mask, suffix, ragged, 3)
-        backend.hidden(rows_prefix, rows_mask, suffix, holes & ragged, 3)
-        backend.hidden(rows_prefix, rows_mask, suffix[:, :1], ragged[:, :1] & False, 3)
+        backend.hidden(rows_prefix, rows_mask, suffix, holes, 3)
+        backend.hidden(rows_prefix, rows_mask, suffix[:, : W - 1], ragged[:, : W - 1], 3)  # too narrow
+        backend.hidden(rows_prefix[:5], rows_mask[:5], suffix[:5], ragged[:5], 3)  # not whole groups
         backend.packing = "never"
         backend.hidden(rows_prefix, rows_mask, suffix, ragged, 3)
-    assert calls == ["shared_prefix", "padding_free", "shared_prefix", "shared_prefix", "shared_prefix"]
+    assert calls == [
+        "shared_prefix",
+        "padding_free",
+        "shared_prefix",
+        "shared_prefix",
+        "padding_free",
+        "shared_prefix",
+    ]

@@ -285,6 +285,9 @@ ELSEWHERE = {
     "report_to": "test_trl_names_and_reporting.py::test_a_grpo_run_reports_to_wandb_and_tensorboard",
     "answer_column": "test_own_task.py::test_answer_column_names_the_column_answers_come_from",
     "model_revision": "tests/models/test_hub_models.py (a revision loads; a missing one is one line)",
+    "push_to_hub": "tests/train/test_hub_push.py (the final model uploaded, and it loads)",
+    "hub_model_id": "tests/train/test_hub_push.py (named, or after output_dir)",
+    "hub_private_repo": "tests/train/test_hub_push.py (passed to create_repo)",
     "system_prompt": "tests/train/test_hub_training.py (rows opened by it; the gsm8k preset end to end)",
     "chat_template_kwargs": "tests/train/test_hub_training.py::test_a_system_prompt_opens_every_prompt_and_"
     "template_variables_reach_the_template",

@@ -246,6 +246,9 @@ class RunControl:
     resume: bool = False
     overwrite: bool = False
     report_to: tuple[str, ...] = ()
+    push_to_hub: bool = False  # the final checkpoint's model to the hub (train/hub_push.py)
+    hub_model_id: str | None = None
+    hub_private_repo: bool | None = None
     config_yaml: str = ""  # config.yaml of the run and of each checkpoint
     config_values: Mapping[str, Any] = field(default_factory=dict)  # for the metrics' reporters
 

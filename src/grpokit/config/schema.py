@@ -259,11 +259,29 @@ class _RunControl(_Keys):
         "TensorBoard here, as it is installed with grpokit)",
     )
 
+    push_to_hub: bool = Field(
+        False,
+        description="at the end, upload the final checkpoint's model (weights, config, tokenizer, chat "
+        "template) to the Hugging Face Hub; needs a login (`hf auth login` or HF_TOKEN) (TRL's name)",
+    )
+    hub_model_id: str | None = Field(
+        None,
+        description="push_to_hub's repository, ORG/NAME (None: output_dir's folder name, under your account)",
+    )
+    hub_private_repo: bool | None = Field(
+        None, description="push_to_hub creates the repository private (None: the hub's default)"
+    )
+
     @model_validator(mode="after")
     def _one_way_on(self) -> _RunControl:
         if self.resume and self.overwrite:
             raise ValueError(
                 "resume=true continues the run in output_dir and overwrite=true deletes it: set only one."
+            )
+        if not self.push_to_hub and (self.hub_model_id is not None or self.hub_private_repo is not None):
+            raise ValueError(
+                "hub_model_id and hub_private_repo only apply with push_to_hub=true: set push_to_hub=true "
+                "to upload the final model, or remove them."
             )
         return self
 

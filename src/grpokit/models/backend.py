@@ -235,15 +235,20 @@ def whole_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int) ->
 
 
 # The padding-free pass is taken when at most this share of the completion slots hold attended
-# tokens. Measured on a 2-core CPU (benchmarks/packed_pass.py; RESULTS.md, "The padding-free packed
-# pass"): with no padding it costs 5% more than the padded pass, and it is faster from about 10% of
-# padding on.
+# tokens and the completions are at least PADDING_FREE_MIN_WIDTH wide. Measured on a 2-core CPU
+# (benchmarks/packed_pass.py; RESULTS.md, "The padding-free packed pass"): with no padding it costs
+# 5% more than the padded routes; with padding it is faster from T = 32 on (1.08-1.53x), with
+# break-even at T = 16 and 0.7x at T = 8, where its fixed costs (the pack's layout, a scatter
+# into segments and back in every layer) outweigh the padding saved.
 PADDING_FREE_SHARE = 0.9
+PADDING_FREE_MIN_WIDTH = 32
 
 
 def padding_free_pays(attended: torch.Tensor) -> bool:
-    """Whether enough of the completions' [b, T] slots are padding for the padding-free pass to pay
-    (its prompts' pass is the padded route's, so only the completions differ)."""
+    """Whether enough of the completions' [b, T] slots are padding, in wide enough completions, for
+    the padding-free pass to pay (its prompts' pass is the padded route's: only completions differ)."""
+    if attended.shape[1] < PADDING_FREE_MIN_WIDTH:
+        return False
     return int(attended.sum()) <= PADDING_FREE_SHARE * attended.numel()
 
 

@@ -194,7 +194,7 @@ class LeanLlamaDecoder:
         suffix_mask = suffix_mask.to(device)
         P, Lp = prefix_ids.shape
         B, T = suffix_ids.shape
-        if T > 1 and _packing_pays(Lp, T, group_size):
+        if T > 1 and packing_pays(Lp, T, group_size):
             return self._packed_groups(prefix_ids, prefix_mask, suffix_ids, group_size)
         prefix_hidden, kv = self._run(prefix_ids, prefix_mask, None, keep_kv=True)  # [P, Lp, H]
         kv = [(k.repeat_interleave(group_size, 0), v.repeat_interleave(group_size, 0)) for k, v in kv]
@@ -703,7 +703,7 @@ def _group_layout(Lp: int, G: int, Ts: int, device: torch.device) -> _GroupLayou
         return _GroupLayout(positions, causal | sees_prompt, index[None, :] == index[:, None], scoring)
 
 
-def _packing_pays(Lp: int, T: int, G: int) -> bool:
+def packing_pays(Lp: int, T: int, G: int) -> bool:
     """Whether `_packed_groups` should serve `shared_prefix`: packing costs (Lp + G·T)² attention
     scores per group instead of G·(Lp + T)², and saves a second pass over the layers; it is taken
     while the attention work at most doubles (short completions, or long shared prompts)."""

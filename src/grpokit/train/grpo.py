@@ -42,6 +42,7 @@ from .grpo_setup import (
     warm_start,
 )
 from .grpo_step import grpo_step
+from .hub_push import check_push, push_final
 from .metrics import ZeroSpreadWatch, check_reporters, warn
 from .optim import weights_finite
 from .run import (
@@ -131,6 +132,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             "each rank samples complete groups of its own prompts."
         )
     check_reporters(list(control.report_to))  # a missing tensorboard / wandb is said before any work
+    check_push(control)  # push_to_hub while offline: said now, not after the run
     if plan.lora is not None:
         require_peft()
     output_dir = Path(control.output_dir)
@@ -224,7 +226,9 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 break
     if abandoned is not None:
         return _abandoned(run, step, abandoned, on_event, checkpoint)
-    return run.result(TrainResult, step)
+    result = run.result(TrainResult, step)
+    push_final(control, main=d.is_main, stopped=run.stop.signal is not None)  # the final model, if asked
+    return result
 
 
 def _abandoned(

@@ -47,6 +47,7 @@ from ..models import (
 from ..ops import bradley_terry_loss
 from . import distributed
 from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
+from .hub_push import check_push, push_final
 from .metrics import check_reporters
 from .optim import apply_update, make_optimizer, make_scheduler
 from .run import Run, RunResult, Starting, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
@@ -257,6 +258,7 @@ def _train_reward(
     if plan.batch_size % d.world_size != 0:
         raise ValueError(f"batch_size={plan.batch_size} must be divisible by the world size {d.world_size}.")
     check_reporters(list(control.report_to))  # a missing tensorboard / wandb is said before any work
+    check_push(control)  # push_to_hub while offline: said now, not after the run
     device = d.device if d.enabled else resolve_device(plan.placement.device)  # under torchrun, the rank's
     precision = Precision.of(spec.dtype, spec.master_weights)
     enable_fast_matmul(device)
@@ -319,4 +321,6 @@ def _train_reward(
             run.evaluate_if_due(step)
             if run.finish_step(step, metrics["skipped_update"] > 0, save):
                 break
-    return run.result(RewardResult, step)
+    result = run.result(RewardResult, step)
+    push_final(control, main=d.is_main, stopped=run.stop.signal is not None)  # the final model, if asked
+    return result
