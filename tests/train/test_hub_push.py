@@ -1,8 +1,9 @@
 """push_to_hub (issue 25, point 4): at the end of a finished run the final checkpoint's model is
-uploaded through huggingface_hub's HfApi (`hub_push.new_api`), without the optimizer and trainer state, and what is
-uploaded loads with transformers' Auto classes. The hub is never reached here: the client is replaced by a
-recorder that copies what upload_folder would send. A push that cannot happen (offline) is refused
-before any work, and a failed upload loses nothing and says how to finish it by hand."""
+uploaded through huggingface_hub's HfApi (`hub_push.new_api`), without the optimizer and trainer
+state, and what is uploaded loads with transformers' Auto classes. The hub is never reached here:
+the client is replaced by a recorder that copies what upload_folder would send. A push that cannot
+happen (offline) is refused before any work, and a failed upload loses nothing and says how to
+finish it by hand."""
 
 from __future__ import annotations
 
