@@ -186,8 +186,9 @@ def test_the_trained_weights_are_what_transformers_loads(hub_offline, tmp_path):
 
 
 def _longer_is_better(completions, **_):
-    """A reward that varies within a group on a random model (GSM8K's are all 0 there)."""
-    return [float(len(c)) for c in completions]
+    """A reward that varies within a group on a random model (GSM8K's are all 0 there), written as
+    for TRL: the prompts are conversations (a system prompt), so each completion is an assistant turn."""
+    return [float(len(c[0]["content"])) for c in completions]
 
 
 def _value(text: str):

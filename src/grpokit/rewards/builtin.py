@@ -2,7 +2,8 @@
 
 Dataset columns arrive as keyword lists (one value per completion); `completion_ids` (token ids
 per completion) is passed too. None means "cannot score this one" and never counts as 0.
-Functions that need settings are made by a factory (`overlong_penalty(4096, 512)`).
+Functions that need settings are made by a factory (`overlong_penalty(4096, 512)`). Every function
+here reads completions as text, also when prompts are conversations (`text_reward`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ RewardFunc = Callable[..., list[float | None]]
 _NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
 
 
+def text_reward(fn: RewardFunc) -> RewardFunc:
+    """Marks a reward function that reads each completion as its text. Others get TRL's form when
+    prompts are conversations: [{"role": "assistant", "content": text}] (`scoring.score_completions`)."""
+    fn.takes_text = True  # type: ignore[attr-defined]
+    return fn
+
+
 def _answer_in_marker(text: str, tag: str) -> str | None:
     match = re.search(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
     return match.group(1).strip() if match else None
@@ -27,6 +35,7 @@ def _last_token(text: str) -> str:
     return parts[-1] if parts else ""
 
 
+@text_reward
 def exact_answer(
     prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
 ) -> list[float | None]:
@@ -80,6 +89,7 @@ def extract_math_answer(completion: str) -> Fraction | None:
     return parse_number(numbers[-1]) if numbers else None
 
 
+@text_reward
 def math_answer(
     prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
 ) -> list[float | None]:
@@ -103,6 +113,7 @@ def make_format_tags(tags: Sequence[str] = ("think", "answer")) -> RewardFunc:
     (`<think>…</think><answer>…</answer>`, whitespace between them allowed), else 0.0."""
     pattern = re.compile(r"^\s*" + r"\s*".join(rf"<{t}>.*?</{t}>" for t in tags) + r"\s*$", flags=re.DOTALL)
 
+    @text_reward
     def format_tags(prompts: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
         return [1.0 if pattern.match(c) else 0.0 for c in completions]
 
@@ -130,6 +141,7 @@ def overlong_penalty(max_completion_length: int, soft_punish_cache: int) -> Rewa
         raise ValueError("soft_punish_cache must be in [0, max_completion_length].")
     start = max_completion_length - soft_punish_cache
 
+    @text_reward
     def overlong(
         prompts: Sequence[Any], completions: Sequence[str], completion_ids: Any = None, **_: Any
     ) -> list[float | None]:
@@ -152,6 +164,7 @@ def length_penalty(max_completion_length: int, coefficient: float = 1.0) -> Rewa
     if max_completion_length < 1:
         raise ValueError("max_completion_length must be ≥ 1.")
 
+    @text_reward
     def penalty(
         prompts: Sequence[Any], completions: Sequence[str], completion_ids: Any = None, **_: Any
     ) -> list[float | None]:
@@ -161,6 +174,7 @@ def length_penalty(max_completion_length: int, coefficient: float = 1.0) -> Rewa
     return penalty
 
 
+@text_reward
 def env_reward(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float | None]:
     """What a multi-turn episode's environment paid: the sum of the rewards its steps returned (None,
     unscored, when it returned none). Read from the `env_reward` column multi-turn rollouts add."""
@@ -183,6 +197,7 @@ def hash_answer(completion: str) -> Fraction | None:
     return parse_number(found[-1]) if found else None
 
 
+@text_reward
 def gsm8k_answer(
     prompts: Sequence[Any], completions: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
 ) -> list[float | None]:
@@ -203,6 +218,7 @@ def gsm8k_answer(
     return scores
 
 
+@text_reward
 def gsm8k_format(prompts: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
     """1.0 when the completion ends with its answer line, `#### N` (N a number), else 0.0."""
     return [1.0 if re.search(r"####\s*-?[\d,]*\.?\d+\s*$", c.replace("$", "")) else 0.0 for c in completions]

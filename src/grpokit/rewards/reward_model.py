@@ -60,12 +60,27 @@ class RewardModelFunction:
             loaded.model, loaded.tokenizer, batch_size=batch_size, name=f"reward_model:{Path(path).name}"
         )
 
+    takes_text = True  # completions as text; a conversation's prompt is rendered here (`_ids`)
+
+    def _ids(self, prompt: Any, completion: str) -> list[int]:
+        """A text prompt + completion + EOS; a conversation's messages and the completion as the
+        assistant's turn through this model's own chat template, as its conversational training pairs
+        were rendered (`data.preferences`)."""
+        if not isinstance(prompt, list):
+            return encode_for_reward(self.tokenizer, str(prompt), completion)
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                f"{self.name}: a conversational prompt needs the reward model's tokenizer to have a chat "
+                "template; this one has none."
+            )
+        turn = [*prompt, {"role": "assistant", "content": completion}]
+        text = self.tokenizer.apply_chat_template(turn, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
         device = model_device(self.model)  # batches go to the model; the scores come back to the host
-        sequences = [
-            encode_for_reward(self.tokenizer, str(p), c) for p, c in zip(prompts, completions, strict=True)
-        ]
+        sequences = [self._ids(p, c) for p, c in zip(prompts, completions, strict=True)]
         scores: list[float | None] = []
         for start in range(0, len(sequences), self.batch_size):
             ids, mask = pad_left(sequences[start : start + self.batch_size], self.tokenizer.pad_token_id)

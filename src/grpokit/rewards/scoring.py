@@ -297,6 +297,12 @@ def _score_rowwise(
     return scores, failed
 
 
+def _conversational(prompts: Sequence[Any]) -> bool:
+    """Whether the prompts are conversations (lists of {"role", "content"} messages), as TRL decides."""
+    first = prompts[0] if len(prompts) else None
+    return isinstance(first, list) and all(isinstance(m, dict) and "role" in m for m in first)
+
+
 def score_completions(
     reward_funcs: Sequence[Callable[..., Any]],
     prompts: Sequence[Any],
@@ -311,7 +317,9 @@ def score_completions(
 
     Each function is called once for the batch as f(prompts=…, completions=…, completion_ids=…,
     **columns) with lists of length B (functions without **kwargs get the arguments they name), under
-    `rules` (`CallRules`: what a failure, a hang or a stop request does).
+    `rules` (`CallRules`: what a failure, a hang or a stop request does). `prompts` are the rows' own:
+    text, or conversations (message lists); with conversations a function gets each completion as
+    TRL passes it, [{"role": "assistant", "content": text}], unless it reads text (`takes_text`).
     """
     if not reward_funcs:
         raise ValueError("no reward functions: give at least one.")
@@ -334,10 +342,20 @@ def score_completions(
         if len(values) != size:
             raise ValueError(f"column {key!r} has {len(values)} values for {size} completions.")
         kwargs[key] = list(values)
+    # TRL's contract: with conversational prompts, a completion is [{"role": "assistant", "content": text}]
+    # (grpokit's own functions, marked `takes_text`, read the text)
+    as_turns = (
+        [[{"role": "assistant", "content": c}] for c in completions] if _conversational(prompts) else None
+    )
     table, failed = [], 0
     for fn in reward_funcs:
         limits = _Limits.start(rules.timeout, rules.should_stop)  # each function: the whole timeout
-        scores, n_failed = _score_one(fn, kwargs, size, completions, rules.on_error, limits)
+        given = (
+            kwargs
+            if as_turns is None or getattr(fn, "takes_text", False)
+            else kwargs | {"completions": as_turns}
+        )
+        scores, n_failed = _score_one(fn, given, size, completions, rules.on_error, limits)
         table.append(scores)
         failed += n_failed
     rewards_per_func = torch.tensor(table, dtype=torch.float32).T.reshape(size, len(reward_funcs))  # [B, R]

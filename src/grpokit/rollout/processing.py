@@ -78,7 +78,7 @@ def blocked_cumsum(x: torch.Tensor, block: int = 256) -> torch.Tensor:
     """`x.cumsum(-1)` computed as scans within blocks of `block` plus the blocks' running totals, so
     that no scan runs over a whole vocabulary row (see `inverse_cdf`). [B, V] -> [B, V]"""
     B, V = x.shape
-    if V <= block:
+    if block >= V:
         return x.cumsum(-1)
     blocks = torch.nn.functional.pad(x, (0, -V % block)).view(B, -1, block)  # [B, C, block]
     inner = blocks.cumsum(-1)  # [B, C, block]
@@ -97,7 +97,7 @@ def inverse_cdf(logprobs: torch.Tensor, uniform: torch.Tensor, block: int = 256)
     """
     B, V = logprobs.shape
     probs = logprobs.exp()  # [B, V]
-    if V <= block:  # one block: a plain scan (a small vocabulary's draw pays no extra kernels)
+    if block >= V:  # one block: a plain scan (a small vocabulary's draw pays no extra kernels)
         cdf = probs.cumsum(-1)  # [B, V]
         u = (1.0 - uniform)[:, None] * cdf[:, -1:]  # [B, 1] in (0, total]
         return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=V - 1)

@@ -62,7 +62,7 @@ def evaluate(
         columns["env_reward"] = sampled.env_rewards
     scores = score_completions(
         task.reward_funcs,
-        prompts,
+        [r[settings.prompt_column] for r in rows],  # the rows' own prompts (text or conversations)
         completions,
         columns=columns,
         completion_ids=completion_ids,

@@ -189,7 +189,7 @@ def generate_and_score(
         mask = rollout.completion_mask  # [B, T]
         if params.spec.mask_truncated_completions:
             mask = mask & ~rollout.truncated[:, None]
-        repeated = [p for p in texts for _ in range(G)]  # [B]
+        repeated = [r[spec.prompt_column] for r in rows for _ in range(G)]  # [B]: the rows' own prompts
         columns = columns_of(rows, params.spec.prompt_column, repeat=G)
         if rollout.env_rewards is not None:  # multi-turn: what the environment paid (None: nothing)
             columns["env_reward"] = [None if r != r else r for r in rollout.env_rewards.tolist()]

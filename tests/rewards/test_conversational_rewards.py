@@ -1,0 +1,62 @@
+"""TRL's reward contract for conversational data (issue 25): with prompts that are conversations,
+reward functions get the rows' own messages as `prompts` and each completion as
+[{"role": "assistant", "content": text}], so a TRL reward function written as
+`completion[0]["content"]` works unchanged; grpokit's own functions (built-ins, reward models) read
+text; a reward model renders the conversation through its own chat template, exactly as its
+conversational training pairs were."""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.rewards import BUILTIN_REWARDS, score_completions
+
+CHAT = [[{"role": "system", "content": "Answer after ####."}, {"role": "user", "content": "2+2?"}]] * 2
+TEXTS = ["so #### 4", "#### 5"]
+
+
+def test_a_trl_reward_gets_messages_and_assistant_turns():
+    seen = {}
+
+    def trl_style(prompts, completions, answer, **_):
+        seen["prompts"], seen["completions"] = prompts, completions
+        return [float(c[0]["content"].endswith(a)) for c, a in zip(completions, answer, strict=True)]
+
+    scores = score_completions(
+        [trl_style, BUILTIN_REWARDS["gsm8k_answer"]], CHAT, TEXTS, columns={"answer": ["4", "4"]}
+    )
+    assert seen["prompts"] == CHAT
+    assert seen["completions"] == [[{"role": "assistant", "content": t}] for t in TEXTS]
+    assert scores.rewards_per_func.tolist() == [[1.0, 1.0], [0.0, 0.0]]  # the built-in read the text
+
+
+def test_text_prompts_keep_text_completions():
+    seen = {}
+
+    def plain(prompts, completions, **_):
+        seen["completions"] = completions
+        return [1.0] * len(completions)
+
+    score_completions([plain], ["2+2?", "2+2?"], TEXTS)
+    assert seen["completions"] == TEXTS
+
+
+def test_a_reward_model_scores_a_conversation_as_it_was_trained_on_it(hub_offline):
+    from transformers import AutoTokenizer
+
+    from grpokit.data.preferences import pair_token_ids
+    from grpokit.rewards.reward_model import RewardModelFunction
+    from tests.hub_cache import QWEN
+
+    tokenizer = AutoTokenizer.from_pretrained(QWEN)
+    reward = RewardModelFunction(
+        model=torch.nn.Linear(1, 1), tokenizer=tokenizer
+    )  # only its encoding is used
+    turn = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+    trained, _ = pair_token_ids(
+        tokenizer, {"prompt": CHAT[0], "chosen": turn("#### 4"), "rejected": turn("no")}
+    )
+    assert reward._ids(CHAT[0], "#### 4") == trained  # noqa: SLF001 - the encoding is the contract here
+    assert reward._ids("2+2?", " 4") == tokenizer("2+2? 4", add_special_tokens=False)["input_ids"] + [  # noqa: SLF001
+        tokenizer.eos_token_id
+    ]
