@@ -65,7 +65,7 @@ def bpe_tokenizer(special: list[str], chat_template: str, **tokens: Any) -> Any:
     return tokenizer
 
 
-def _snapshot(hf_home: Path, repo: str) -> Path:
+def snapshot(hf_home: Path, repo: str) -> Path:
     """`hub/models--ORG--NAME/snapshots/REV/`, with `refs/main` naming REV (huggingface_hub's layout)."""
     folder = hf_home / "hub" / ("models--" + repo.replace("/", "--"))
     (folder / "refs").mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,20 @@ def _save(model: Any, tokenizer: Any, where: Path) -> None:
     tokenizer.save_pretrained(where)
 
 
-def build_qwen(where: Path, seed: int = 0) -> None:
+# Qwen2.5-0.5B-Instruct's shape (benchmarks/gsm8k_gpu.py builds it with random weights)
+QWEN_05B_SHAPE = {
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+    "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
+}  # fmt: skip
+TINY_QWEN_SHAPE = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 0, "max_position_embeddings": 512,
+}  # fmt: skip
+
+
+def build_qwen(where: Path, seed: int = 0, shape: dict[str, int] | None = None) -> None:
+    """A Qwen2 chat model (ChatML, EOS <|im_end|>, pad <|endoftext|>, tied head) of `shape` (default
+    TINY_QWEN_SHAPE; its vocabulary is at least the tokenizer's, as Qwen's embedding is padded)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = bpe_tokenizer(
@@ -90,14 +103,10 @@ def build_qwen(where: Path, seed: int = 0) -> None:
         pad_token="<|endoftext|>",
     )
     ids = tokenizer.convert_tokens_to_ids
+    shape = dict(TINY_QWEN_SHAPE if shape is None else shape)
+    shape["vocab_size"] = max(len(tokenizer), shape["vocab_size"])
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **shape,
         tie_word_embeddings=True,
         bos_token_id=ids("<|endoftext|>"),
         eos_token_id=ids("<|im_end|>"),
@@ -144,8 +153,8 @@ def build_llama(where: Path, seed: int = 0) -> None:
 
 def build_hub_cache(hf_home: Path) -> None:
     """Both models under `hf_home/hub`, as a download would leave them."""
-    build_qwen(_snapshot(hf_home, QWEN))
-    build_llama(_snapshot(hf_home, LLAMA))
+    build_qwen(snapshot(hf_home, QWEN))
+    build_llama(snapshot(hf_home, LLAMA))
 
 
 def offline_env(hf_home: Path) -> dict[str, str]:

@@ -192,5 +192,31 @@ def test_packed_pass_benchmark_runs_and_records_the_auto_choice(tmp_path):
     (case,) = json.loads(out.read_text())["cases"]
     assert set(case["median_s"]) == {"shared", "padded", "padding_free"}
     assert all(t > 0 for t in case["median_s"].values())
-    assert case["tokens"] == {"shared": 2 * 32 + 16 * 128, "padded": 16 * 160, "padding_free": 2 * 32 + 16 * 128}
+    shared = 2 * 32 + 16 * 128  # each prompt once, completions padded to T (none are shorter here)
+    assert case["tokens"] == {"shared": shared, "padded": 16 * 160, "padding_free": shared}
     assert case["real_completion_share"] == 1.0 and case["auto_takes_padding_free"] is False
+
+
+@pytest.mark.slow
+def test_gsm8k_gpu_script_runs_the_preset_from_a_made_cache_on_the_cpu(tmp_path):
+    """benchmarks/gsm8k_gpu.py --smoke: the tiny Qwen under the hub id Qwen/Qwen2.5-0.5B-Instruct in a
+    cache made by the script, a GSM8K-like dataset in hub layout, `grpokit train gsm8k` offline for 2
+    steps; the figures come from the run's metrics (no GPU memory on a CPU)."""
+    spec = importlib.util.spec_from_file_location("gsm8k_gpu", SCRIPT.parent / "gsm8k_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "gsm8k.json"
+    assert module.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["exit_code"] == 0 and result["steps"] == 2
+    assert result["step_time_s"] > 0 and result["completion_tokens_per_s"] > 0
+    assert set(result["timing_s"]) == {"sampling", "scoring", "reference", "update"}
+    assert result["peak_gpu_memory_gib"] is None and result["device"] == "cpu"
+
+
+def test_memory_metrics_describe_only_a_gpu():
+    import torch
+
+    from grpokit.models import memory_metrics
+
+    assert memory_metrics(torch.device("cpu")) == {}

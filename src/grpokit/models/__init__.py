@@ -11,7 +11,7 @@ from .backend import (
     lm_head_of,
     whole_groups,
 )
-from .device import Precision, enable_fast_matmul, model_device, place, resolve_device
+from .device import Precision, enable_fast_matmul, memory_metrics, model_device, place, resolve_device
 from .hf import (
     LoadedPolicy,
     build_policy,
@@ -44,6 +44,7 @@ __all__ = [
     "place",
     "Precision",
     "enable_fast_matmul",
+    "memory_metrics",
     "model_device",
     "resolve_device",
     "KVCache",

@@ -97,3 +97,11 @@ def place(model: torch.nn.Module, device: torch.device, precision: Precision) ->
     if dtypes != {precision.master}:
         model.to(dtype=precision.master)
     return model.to(device)
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """The GPU's peak allocated memory so far, in GiB, as a metric (`memory/max_allocated_gib`): what
+    a run needs of the card; {} on a CPU, whose memory the metric would not describe."""
+    if device.type != "cuda":
+        return {}
+    return {"memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30}

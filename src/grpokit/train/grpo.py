@@ -20,7 +20,7 @@ from ..config import GRPOConfig
 from ..config.applied import Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
 from ..config.resume import resume_changes
-from ..models import check_lora_targets, require_peft
+from ..models import check_lora_targets, memory_metrics, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
 from . import distributed
@@ -200,6 +200,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             seconds = time.perf_counter() - began
             tokens = out.batch.completion_mask.sum().item()
             metrics = out.metrics | {"step_time": seconds, "tokens_per_second": tokens / seconds}
+            metrics |= memory_metrics(d.device)  # the GPU's peak so far (none on a CPU)
             metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
             run.log(step, metrics)
             cannot_learn = not spec.step.dynamic_sampling and zero_spread.update(
