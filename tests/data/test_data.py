@@ -153,3 +153,10 @@ def test_every_countdown_row_is_solvable_by_construction():
             for o1, o2 in itertools.product("+-*", repeat=2)
         )
         assert found, row
+
+
+def test_every_file_suffix_that_names_a_file_has_a_reader():
+    from grpokit.data.errors import FILE_SUFFIXES
+    from grpokit.data.prompts import READERS
+
+    assert tuple(READERS) == FILE_SUFFIXES
