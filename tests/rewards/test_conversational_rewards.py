@@ -60,3 +60,17 @@ def test_a_reward_model_scores_a_conversation_as_it_was_trained_on_it(hub_offlin
     assert reward._ids("2+2?", " 4") == tokenizer("2+2? 4", add_special_tokens=False)["input_ids"] + [  # noqa: SLF001
         tokenizer.eos_token_id
     ]
+
+
+def test_a_built_in_task_reward_reads_text_under_a_system_prompt():
+    """`task=addition system_prompt=...` makes the prompts conversations; the task's own reward still
+    reads each completion as text."""
+    from grpokit.data.tasks import addition
+
+    task = addition(num_eval=2)
+    row = task.train[0]
+    chat = [[{"role": "system", "content": "Add."}, {"role": "user", "content": row["prompt"]}]] * 2
+    columns = {k: [row[k]] * 2 for k in row if k != "prompt"}
+    right = str(row["answer"]) if "answer" in row else None
+    scores = score_completions([task.reward], chat, [right, "x"], columns=columns)
+    assert scores.rewards_per_func.tolist() == [[1.0], [0.0]]

@@ -36,6 +36,8 @@ class Task:
             return [self.score(c, row) for c, row in zip(completions, rows, strict=True)]
         return [1.0 if self.is_correct(c, row) else 0.0 for c, row in zip(completions, rows, strict=True)]
 
+    reward.takes_text = True  # type: ignore[attr-defined]  # completions as text, also with conversations
+
     def accuracy(self, completions: list[str], rows: list[dict[str, Any]]) -> float:
         """Fraction of completions that are exactly right."""
         if len(completions) != len(rows):
