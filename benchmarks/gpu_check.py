@@ -190,38 +190,18 @@ def train_bf16(smoke: bool, out: Path) -> int:
     characters; writes the per-step rewards and the gain of the last 5 steps over the first 5."""
     import torch
 
-    from grpokit.config import GRPOConfig
     from grpokit.train.grpo import train_grpo
 
-    def ones(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-        return [c.count("1") / max(len(c), 1) for c in completions]
+    sys.path.insert(0, str(ROOT))  # the test suite's tiny run (tests/gpu: the reward it favours)
+    from tests.train.helpers import ones_reward, tiny_config
 
     device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig(
-            output_dir=tmp,
-            task="addition",
-            model="tiny",
-            seed=3,
-            tiny_hidden_size=16,
-            tiny_num_layers=1,
-            tiny_num_heads=2,
-            tiny_intermediate_size=32,
-            max_steps=10 if smoke else 30,
-            prompts_per_step=8,
-            num_generations=4,
-            micro_batch_size=32,
-            max_completion_length=4,
-            num_eval_prompts=4,
-            eval_steps=0,
-            save_steps=0,
-            log_completions_steps=0,
-            learning_rate=3e-2,
-            progress=False,
-            device=device,
-            dtype="bfloat16",
-        )
-        run = train_grpo(config, reward_funcs=[ones])
+        config = tiny_config(
+            Path(tmp), max_steps=10 if smoke else 30, prompts_per_step=8, micro_batch_size=32,
+            learning_rate=3e-2, device=device, dtype="bfloat16",
+        )  # fmt: skip
+        run = train_grpo(config, reward_funcs=[ones_reward])
         rows = [
             json.loads(line) for line in (Path(run.output_dir) / "metrics.jsonl").read_text().splitlines()
         ]

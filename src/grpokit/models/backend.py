@@ -87,9 +87,8 @@ class TransformersBackend:
 
     def __init__(self, model: Any, head: LMHead | None) -> None:
         self.model, self.head = model, head
-        self.packing = (
-            "auto"  # the lean decoder's padding-free pass: "auto" (where it pays), "always", "never"
-        )
+        # the lean decoder's padding-free pass: "auto" (where it pays), "always" or "never"
+        self.packing = "auto"
         inner = _inner(model)
         self.decoder: Any = getattr(inner, getattr(inner, "base_model_prefix", ""), None)  # hidden states
 
