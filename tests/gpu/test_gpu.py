@@ -432,3 +432,53 @@ def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
     result = train_grpo(cfg)
     rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert all("env/turns" in r for r in rows if "loss" in r)
+
+
+# ----------------------------------------------------------------------------- 6. the padding-free pass
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_padding_free_on_cuda_equals_the_padded_pass(autocast):
+    """The padding-free pass (issue 28) on CUDA, host inputs, ragged completions in groups of 3: the
+    states that score completion tokens equal `shared_prefix`'s on the same GPU and precision.
+    float32 with TF32 off: to 1e-5. Under bf16 autocast every matrix product rounds to 8 bits
+    (3.9e-3 relative), and the two routes sum in another order, so they agree to bf16 round-off
+    carried through two layers: a relative error of the whole tensor under 3e-2 (a wrong mask or
+    position gives O(1))."""
+    from grpokit.models import build_policy, lean_decoder
+
+    model = build_policy(
+        hidden_size=64, num_layers=2, num_heads=4, vocab_size=40, dropout=0.0, seed=0, intermediate_size=96
+    ).to(CUDA)
+    g = torch.Generator().manual_seed(1)
+    P, G, Lp, T = 2, 3, 6, 40
+    prefix_mask = torch.ones(P, Lp, dtype=torch.bool)
+    prefix_mask[0, :2] = False
+    prefix = torch.randint(3, 40, (P, Lp), generator=g) * prefix_mask
+    lengths = torch.tensor([40, 3, 17, 1, 25, 9])
+    suffix_mask = torch.arange(T)[None] < lengths[:, None]
+    suffix = torch.randint(3, 40, (P * G, T), generator=g) * suffix_mask
+    decoder = lean_decoder(model)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            packed = decoder.padding_free(prefix, prefix_mask, suffix, suffix_mask, G)
+            padded = decoder.shared_prefix(prefix, prefix_mask, suffix, suffix_mask, G)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    scored = suffix_mask.to(CUDA)
+    a, b = packed[scored].float(), padded[scored].float()
+    if autocast:
+        assert float((a - b).norm() / b.norm()) < 3e-2
+    else:
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_the_peak_memory_metric_reads_the_gpu():
+    from grpokit.models import memory_metrics
+
+    x = torch.empty(2**20, device=CUDA)  # 4 MiB at least
+    peak = memory_metrics(CUDA)["memory/max_allocated_gib"]
+    assert peak >= 4 / 1024
+    del x
