@@ -12,8 +12,13 @@ saves and stops, as a user's Ctrl-C does. Reported from metrics.jsonl: step time
 tokens per second, the timing split, and the GPU's peak memory (`memory/max_allocated_gib`). A
 random model earns no GSM8K reward: this measures the recipe's cost, not its accuracy.
 
-    python benchmarks/gsm8k_gpu.py [--minutes 10] [--out FILE]
+    python benchmarks/gsm8k_gpu.py [--minutes 10] [--out FILE] [key=value ...]
     python benchmarks/gsm8k_gpu.py --smoke     # the tiny Qwen shape on the CPU, 2 steps (the suite)
+
+A random model writes all 1024 completion tokens, the preset's worst case: at micro_batch_size 32
+that is about 49k tokens of activations per micro-batch (roughly 60 GB for this shape without
+activation checkpointing, by a count of what each layer keeps), so on an 80 GB card this run is
+also the preset's memory check; `micro_batch_size=8` is the override to compare.
 """
 
 from __future__ import annotations
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     from tests.hub_cache import QWEN_05B_SHAPE, build_qwen, snapshot
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "overrides", nargs="*", help="key=value options added to the command (e.g. micro_batch_size=8)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, 2 steps")
     parser.add_argument("--minutes", type=float, default=10.0, help="training time before the SIGINT")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts before and after")
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             command += ["device=cpu", "dtype=float32", "prompts_per_step=2", "micro_batch_size=10",
                         "max_steps=2", "max_completion_length=16", "num_eval_prompts=2",
                         "max_prompt_length=null"]  # fmt: skip
+        command += args.overrides  # last: they win
         env = os.environ | {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         env["PYTHONUNBUFFERED"] = "1"
         child = subprocess.Popen([sys.executable, "-m", "grpokit", *command], cwd=ROOT, env=env)
