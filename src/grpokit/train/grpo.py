@@ -43,7 +43,7 @@ from .grpo_setup import (
 )
 from .grpo_step import grpo_step
 from .hub_push import check_push, push_final
-from .metrics import ZeroSpreadWatch, check_reporters, warn
+from .metrics import InvariantWatch, ZeroSpreadWatch, check_reporters, warn
 from .optim import weights_finite
 from .run import (
     Emit,
@@ -184,6 +184,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
 
     # ------------------------------------------------------------------ the loop
     step, zero_spread, unscored = run.start, ZeroSpreadWatch(), UnscoredWatch(data.reward_funcs)
+    invariants = InvariantWatch()
     abandoned: ScoringStopped | None = None
     with run:  # the metrics writer is closed however the loop ends
         for step in range(run.start + 1, control.max_steps + 1):
@@ -208,7 +209,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             )
             if cannot_learn and d.is_main:
                 warn(on_event, step, cannot_learn)
-            for message in unscored.update(metrics) if d.is_main else []:
+            for message in unscored.update(metrics) + invariants.update(step, metrics) if d.is_main else []:
                 warn(on_event, step, message)
             if control.log_completions_steps and step % control.log_completions_steps == 0:
                 batch = out.batch

@@ -249,7 +249,26 @@ def generate_and_score(
     for batch, groups in informative + leftovers:
         chosen.append((batch, groups[:need]))
         need -= len(chosen[-1][1])
-    return merge_groups(chosen, G, engine.tokenizer.pad_token_id), metrics
+    batch = merge_groups(chosen, G, engine.tokenizer.pad_token_id)
+    return batch, metrics | group_invariants(batch, G)
+
+
+def group_invariants(batch: Batch, G: int) -> dict[str, float]:
+    """What GRPO's groups must satisfy in the batch the update reads (issue 26), checked every step at
+    no extra forward: `invariants/groups_intact` is 1.0 when each run of G rows holds one prompt (its
+    text and its tokens), and `invariants/group_advantage_sum_max` is the largest |Σ advantages| of a
+    group relative to the largest |advantage|: 0 to float32 round-off, as every scaling centres each
+    group on its mean."""
+    B = len(batch.prompts)
+    same_text = all(batch.prompts[i] == batch.prompts[g] for g in range(0, B, G) for i in range(g, g + G))
+    ids, mask = batch.prompt_ids.view(B // G, G, -1), batch.prompt_mask.view(B // G, G, -1)  # [P, G, Lp]
+    same_ids = bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+    advantages = batch.advantages.reshape(B // G, -1)  # [P, G] (or [P, G·T] per token)
+    scale = max(float(advantages.abs().max()), 1.0)
+    return {
+        "invariants/groups_intact": float(same_text and same_ids),
+        "invariants/group_advantage_sum_max": float(advantages.sum(-1).abs().max()) / scale,
+    }
 
 
 def episode_metrics(rollout: Any) -> dict[str, Any]:

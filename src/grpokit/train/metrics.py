@@ -210,3 +210,37 @@ class ZeroSpreadWatch:
             "(num_generations), an easier curriculum or a reward with partial credit, or "
             "dynamic_sampling=true."
         )
+
+
+# invariant -> (broken when the metric is ..., the likely cause); each says so once per run
+INVARIANTS = {
+    "invariants/groups_intact": (
+        lambda v: v < 1.0,
+        "a run of G rows holds more than one prompt, so advantages compare completions of different "
+        "prompts: the batch was reordered or merged out of group order",
+    ),
+    "invariants/group_advantage_sum_max": (
+        lambda v: v > 1e-4,  # float32 round-off of a mean-centred group is ~1e-7·G
+        "a group's advantages do not sum to 0: they were computed over rows not ordered by group, or "
+        "changed after group normalisation",
+    ),
+}
+
+
+class InvariantWatch:
+    """Says once per run and invariant when a step breaks one of `INVARIANTS`: its name, the step,
+    the value and the likely cause."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def update(self, step: int, metrics: dict[str, Any]) -> list[str]:
+        messages = []
+        for name, (broken, cause) in INVARIANTS.items():
+            value = metrics.get(name)
+            if value is None or name in self.said or not broken(float(value)):
+                continue
+            self.said.add(name)
+            short = name.split("/", 1)[1]
+            messages.append(f"invariant {short} broken at step {step} (value {float(value):.3g}): {cause}.")
+        return messages
