@@ -304,7 +304,8 @@ def test_every_float_option_refuses_a_non_finite_value(schema, name, annotation,
     listed = typing.get_origin(annotation) is list or any(
         typing.get_origin(a) is list for a in typing.get_args(annotation)
     )
-    override = f"{name}=[{value}]" if listed else f"{name}={value}"
+    mapped = typing.get_origin(annotation) is dict  # a mapping of names to floats: a value of it
+    override = f"{name}=[{value}]" if listed else f"{name}={{some: {value}}}" if mapped else f"{name}={value}"
     with pytest.raises(ConfigError) as caught:
         load_config(schema, None, [override])
     assert f"{name}" in str(caught.value) and "finite number" in str(caught.value), str(caught.value)

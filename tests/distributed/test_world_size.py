@@ -9,6 +9,7 @@ stopped and resumed must end where an uninterrupted 2-process run ends.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,16 @@ def test_two_process_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_pa
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
     if strategy == "fsdp":
         assert (tmp_path / "straight" / "checkpoint-4" / "dcp" / "rank-1.safetensors").is_file()
+    # the runtime invariants hold at world size 2: the loss normaliser's total weight over both ranks
+    # and all micro-batches is what one process gives the whole batch (issue 26)
+    rows = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert len(rows) == 4
+    for row in rows:
+        assert abs(row["invariants/loss_weight_error"]) <= 1e-6
+        assert row["invariants/groups_intact"] == 1.0
+    assert rows[0]["invariants/kl_at_start_max"] <= 1e-5  # beta=0.04: the reference is the start
+    assert not (tmp_path / "straight" / "alerts.jsonl").exists()
 
 
 @pytest.mark.slow

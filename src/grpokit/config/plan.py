@@ -243,6 +243,8 @@ class RunControl:
     save_total_limit: int = 2
     max_consecutive_skips: int = 3
     log_completions_steps: int = 0
+    strict_invariants: bool = False  # a broken invariant stops the run with a checkpoint
+    alert_thresholds: Mapping[str, float] = field(default_factory=dict)  # overrides of the defaults
     resume: bool = False
     overwrite: bool = False
     report_to: tuple[str, ...] = ()

@@ -157,6 +157,8 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "hub_model_id": ("applied", "it names only where the final model is uploaded"),
     "hub_private_repo": ("applied", "it decides only the visibility of a repository the push creates"),
     "max_consecutive_skips": ("applied", _APPLIED),
+    "strict_invariants": ("applied", "it decides only whether a broken invariant stops the run"),
+    "alert_thresholds": ("applied", "they decide only when a warning is given"),
     "reward_timeout": ("applied", _APPLIED),
     "on_reward_error": ("applied", "what happens to the next failing reward call"),
     "output_dir": ("applied", "a run directory may be moved or renamed between runs"),

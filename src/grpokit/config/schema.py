@@ -10,12 +10,14 @@ No torch import here: `grpokit print-config` and config errors are instant.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..ops.loss_types import LossType
 from . import trl_names
+from .alerts import ALERT_THRESHOLDS
 from .load import shown
 
 # Every config class: unknown keys rejected, immutable, defaults validated, and no float option takes
@@ -302,6 +304,17 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     log_completions_steps: int = Field(
         50, ge=0, description="print a table of sample completions every N steps"
     )
+    strict_invariants: bool = Field(
+        False,
+        description="stop (with a checkpoint of the step) when a runtime invariant breaks, instead of "
+        "warning once (README: What grpokit checks for you)",
+    )
+    alert_thresholds: dict[str, float] = Field(
+        {},
+        description="training-health alert thresholds to change, by name: entropy_collapse, length_growth, "
+        "truncation_share, clip_ratio, kl, zero_spread, reward_hacking, logp_mismatch (defaults in "
+        "README: What grpokit checks for you)",
+    )
 
     # ---------------------------------------------------------------- model
     model: str = Field(
@@ -563,6 +576,19 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="module names to adapt (e.g. [q_proj, v_proj]); None = every linear projection "
         "except the LM head",
     )
+
+    @field_validator("alert_thresholds")
+    @classmethod
+    def _known_alerts(cls, value: dict[str, float]) -> dict[str, float]:
+        """Each name is an alert's, each threshold a finite number ≥ 0."""
+        for name, threshold in value.items():
+            if not math.isfinite(threshold) or threshold < 0:
+                raise ValueError(f"alert_thresholds.{name}={threshold} must be a finite number ≥ 0")
+            if name not in ALERT_THRESHOLDS:
+                raise ValueError(
+                    f"alert_thresholds has no alert {name!r}; the alerts are {', '.join(ALERT_THRESHOLDS)}"
+                )
+        return value
 
     @field_validator("temperature", mode="before")
     @classmethod

@@ -2,6 +2,6 @@
 `rollout/` (the decode loop) and joins them; training, evaluation, the warm-start probe, `grpokit
 eval` and the Python API all go through it."""
 
-from .engine import EngineSpec, PolicyEngine, Sequences, Wrapping
+from .engine import EngineSpec, PolicyEngine, Replayed, Sequences, Wrapping, truncates
 
-__all__ = ["EngineSpec", "PolicyEngine", "Sequences", "Wrapping"]
+__all__ = ["EngineSpec", "PolicyEngine", "Replayed", "Sequences", "Wrapping", "truncates"]

@@ -6,7 +6,10 @@ model backend and its decoder. It is the only way the policy generates or scores
 * `logps(batch, rows, entropy=...) -> TokenLogps`: log-probs of the completion tokens of some rows under
   the policy, differentiable (the training forward);
 * `frozen_logps(batch, micro, reference=...) -> [B, T]`: the same without gradients, under the policy
-  as it is (old-policy log-probs) or under the reference policy.
+  as it is (old-policy log-probs) or under the reference policy;
+* `replayed_logps(batch, micro, params) -> Replayed`: without gradients, both the policy's log-probs
+  and those of the distribution the sampler drew from (top-k, top-p, min-p replayed on the training
+  forward's logits), so an importance ratio against the sampler's log-probs compares like with like.
 
 Log-probs take one route where it exists: the backend's final hidden states through the LM head chunk
 by chunk (`ops.linear_logps`, no [B, T, V] logits), with each prompt's keys and values shared by its G
@@ -33,7 +36,7 @@ from ..models.backend import LeanBackend, TransformersBackend, backend_of
 from ..models.device import Precision
 from ..models.lora import reference_model
 from ..ops import TokenLogps, linear_logps, token_logps, token_logps_and_entropy
-from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, resolve_decode_loop
+from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, process_logits, resolve_decode_loop
 
 
 class Sequences(Protocol):
@@ -45,6 +48,21 @@ class Sequences(Protocol):
     completion_mask: torch.Tensor  # [B, T] bool: the tokens that carry loss
     # [B, T] bool: the tokens attended to (policy and environment); None: completion_mask (one turn)
     completion_attention: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The completion tokens' log-probs under the policy now, two ways (`PolicyEngine.replayed_logps`)."""
+
+    policy: torch.Tensor  # [B, T] float32 under softmax(z / temperature): the loss's policy
+    sampled: torch.Tensor  # [B, T] float32 under the sampler's distribution: z with its filters applied
+
+
+def truncates(params: SamplingParams) -> bool:
+    """Whether the sampler draws from a distribution other than softmax(z / temperature): top-k, top-p
+    or min-p cut its support and renormalise. (The repetition penalty also reshapes it, from each row's
+    own history; it is not replayed, so a ratio against the sampler's log-probs then carries it.)"""
+    return params.temperature > 0.0 and (bool(params.top_k) or params.top_p < 1.0 or bool(params.min_p))
 
 
 @dataclass(frozen=True)
@@ -150,6 +168,16 @@ class PolicyEngine:
         return self.precision.autocast(self.device)
 
     @property
+    def float32_exact(self) -> bool:
+        """Whether the policy computes in float32 without autocast or TF32: two forwards of the same
+        weights then agree to float32 round-off (the runtime invariants' tight bounds apply)."""
+        return (
+            not self.precision.mixed
+            and self.precision.compute == torch.float32
+            and not (self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
+        )
+
+    @property
     def sampler_is_forward(self) -> bool:
         """Whether the decode loop's log-probs of its tokens equal this engine's forward pass to float32
         round-off, so that they can serve as old-policy log-probs. Only where that is tested and holds
@@ -165,9 +193,7 @@ class PolicyEngine:
             and self.decoder.backend is backend
             and self.environment is None
             and backend.capabilities.exact_sampler_logps
-            and not self.precision.mixed
-            and self.precision.compute == torch.float32
-            and not (self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
+            and self.float32_exact
         )
 
     # ------------------------------------------------------------------ generation
@@ -205,22 +231,82 @@ class PolicyEngine:
         with torch.no_grad():
             return torch.cat(parts)  # outside inference mode: an ordinary tensor
 
+    def replayed_logps(self, batch: Sequences, micro: int, params: SamplingParams) -> Replayed:
+        """The policy's log-probs as now, without gradients, under the loss's distribution and under
+        the sampler's (`params`' top-k, top-p and min-p replayed on this forward's logits, chunk by chunk:
+        no [B, T, V] tensor beyond one chunk). Where the sampler computes what this forward computes,
+        exp(sampled − the sampler's own log-probs) is 1 to round-off whatever the filters: the ratio
+        TRL takes against a full-vocabulary forward is off by the kept mass instead (trl#6789)."""
+        B = batch.completion_ids.shape[0]
+        policy, sampled = [], []
+        with self.frozen_mode():
+            for start in range(0, B, micro):
+                rows = slice(start, start + micro)
+                full, drawn = self._replay(batch, rows, params)
+                policy.append(full)
+                sampled.append(drawn)
+        with torch.no_grad():
+            return Replayed(policy=torch.cat(policy), sampled=torch.cat(sampled))
+
+    def _replay(
+        self, batch: Sequences, rows: slice, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """([b, T], [b, T]) float32 log-probs of `rows`' completion tokens: softmax(z / temperature), and
+        the sampler's distribution (`rollout.process_logits`, the very function it draws from)."""
+        targets = batch.completion_ids[rows]  # [b, T]
+        b, T = targets.shape
+        backend = self.backend
+        with self.autocast():
+            if backend is None or backend.head is None:
+                logits = self._logits(self.train_module, batch, rows)  # [b, T, V]
+                weight = None
+            else:
+                logits = backend.hidden(  # [b, T, H]
+                    batch.prompt_ids[rows],
+                    batch.prompt_mask[rows],
+                    targets,
+                    self._attended(batch)[rows],
+                    self.group_size,
+                )
+                weight = backend.head
+        flat, ids = logits.reshape(b * T, -1), targets.reshape(-1)  # [bT, V or H], [bT]
+        full = torch.empty(b * T, device=flat.device)  # [bT] float32
+        drawn = torch.empty(b * T, device=flat.device)  # [bT] float32
+        V = flat.shape[1] if weight is None else weight.weight.shape[0]
+        chunk = max(1, (1 << 22) // V)  # rows of [n, V] float32 logits at a time: 16 MiB
+        for s in range(0, b * T, chunk):
+            z = flat[s : s + chunk]
+            if weight is not None:  # hidden states through the head, in its dtype, then float32
+                z = torch.nn.functional.linear(z.to(weight.weight.dtype), weight.weight, weight.bias)
+            z = z.float()  # [n, V]
+            at = ids[s : s + chunk, None]  # [n, 1]
+            full[s : s + chunk] = torch.log_softmax(z / self.temperature, -1).gather(-1, at).squeeze(-1)
+            drawn[s : s + chunk] = process_logits(z, None, params).gather(-1, at).squeeze(-1)
+        return full.view(b, T), drawn.view(b, T)
+
+    @staticmethod
+    def _attended(batch: Sequences) -> torch.Tensor:
+        """[B, T] bool: what the forward attends to (in a multi-turn transcript the environment's tokens)."""
+        attention = getattr(batch, "completion_attention", None)  # (absent from older Sequences)
+        return batch.completion_mask if attention is None else attention
+
+    def _logits(self, model: Any, batch: Sequences, rows: slice) -> torch.Tensor:
+        """[b, T, V]: the model's own logits at the positions that score `rows`' completion tokens."""
+        T = batch.completion_ids.shape[1]
+        ids = torch.cat([batch.prompt_ids[rows], batch.completion_ids[rows]], dim=1)  # [b, Lp+T]
+        attention = torch.cat([batch.prompt_mask[rows], self._attended(batch)[rows]], dim=1).long()
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits
+        return logits[:, :-1]  # position t scores targets[:, t]
+
     def _stats(
         self, model: Any, backend: TransformersBackend | None, batch: Sequences, rows: slice, entropy: bool
     ) -> TokenLogps:
         prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]  # [b, Lp]
         targets = batch.completion_ids[rows]  # [b, T]
-        # what the forward attends to: in a multi-turn transcript the environment's tokens too
-        attention = getattr(batch, "completion_attention", None)  # (absent from older Sequences)
-        attend = batch.completion_mask if attention is None else attention
-        attended = attend[rows]  # [b, T]
-        T = targets.shape[1]
+        attended = self._attended(batch)[rows]  # [b, T]
         if backend is None or backend.head is None:  # the model's own logits
-            ids = torch.cat([prompt_ids, targets], dim=1)  # [b, Lp+T]
-            attention = torch.cat([prompt_mask, attended], dim=1).long()  # [b, Lp+T]
             with self.autocast():
-                logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=T + 1).logits
-            logits = logits[:, :-1]  # [b, T, V]: position t scores targets[:, t]; float32 softmax below
+                logits = self._logits(model, batch, rows)  # [b, T, V]; float32 softmax below
             if entropy:
                 return token_logps_and_entropy(logits, targets, self.temperature)
             logps = token_logps(logits, targets, self.temperature)

@@ -41,11 +41,13 @@ from .policy_loss import (
     LossType,
     NegativeAdvantageClip,
     grpo_loss,
+    loss_weight,
 )
 from .reward_loss import bradley_terry_loss
 from .sampling_correction import SAMPLING_CORRECTIONS, SamplingCorrection, sampling_weights
 
 __all__ = [
+    "loss_weight",
     "SAMPLING_CORRECTIONS",
     "SamplingCorrection",
     "sampling_weights",

@@ -275,6 +275,25 @@ LOSS_TYPES: dict[str, LossVariant] = {
 }
 
 
+def loss_weight(
+    completion_mask: torch.Tensor,
+    *,
+    loss_type: str,
+    max_completion_length: int | None = None,
+    num_items_in_batch: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """The total weight `loss_type`'s aggregation gives the counted tokens of `completion_mask` [B, T]:
+    the aggregation of a per-token loss of 1 everywhere. A scalar; a token mean gives 1 (or the batch's
+    share of `num_items_in_batch`), a sequence mean the share of rows with a token. The training loop
+    adds it up over micro-batches and ranks to prove its normaliser (`invariants/loss_weight_error`)."""
+    mask = completion_mask.to(torch.float32)  # [B, T]
+    _lookup(LOSS_TYPES, loss_type, "loss_type")  # type: ignore[arg-type]
+    aggregation = AGGREGATIONS[LOSS_TYPES[loss_type].aggregation]
+    return aggregation(
+        AggregationInputs(torch.ones_like(mask), mask, max_completion_length, num_items_in_batch)
+    )
+
+
 # ----------------------------------------------------------------------------- metrics
 
 

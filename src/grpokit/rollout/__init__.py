@@ -2,6 +2,7 @@
 the distribution it draws from (`processing.py`) and its static-shape step (`static_decode.py`)."""
 
 from .decode import Decoder, LoopControl, episode_seed, tokenize_prompts
+from .processing import process_logits
 from .static_decode import DECODE_LOOPS, resolve_decode_loop
 from .types import Rollout, SamplingParams
 
@@ -12,6 +13,7 @@ __all__ = [
     "Rollout",
     "SamplingParams",
     "episode_seed",
+    "process_logits",
     "resolve_decode_loop",
     "tokenize_prompts",
 ]

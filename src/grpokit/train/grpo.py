@@ -24,6 +24,7 @@ from ..models import check_lora_targets, memory_metrics, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
 from . import distributed
+from .alerts import AlertWatch
 from .checkpoint import SaveTo, list_checkpoints, rng_state, set_rng_state
 from .grpo_setup import (
     Given,
@@ -43,7 +44,7 @@ from .grpo_setup import (
 )
 from .grpo_step import grpo_step
 from .hub_push import check_push, push_final
-from .metrics import InvariantWatch, ZeroSpreadWatch, check_reporters, warn
+from .metrics import InvariantWatch, check_reporters, warn
 from .optim import weights_finite
 from .run import (
     Emit,
@@ -183,8 +184,13 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         return _stopped_early(emit, stop, output_dir, "set-up")
 
     # ------------------------------------------------------------------ the loop
-    step, zero_spread, unscored = run.start, ZeroSpreadWatch(), UnscoredWatch(data.reward_funcs)
-    invariants = InvariantWatch()
+    step, unscored = run.start, UnscoredWatch(data.reward_funcs)
+    invariants = InvariantWatch(exact=trainee.engine.float32_exact, strict=control.strict_invariants)
+    alerts = AlertWatch(control.alert_thresholds, watch_zero_spread=not spec.step.dynamic_sampling)
+    if d.is_main:  # (alerts.jsonl: rank 0's, as metrics.jsonl)
+        alerts.resume(output_dir, run.start)
+        if run.start == 0:
+            alerts.evaluated(0, {f"eval/{k}": v for k, v in run.eval_before.items()})
     abandoned: ScoringStopped | None = None
     with run:  # the metrics writer is closed however the loop ends
         for step in range(run.start + 1, control.max_steps + 1):
@@ -204,22 +210,28 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             metrics |= memory_metrics(d.device)  # the GPU's peak so far (none on a CPU)
             metrics = distributed.mean_metrics(d, metrics)  # every rank takes part
             run.log(step, metrics)
-            cannot_learn = not spec.step.dynamic_sampling and zero_spread.update(
-                float(metrics["frac_reward_zero_std"]), float(metrics["reward"])
-            )
-            if cannot_learn and d.is_main:
-                warn(on_event, step, cannot_learn)
-            for message in unscored.update(metrics) + invariants.update(step, metrics) if d.is_main else []:
+            broken = invariants.update(step, metrics)  # every rank: a strict stop is every rank's
+            if invariants.stop is not None and stop.signal is None:
+                stop.signal = invariants.stop  # finish_step saves this step and stops
+            fired = alerts.update(step, metrics) if d.is_main else []
+            for message in unscored.update(metrics) + broken + [a.line() for a in fired] if d.is_main else []:
                 warn(on_event, step, message)
+            AlertWatch.write(output_dir, fired)
             if control.log_completions_steps and step % control.log_completions_steps == 0:
                 batch = out.batch
                 texts = {"prompts": batch.prompts, "completions": batch.completions}
                 emit("completions", step, texts | {"rewards": batch.rewards.tolist()})
             try:
-                run.evaluate_if_due(step)
+                evaluated = run.evaluate_if_due(step)
             except ScoringStopped as stopped:  # the update is done: finish_step saves it and stops
+                evaluated = None
                 if d.is_main:
                     warn(on_event, step, f"evaluation at step {step} abandoned: {stopped}")
+            if evaluated is not None and d.is_main:  # held-out accuracy against the reward: hacking
+                fired = alerts.evaluated(step, evaluated)
+                for alert in fired:
+                    warn(on_event, step, alert.line())
+                AlertWatch.write(output_dir, fired)
             # a checkpoint where due; a stop signal (on any rank) ends the run after it
             skipped = metrics["skipped_update"] > 0
             if skipped and run.skips + 1 >= control.max_consecutive_skips:  # the guard trips at this step

@@ -29,9 +29,9 @@ import torch
 
 from ..config.plan import StepSpec
 from ..data import PromptSampler, columns_of, render_prompt
-from ..engine import PolicyEngine
+from ..engine import PolicyEngine, truncates
 from ..models import should_sync, sync_reference
-from ..ops import LOSS_TYPES, group_advantages, grpo_loss, sampling_weights
+from ..ops import LOSS_TYPES, group_advantages, grpo_loss, loss_weight, sampling_weights
 from ..rewards import CallRules, score_completions
 from ..rollout import SamplingParams
 from . import distributed, optim
@@ -329,42 +329,118 @@ def frozen_passes(
 ) -> tuple[FrozenLogps, dict[str, Any]]:
     """Old-policy log-probs (`old_logps_source`), reference log-probs, and with sampling_correction the
     importance weights π_old / q of the sampled tokens (which need π_old even when μ = 1). Returns them
-    and the weights' metrics (TRL's names)."""
+    and the weights' metrics (TRL's names).
+
+    Where the sampler cut its distribution (top-k, top-p, min-p), q is the cut distribution's log-prob
+    of each token, so π_old in the weights is the same cut replayed on this forward's logits
+    (`PolicyEngine.replayed_logps`): the weights then measure only how the sampler and the training
+    forward differ, as they should, and are 1 where they agree. A full-vocabulary π_old over a cut q
+    would scale every weight by the kept mass instead (trl#6789). The loss's own ratio π_θ / π_old
+    stays on the full distribution, both sides alike."""
     source = old_logps_source(engine, params)
     correcting = params.spec.sampling_correction != "none"
-    current = None
-    if source == "forward" or correcting:
-        current = engine.frozen_logps(
-            batch, params.spec.micro_batch_size
-        )  # π_old: the policy before updating
+    current = as_sampled = None
+    if source == "forward" or correcting:  # π_old: the policy before updating
+        micro = params.spec.micro_batch_size
+        if truncates(params.sampling):
+            replayed = engine.replayed_logps(batch, micro, params.sampling)
+            current, as_sampled = replayed.policy, replayed.sampled
+        else:
+            current = as_sampled = engine.frozen_logps(batch, micro)
     old = batch.sampling_logps if source == "rollout" else current if source == "forward" else None
     ref = None
     if params.loss.beta != 0.0:
         ref = engine.frozen_logps(batch, params.spec.micro_batch_size, reference=True)
     weights, metrics = None, {}
+    mask = batch.completion_mask
+    if as_sampled is not None:  # the sampler's log-probs against the training forward's, as sampled
+        metrics = mismatch_metrics(as_sampled, batch.sampling_logps, mask)
     if correcting:
-        assert current is not None
+        assert as_sampled is not None
         low, high = params.spec.sampling_correction_bounds
-        mask = batch.completion_mask
         weights = sampling_weights(
-            current,
+            as_sampled,
             batch.sampling_logps,
             mask,
             mode=params.spec.sampling_correction,
             clip_min=low,
             clip_max=high,
         )
-        diff = (current - batch.sampling_logps)[mask]  # [N]: log π_old − log q of the counted tokens
+        diff = (as_sampled - batch.sampling_logps)[mask]  # [N]: log π_old − log q of the counted tokens
         none = diff.new_tensor(float("nan"))  # no counted token: NaN, which rank averaging skips
-        metrics = {  # the ratios before bounds
+        metrics |= {  # the ratios before bounds
             "sampling/importance_sampling_ratio/mean": diff.exp().mean() if diff.numel() else none,
             "sampling/importance_sampling_ratio/max": diff.exp().max() if diff.numel() else none,
-            "sampling/sampling_logp_difference/mean": diff.abs().mean() if diff.numel() else none,
         }
     return FrozenLogps(old=old, ref=ref, weights=weights), metrics
 
 
+# |log π − log q| above this counts a token as mismatched (its ratio outside about [0.905, 1.105])
+MISMATCH_NATS = 0.1
+
+
+def mismatch_metrics(training: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """How far the sampler's log-probs q [B, T] are from the training forward's log π [B, T] of the same
+    tokens (the quantity truncated importance sampling corrects): the mean and largest |log π − log q|
+    over the counted tokens, and the share of them above MISMATCH_NATS. NaN with no counted token."""
+    diff = (training.detach().float() - sampling.float())[mask].abs()  # [N]
+    if not diff.numel():
+        nan = float("nan")
+        return {f"sampling/sampling_logp_difference/{k}": nan for k in ("mean", "max")} | {
+            "sampling/logp_mismatch_share": nan
+        }
+    return {
+        "sampling/sampling_logp_difference/mean": diff.mean(),
+        "sampling/sampling_logp_difference/max": diff.max(),
+        "sampling/logp_mismatch_share": (diff > MISMATCH_NATS).float().mean(),
+    }
+
+
 # ----------------------------------------------------------------------------- 3. update
+
+
+class FirstLook:
+    """What the first update of a step proves about itself from the log-probs it computes anyway (no
+    extra forward; issue 26), as `invariants/*` and `sampling/*` metrics:
+
+    * `invariants/first_ratio_max`: max |π_θ/π_old − 1| over the counted tokens, where old log-probs
+      exist (μ > 1). The policy has not moved yet, so it is 1 to round-off: old log-probs from the
+      rollout or from a forward of the same weights, either way;
+    * `invariants/kl_at_start_max` (step 1 of a run, β ≠ 0): max |log π_θ − log π_ref|. The reference
+      is the starting policy, so 0 to round-off; anything else is a stale or different reference;
+    * the sampler/training mismatch (`mismatch_metrics`) when no frozen pass measured it and the sampler
+      draws from the loss's own distribution (no top-k, top-p, min-p or repetition penalty)."""
+
+    def __init__(self, frozen: FrozenLogps, step: int, mismatch: bool) -> None:
+        self.frozen, self.mismatch = frozen, mismatch
+        self.kl = step == 1 and frozen.ref is not None
+        self.ratio: list[torch.Tensor] = []  # per micro-batch: max |ratio − 1| (0-d, on the device)
+        self.gap: list[torch.Tensor] = []  # per micro-batch: max |log π_θ − log π_ref|
+        self.parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (logps, q, mask)
+
+    def add(self, logps: torch.Tensor, batch: Batch, rows: slice) -> None:
+        """The micro-batch `rows`' training log-probs [b, T]."""
+        logps, mask = logps.detach().float(), batch.completion_mask[rows]  # [b, T]
+        if self.frozen.old is not None:
+            excess = ((logps - self.frozen.old[rows]).exp() - 1.0).abs()  # [b, T]
+            self.ratio.append(torch.where(mask, excess, 0.0).amax())
+        if self.kl:
+            assert self.frozen.ref is not None
+            gap = (logps - self.frozen.ref[rows]).abs()  # [b, T]
+            self.gap.append(torch.where(mask, gap, 0.0).amax())
+        if self.mismatch:
+            self.parts.append((logps, batch.sampling_logps[rows], mask))
+
+    def metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.ratio:
+            out["invariants/first_ratio_max"] = torch.stack(self.ratio).max()
+        if self.gap:
+            out["invariants/kl_at_start_max"] = torch.stack(self.gap).max()
+        if self.parts:
+            logps, q, mask = (_pad_cat([p[i] for p in self.parts], 0, left=False) for i in range(3))
+            out |= mismatch_metrics(logps, q, mask.bool())
+        return out
 
 
 def optimizer_step(
@@ -374,15 +450,21 @@ def optimizer_step(
     frozen: FrozenLogps,
     params: StepParams,
     d: distributed.Dist,
+    look: FirstLook | None = None,
 ) -> dict[str, Any]:
-    """One optimizer step over the whole batch, accumulating gradients over micro-batches."""
+    """One optimizer step over the whole batch, accumulating gradients over micro-batches. `look`: the
+    step's first update, which also reports what it proves (`FirstLook`, `invariants/loss_weight_error`)."""
     B, micro = batch.completion_ids.shape[0], params.spec.micro_batch_size
     n_micro = B // micro
     lp = params.loss
     num_items = distributed.all_reduce_sum(d, batch.completion_mask.sum())  # tokens on all ranks
     scale = distributed.loss_scale(d, global_normaliser=lp.global_normaliser)
+    # each micro-batch's loss is weighted so: divided by the micro-batch count unless its normaliser
+    # is already the whole batch's, and scaled to undo the averaging of gradients over ranks
+    factor = (1.0 if lp.global_normaliser else 1.0 / n_micro) * scale
     update.optimizer.zero_grad(set_to_none=True)
     totals: dict[str, torch.Tensor] = {}
+    weight = torch.zeros((), device=batch.completion_mask.device)  # the normaliser's weight in all
     for start in range(0, B, micro):
         rows = slice(start, start + micro)
         stats = engine.logps(batch, rows, entropy=True)  # [b, T]
@@ -397,15 +479,44 @@ def optimizer_step(
             num_items_in_batch=num_items,
             **asdict(lp),  # loss_type, beta, epsilon, ...: grpo_loss's own names
         )
-        loss = out.loss if lp.global_normaliser else out.loss / n_micro
-        (loss * scale).backward()  # ranks' gradients are averaged: scale undoes it for global counts
-        # the objective is the sum of what was back-propagated; metrics are micro-batch means
-        totals["loss"] = totals.get("loss", 0.0) + loss.detach()
+        (out.loss * factor).backward()
+        # the objective is the sum of what was back-propagated (before the rank scale); metrics are
+        # micro-batch means
+        totals["loss"] = totals.get("loss", 0.0) + out.loss.detach() * factor / scale
         for key, value in out.metrics.items():
             totals[key] = totals.get(key, 0.0) + value / n_micro
+        if look is not None:
+            look.add(stats.logps, batch, rows)
+            weight = (
+                weight
+                + factor
+                * loss_weight(
+                    batch.completion_mask[rows],
+                    loss_type=lp.loss_type,
+                    max_completion_length=lp.max_completion_length,
+                    num_items_in_batch=num_items,
+                ).cpu()
+            )
+    if look is not None:
+        totals |= look.metrics()
+        totals["invariants/loss_weight_error"] = weight - whole_batch_weight(
+            batch.completion_mask, lp, num_items
+        )
     return totals | optim.apply_update(
         engine.train_module, update.optimizer, update.scheduler, totals["loss"], params.spec.max_grad_norm, d
     )
+
+
+def whole_batch_weight(mask: torch.Tensor, lp: LossParams, num_items: torch.Tensor) -> torch.Tensor:
+    """What the loss's normaliser gives this rank's tokens [B, T] when one process takes the whole
+    batch in one micro-batch, as a share of the run's (so averaging over ranks gives the whole). A
+    normaliser by the count of every rank's tokens gives them 1 in all: this rank's share is 1 (the
+    average over ranks of 1 is 1) when any rank has a token. Means per row or per token of this rank's
+    batch average over ranks as they are (ranks hold equal row counts). The loop's sum over micro-batches
+    and ranks must equal it: `invariants/loss_weight_error` ≈ 0 whatever the split or world size."""
+    if lp.global_normaliser:
+        return (num_items > 0).float()
+    return loss_weight(mask, loss_type=lp.loss_type, max_completion_length=lp.max_completion_length)
 
 
 # ----------------------------------------------------------------------------- the step
@@ -452,8 +563,12 @@ def grpo_step(
     metrics |= correction_metrics
     frozen_done = synced_clock(engine.device)
     skipped = rolled_back = 0.0
-    for _ in range(params.spec.num_iterations):
-        metrics |= optimizer_step(engine, update, batch, frozen, params, d)
+    s = params.sampling
+    unfiltered = not truncates(s) and s.repetition_penalty == 1.0
+    measured = "sampling/sampling_logp_difference/mean" in metrics  # by a frozen pass
+    look = FirstLook(frozen, step, mismatch=unfiltered and not measured)
+    for iteration in range(params.spec.num_iterations):
+        metrics |= optimizer_step(engine, update, batch, frozen, params, d, look if iteration == 0 else None)
         skipped += metrics["skipped_update"]
         rolled_back += metrics["update_rolled_back"]
     metrics["skipped_update"] = skipped  # updates of this step skipped (non-finite loss, or weights)

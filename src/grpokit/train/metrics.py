@@ -212,35 +212,88 @@ class ZeroSpreadWatch:
         )
 
 
-# invariant -> (broken when the metric is ..., the likely cause); each says so once per run
+@dataclass(frozen=True)
+class Invariant:
+    """What a step must satisfy: broken when `deviation(value)` exceeds `bound` (float32 compute, no
+    autocast or TF32), or `mixed_bound` (bf16/fp16 autocast or TF32: 8 or 10 mantissa bits over
+    logits of a few tens put round-off near 0.1 nats in the worst token)."""
+
+    deviation: Callable[[float], float]
+    bound: float
+    mixed_bound: float
+    cause: str
+
+
+# invariant metric -> what breaking it means; each says so once per run (`InvariantWatch`)
 INVARIANTS = {
-    "invariants/groups_intact": (
-        lambda v: v < 1.0,
+    "invariants/groups_intact": Invariant(
+        lambda v: 1.0 - v,
+        0.0,
+        0.0,
         "a run of G rows holds more than one prompt, so advantages compare completions of different "
         "prompts: the batch was reordered or merged out of group order",
     ),
-    "invariants/group_advantage_sum_max": (
-        lambda v: v > 1e-4,  # float32 round-off of a mean-centred group is ~1e-7·G
+    "invariants/group_advantage_sum_max": Invariant(
+        abs,
+        1e-4,  # float32 round-off of a mean-centred group is ~1e-7·G
+        1e-4,  # (advantages are float32 on the host whatever the compute dtype)
         "a group's advantages do not sum to 0: they were computed over rows not ordered by group, or "
         "changed after group normalisation",
+    ),
+    "invariants/first_ratio_max": Invariant(
+        abs,
+        1e-3,
+        0.1,
+        "the policy ratio is not 1 before the policy has moved: the old log-probs are not those of the "
+        "policy being updated (a stale or different model, another sampling distribution such as top-k "
+        "or top-p treated as the loss's, or a forward that differs from the training one)",
+    ),
+    "invariants/kl_at_start_max": Invariant(
+        abs,
+        1e-3,
+        0.1,
+        "the reference's log-probs differ from the policy's at step 1, though the reference is the "
+        "starting policy: a stale or different reference model, or a reference pass that differs from "
+        "the training forward",
+    ),
+    "invariants/loss_weight_error": Invariant(
+        abs,
+        1e-5,  # a sum of a few float32 weights of at most 1
+        1e-5,
+        "the loss's normaliser gives the batch's tokens another total weight than one process with the "
+        "whole batch would: the result depends on the micro-batch split or the world size (a token count "
+        "not summed over ranks, or a mean not divided by the number of micro-batches)",
     ),
 }
 
 
 class InvariantWatch:
     """Says once per run and invariant when a step breaks one of `INVARIANTS`: its name, the step,
-    the value and the likely cause."""
+    the value and the likely cause. `exact`: the policy computes in float32 without autocast or TF32
+    (the tight bounds apply). `strict` (strict_invariants): the first break also asks the loop to stop,
+    with a checkpoint (`stop` names the invariant)."""
 
-    def __init__(self) -> None:
+    def __init__(self, exact: bool = True, strict: bool = False) -> None:
+        self.exact, self.strict = exact, strict
         self.said: set[str] = set()
+        self.stop: str | None = None
 
     def update(self, step: int, metrics: dict[str, Any]) -> list[str]:
         messages = []
-        for name, (broken, cause) in INVARIANTS.items():
+        for name, rule in INVARIANTS.items():
             value = metrics.get(name)
-            if value is None or name in self.said or not broken(float(value)):
+            if value is None or name in self.said:
+                continue
+            number = float(value)
+            bound = rule.bound if self.exact else rule.mixed_bound
+            if not rule.deviation(number) > bound:
                 continue
             self.said.add(name)
             short = name.split("/", 1)[1]
-            messages.append(f"invariant {short} broken at step {step} (value {float(value):.3g}): {cause}.")
+            head = f"invariant {short} broken at step {step} (value {number:.3g}, bound {bound:g})"
+            message = f"{head}: {rule.cause}."
+            if self.strict and self.stop is None:
+                self.stop = f"invariant {short}"
+                message += " strict_invariants=true: the run stops here, with a checkpoint of this step."
+            messages.append(message)
         return messages

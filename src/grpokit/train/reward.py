@@ -3,7 +3,8 @@
 One step: take `batch_size` preference pairs -> in micro-batches, score chosen and rejected
 sequences in one forward pass each (stacked: 2n rows) -> `ops.bradley_terry_loss`, weighted by the
 micro-batch's share of the pairs so the accumulated gradient is the batch mean -> clip -> AdamW ->
-metrics, evaluation (pairwise accuracy, margins, a calibration table), checkpoints.
+metrics, evaluation (pairwise accuracy, margins, a calibration table), checkpoints; at the end,
+reward_diagnostics.json (calibration, length bias, padding invariance: train/reward_diagnostics.py).
 The model trains on the config's device (under torchrun, the rank's), its weights and AdamW state in
 the master dtype, its forward passes under autocast in `dtype`, the loss in float32; metrics and
 checkpoints are on the host. Optimizer and schedule (train/optim.py), checkpoints (train/checkpoint.py),
@@ -13,7 +14,6 @@ metrics (train/metrics.py) and the run around the loop (train/run.py) are the GR
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -50,11 +50,17 @@ from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distrib
 from .hub_push import check_push, push_final
 from .metrics import check_reporters
 from .optim import apply_update, make_optimizer, make_scheduler
+from .reward_diagnostics import (
+    DIAGNOSTICS_FILE,
+    PADDING_SAMPLE,
+    ScoredPairs,
+    margin_buckets,
+    padding_invariance,
+    reward_diagnostics,
+)
 from .run import Run, RunResult, Starting, StopSignals, latest_checkpoint, prepare_output_dir, seed_everything
 from .rundir import claim_output_dir, exclusive_output_dir
 from .threads import ThreadGovernor
-
-CALIBRATION_EDGES = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)  # buckets of |r_chosen − r_rejected|
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,58 @@ def on_device(batch: PreferenceBatch, device: torch.device) -> PreferenceBatch:
 
 
 @torch.no_grad()
+def score_pairs(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    max_length: int,
+    batch_size: int = 64,
+    long_pairs: str = "truncate",
+    precision: Precision | None = None,
+) -> ScoredPairs:
+    """Every pair's chosen and rejected score (float32, on the host) and token lengths as scored. The
+    model scores on its device, under `precision`'s autocast (None: as stored)."""
+    was_training = model.training
+    model.eval()
+    device, precision = model_device(model), precision or Precision()
+    scores, lengths, pairs = [], [], []
+    for start in range(0, len(rows), batch_size):
+        batch = collate_preferences(tokenizer, rows[start : start + batch_size], max_length, long_pairs)  # type: ignore[arg-type]
+        lengths.append(batch.attention_mask.sum(-1))  # [2n] tokens scored per sequence
+        batch = on_device(batch, device)
+        with precision.autocast(device):
+            scores.append(reward_scores(model, batch.input_ids, batch.attention_mask).float().cpu())  # [2n]
+        pairs.append(batch.num_pairs)
+    model.train(was_training)
+    parts = list(zip(scores, lengths, pairs, strict=True))  # per batch: [2n] scores, [2n] lengths, n
+    return ScoredPairs(
+        chosen=torch.cat([s[:n] for s, _, n in parts]),  # [N]
+        rejected=torch.cat([s[n:] for s, _, n in parts]),  # [N]
+        chosen_lengths=torch.cat([length[:n] for _, length, n in parts]).long(),  # [N]
+        rejected_lengths=torch.cat([length[n:] for _, length, n in parts]).long(),  # [N]
+    )
+
+
+def pair_metrics(scored: ScoredPairs) -> dict[str, float]:
+    """Pairwise accuracy (strict r_c > r_r), mean margin, mean chosen and rejected reward, and
+    accuracy per bucket of |margin| (the calibration table: a calibrated model is right more
+    often where it is more confident)."""
+    c, r, gap = scored.chosen, scored.rejected, scored.gap
+    metrics = {
+        "accuracy": (gap > 0).float().mean().item(),
+        "margin": gap.mean().item(),
+        "chosen_rewards": c.mean().item(),
+        "rejected_rewards": r.mean().item(),
+        "num_pairs": float(len(gap)),
+    }
+    for name, _, _, inside in margin_buckets(gap):
+        metrics[f"calibration/{name}/count"] = float(inside.sum())
+        if inside.any():
+            metrics[f"calibration/{name}/accuracy"] = (gap[inside] > 0).float().mean().item()
+    return metrics
+
+
 def evaluate_reward_model(
     model: Any,
     tokenizer: Any,
@@ -112,39 +170,40 @@ def evaluate_reward_model(
     long_pairs: str = "truncate",
     precision: Precision | None = None,
 ) -> dict[str, float]:
-    """Pairwise accuracy (strict r_c > r_r), mean margin, mean chosen and rejected reward, and
-    accuracy per bucket of |margin| (the calibration table: a calibrated model is right more
-    often where it is more confident). The model scores on its device, under `precision`'s autocast
-    (None: as stored)."""
-    was_training = model.training
-    model.eval()
-    device, precision = model_device(model), precision or Precision()
-    chosen, rejected = [], []
-    for start in range(0, len(rows), batch_size):
-        batch = collate_preferences(tokenizer, rows[start : start + batch_size], max_length, long_pairs)  # type: ignore[arg-type]
-        batch = on_device(batch, device)
-        with precision.autocast(device):
-            scores = reward_scores(model, batch.input_ids, batch.attention_mask)
-        scores = scores.float()
-        chosen.append(scores[: batch.num_pairs])
-        rejected.append(scores[batch.num_pairs :])
-    model.train(was_training)
-    c, r = torch.cat(chosen), torch.cat(rejected)
-    gap = c - r
-    metrics = {
-        "accuracy": (gap > 0).float().mean().item(),
-        "margin": gap.mean().item(),
-        "chosen_rewards": c.mean().item(),
-        "rejected_rewards": r.mean().item(),
-        "num_pairs": float(len(gap)),
-    }
-    for lo, hi in zip(CALIBRATION_EDGES[:-1], CALIBRATION_EDGES[1:], strict=True):
-        inside = (gap.abs() >= lo) & (gap.abs() < hi)
-        name = f"calibration/{lo:g}-{hi:g}"
-        metrics[name + "/count"] = float(inside.sum())
-        if inside.any():
-            metrics[name + "/accuracy"] = (gap[inside] > 0).float().mean().item()
-    return metrics
+    """`pair_metrics` of the pairs as `score_pairs` scores them."""
+    return pair_metrics(
+        score_pairs(
+            model,
+            tokenizer,
+            rows,
+            max_length=max_length,
+            batch_size=batch_size,
+            long_pairs=long_pairs,
+            precision=precision,
+        )
+    )
+
+
+def diagnose(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    evaluated: tuple[ScoredPairs, dict[str, float]],
+    *,
+    max_length: int,
+    long_pairs: str = "truncate",
+    precision: Precision | None = None,
+) -> dict[str, Any]:
+    """reward_diagnostics.json's contents: from `evaluated`, the (scores, metrics) of an evaluation
+    of `rows` by the model as it is now, plus a padding check on the first pairs' sequences."""
+    sample = collate_preferences(tokenizer, rows[: PADDING_SAMPLE // 2], max_length, long_pairs)  # type: ignore[arg-type]
+    sequences = [
+        ids[mask].tolist() for ids, mask in zip(sample.input_ids, sample.attention_mask, strict=True)
+    ]
+    padding = padding_invariance(
+        model, sequences, tokenizer.pad_token_id, max_length=max_length, precision=precision
+    )
+    return reward_diagnostics(*evaluated, padding)
 
 
 def reward_step(
@@ -191,6 +250,57 @@ def reward_step(
         | apply_update(model, optimizer, scheduler, totals["loss"], spec.max_grad_norm, d)
         | {"num_pairs": kept}
     )
+
+
+@dataclass
+class HeldOut:
+    """A run's evaluations of its held-out pairs: `evaluate` at the start and every eval_steps (the
+    metrics, and calibration.json), `diagnose` once after the last step (reward_diagnostics.json).
+    Every rank scores (the model may be sharded); files are written where `output_dir` is set (rank 0)."""
+
+    model: Any
+    tokenizer: Any
+    pairs: list[dict[str, Any]]
+    max_length: int
+    batch_size: int
+    precision: Precision
+    output_dir: Path | None  # None: write nothing (ranks other than 0)
+    latest: tuple[ScoredPairs, dict[str, float]] | None = None  # the last evaluation's scores, metrics
+
+    def evaluate(self) -> dict[str, float]:
+        return self.score()[1] if self.pairs else {}
+
+    def score(self) -> tuple[ScoredPairs, dict[str, float]]:
+        """Score the pairs, keep the scores as `latest`, write calibration.json; -> (scores, metrics)."""
+        scored = score_pairs(
+            self.model,
+            self.tokenizer,
+            self.pairs,
+            max_length=self.max_length,
+            batch_size=self.batch_size,
+            precision=self.precision,
+        )
+        self.latest = (scored, pair_metrics(scored))
+        if self.output_dir is not None:
+            (self.output_dir / "calibration.json").write_text(json.dumps(self.latest[1], indent=1))
+        return self.latest
+
+    def diagnose(self, step: int) -> None:
+        """After the last step: the final model's diagnostics. The latest evaluation is of it (the last
+        step evaluates; with max_steps=0 the start did); a run resumed at its last step has evaluated
+        nothing yet, so it scores now."""
+        if not self.pairs:
+            return
+        found = diagnose(
+            self.model,
+            self.tokenizer,
+            self.pairs,
+            self.latest or self.score(),
+            max_length=self.max_length,
+            precision=self.precision,
+        )
+        if self.output_dir is not None:
+            (self.output_dir / DIAGNOSTICS_FILE).write_text(json.dumps(found | {"step": step}, indent=1))
 
 
 def preference_data(
@@ -273,6 +383,8 @@ def _train_reward(
             plan.model, alphabet, spec.max_length, dtype=precision.master
         )
     prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
+    if replacing and d.is_main:  # an earlier run's diagnostics are not this run's
+        (output_dir / DIAGNOSTICS_FILE).unlink(missing_ok=True)
     model = distributed.wrap(d, model.to(device=device, dtype=precision.master), strategy)
     optimizer = make_optimizer(model.parameters(), plan.optimizer)
     scheduler = make_scheduler(optimizer, plan.optimizer)
@@ -281,20 +393,15 @@ def _train_reward(
     parts = TrainingParts(model, tokenizer, optimizer, scheduler, sampler)
     saves_to = SaveTo(output_dir, control.config_yaml, control.save_total_limit)
 
-    def evaluate_now() -> dict[str, float]:
-        if not eval_pairs:
-            return {}
-        metrics = evaluate_reward_model(
-            model,
-            tokenizer,
-            eval_pairs,
-            max_length=spec.max_length,
-            batch_size=spec.micro_batch_size,
-            precision=precision,
-        )
-        if d.is_main:
-            (output_dir / "calibration.json").write_text(json.dumps(metrics, indent=1))
-        return metrics
+    held_out = HeldOut(
+        model,
+        tokenizer,
+        eval_pairs,
+        spec.max_length,
+        spec.micro_batch_size,
+        precision,
+        output_dir if d.is_main else None,
+    )
 
     def restore(path: Path) -> tuple[int, dict[str, float]]:
         state = restore_distributed(d, strategy, path, parts)
@@ -304,7 +411,7 @@ def _train_reward(
         save_distributed(d, strategy, saves_to, step, parts, run.eval_before)
 
     stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
-    starting = Starting(latest_checkpoint(control, compare, d, on_event), restore, evaluate_now)
+    starting = Starting(latest_checkpoint(control, compare, d, on_event), restore, held_out.evaluate)
     run = Run.open(control, d, emit, stop, starting, threads)
 
     # ------------------------------------------------------------------ the loop
@@ -321,6 +428,8 @@ def _train_reward(
             run.evaluate_if_due(step)
             if run.finish_step(step, metrics["skipped_update"] > 0, save):
                 break
+    if step == control.max_steps:  # finished, not stopped early: diagnose the final model
+        held_out.diagnose(step)
     result = run.result(RewardResult, step)
     push_final(control, main=d.is_main, stopped=run.stop.signal is not None)  # the final model, if asked
     return result

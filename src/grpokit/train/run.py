@@ -331,11 +331,15 @@ class Run:
                 metrics = metrics | {"cpu_threads": float(self.threads.current)}
             self.emit("step", step, self.writer.write(step, metrics))
 
-    def evaluate_if_due(self, step: int) -> None:
-        """Evaluate every `eval_steps` steps and at the last."""
+    def evaluate_if_due(self, step: int) -> dict[str, Any] | None:
+        """Evaluate every `eval_steps` steps and at the last; returns the row written (eval/ keys), or
+        None when no evaluation was due."""
         every = self.control.eval_steps
         if step == self.control.max_steps or (every and step % every == 0):
-            self.emit("eval", step, self.writer.write(step, self.evaluate(), prefix="eval/"))
+            row = self.writer.write(step, self.evaluate(), prefix="eval/")
+            self.emit("eval", step, row)
+            return row
+        return None
 
     def finish_step(self, step: int, skipped: bool, save: Callable[[int], None]) -> bool:
         """After the step's metrics and evaluation: `save(step)` where `should_save`, count a skipped

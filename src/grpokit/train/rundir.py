@@ -41,7 +41,14 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 logger = logging.getLogger(__name__)
 
 # What a run writes into its output_dir (and `overwrite=true` removes): nothing else there is touched.
-RUN_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "calibration.json", "config.yaml")
+RUN_FILES = (
+    "metrics.jsonl",
+    "sft_metrics.jsonl",
+    "alerts.jsonl",
+    "calibration.json",
+    "reward_diagnostics.json",
+    "config.yaml",
+)
 RUN_DIRS = ("tensorboard", "wandb", "report", "final")
 
 
