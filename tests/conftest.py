@@ -109,3 +109,23 @@ def hub_offline(hub_home, monkeypatch) -> Path:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_home / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return hub_home
+
+
+@pytest.fixture
+def empty_hub_offline(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache, read offline by huggingface_hub and datasets (both read their
+    environment once at import, so their constants are set too): any hub id or dataset name is missing,
+    at once, as on a machine that never downloaded it."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    home = tmp_path / "empty_hf_home"
+    for name, value in {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    return home

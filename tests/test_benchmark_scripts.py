@@ -220,3 +220,24 @@ def test_memory_metrics_describe_only_a_gpu():
     from grpokit.models import memory_metrics
 
     assert memory_metrics(torch.device("cpu")) == {}
+
+
+@pytest.mark.slow
+def test_doctor_memory_script_runs_its_smoke_size(tmp_path):
+    """benchmarks/doctor_memory.py --smoke: a tiny Llama (V = 512) through two GRPO steps in a fresh
+    process; the row has the forecast's parts, the baseline it was given and the measured peak, and
+    the script's verdict is the 25% bound on their ratio."""
+    spec = importlib.util.spec_from_file_location("doctor_memory", SCRIPT.parent / "doctor_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "doctor_memory.json"
+    code = module.main(["--smoke", "--out", str(out)])
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert row["size"] == "smoke" and row["vocab"] == 512
+    assert row["forecast_parts"]["baseline"] == row["baseline_bytes"] > 0
+    assert row["forecast_bytes"] == row["forecast_parts"]["total"]
+    assert row["measured_peak_rss_bytes"] >= row["measured_peak_rss_step1_bytes"] > row["baseline_bytes"]
+    assert row["ratio"] == row["forecast_bytes"] / row["measured_peak_rss_bytes"]
+    within = abs(row["ratio"] - 1) <= module.BOUND
+    assert result["all_within_bound"] is within and code == (0 if within else 1)

@@ -1,15 +1,18 @@
 """The main job (`grpokit train`, the addition preset, about 80 s on 2 cores) as a user runs it: every
-runtime invariant holds at every step, no training-health alert fires, and held-out accuracy rises
-(issue 26). The run is shared by the module's tests."""
+runtime invariant holds at every step, no training-health alert fires, held-out accuracy rises, and
+`grpokit doctor` forecast its zero-spread share (issue 26). The run is shared by the module's tests;
+the doctor of every train preset finishes within a minute."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from grpokit.config import GRPOConfig
 from grpokit.config.applied import preset_of, preset_values
+from grpokit.train.doctor import checkup
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import INVARIANTS, InvariantWatch
 
@@ -55,3 +58,32 @@ def test_the_main_job_fires_no_alert(main_job):
     assert not [m for m in warnings if m.startswith(("alert ", "invariant "))], warnings
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert evals[-1] > evals[0] + 0.15  # and it learned (37% -> 55-75% over seeds and CPUs)
+
+
+def test_the_doctor_forecasts_the_main_jobs_zero_spread(main_job, tmp_path):
+    """The doctor's share of zero-spread groups, sampled after the same warm start, is within 15
+    points of the share the main job's first 10 steps saw."""
+    result, rows, _ = main_job
+    seen = sum(r["frac_reward_zero_std"] for r in rows if "loss" in r and r["step"] <= 10) / 10
+    overrides = {"output_dir": str(tmp_path / "doctor"), "progress": False}
+    began = time.perf_counter()
+    report = checkup(GRPOConfig(**(preset_values("addition") | overrides)), preset_of("addition", overrides))
+    seconds = time.perf_counter() - began
+    assert not report.fatal
+    assert abs(report.zero_spread - seen) <= 0.15, (report.zero_spread, seen)
+    assert seconds < 60  # the pre-flight of the main job, warm start included, on 2 cores
+
+
+@pytest.mark.parametrize("preset", ["tool_addition", "rlhf_addition", "gsm8k"])
+def test_the_doctor_of_every_train_preset_finishes_within_a_minute(preset, tmp_path, empty_hub_offline):
+    """gsm8k's model and dataset are not in this machine's cache, and rlhf_addition's reward model is
+    trained by another command first: each a fatal finding that names it, found fast."""
+    overrides = {"output_dir": str(tmp_path / "doctor"), "progress": False}
+    began = time.perf_counter()
+    report = checkup(GRPOConfig(**(preset_values(preset) | overrides)), preset_of(preset, overrides))
+    assert time.perf_counter() - began < 60
+    missing = {"gsm8k": "gsm8k", "rlhf_addition": "reward_addition_rlhf"}
+    assert report.fatal == (preset in missing)
+    if preset in missing:
+        fatal = [f for f in report.findings if f.level == "fatal"]
+        assert missing[preset] in f"{fatal[0].item} {fatal[0].value} {fatal[0].advice}", fatal

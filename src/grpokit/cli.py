@@ -278,6 +278,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """The pre-flight of a train config: a table of findings; exit 1 on a fatal one."""
+    from rich.table import Table
+
+    from .config import GRPOConfig
+    from .models import parse_bytes
+    from .train.doctor import checkup
+
+    cfg, preset = _config_and_preset(GRPOConfig, PRESET, args.items)
+    gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory else None
+    console = _console()
+    with console.status("grpokit doctor: loading, probing the rewards, sampling a few groups..."):
+        report = checkup(cfg, preset, groups=args.groups, gpu_memory=gpu_memory)
+    table = Table(title=f"grpokit doctor: {cfg.output_dir}", show_lines=False)
+    for column in ("section", "check", "finding", "", "what to do"):
+        table.add_column(column, overflow="fold")
+    marks = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fatal": "[bold red]FATAL[/]"}
+    for f in report.findings:
+        table.add_row(f.section, f.item, f.value, marks[f.level], f.advice)
+    console.print(table)
+    fatal = [f for f in report.findings if f.level == "fatal"]
+    warned = sum(f.level == "warn" for f in report.findings)
+    if fatal:
+        console.print(f"[bold red]{len(fatal)} fatal finding(s)[/]: the run would fail; fix them first.")
+        return 1
+    console.print(f"no fatal finding ({warned} warning(s)). Train with the same arguments: grpokit train ...")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     """A checkpoint as a plain model directory: LoRA adapters merged into the base weights, no
     optimizer or training state; `eval model=` and `train model=` load it."""
@@ -492,6 +521,19 @@ def build_parser() -> argparse.ArgumentParser:
             "items", nargs="*", metavar="[CONFIG.yaml] key=value", help="config file and overrides"
         )
         cmd.set_defaults(handler=handler)
+    doctor = sub.add_parser(
+        "doctor",
+        help="pre-flight a train config: data, rewards, a few sampled groups, memory and time (no training)",
+        description="Check a train config before running it: the data, each reward on reference, empty and "
+        "garbage completions, K sampled groups (zero spread, truncation, length), a memory forecast and a "
+        "step-time estimate. Exits 1 on a fatal finding.",
+        epilog=options_help(GRPOConfig, "addition"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    doctor.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="as for train")
+    doctor.add_argument("--gpu-memory", help="also forecast for a GPU of this size (80GiB, 24GB, ...)")
+    doctor.add_argument("--groups", type=int, help="prompts to sample (default: prompts_per_step, ≤ 64)")
+    doctor.set_defaults(handler=_cmd_doctor)
     export = sub.add_parser(
         "export", help="a checkpoint as a plain model directory (LoRA adapters merged into the weights)"
     )

@@ -73,6 +73,8 @@ def _mark_alerts(ax: object, alerts: list[dict]) -> None:
             alert["name"],
             (alert["step"], 1.0),
             xycoords=("data", "axes fraction"),
+            xytext=(-3, -3),  # beside the line, not on it
+            textcoords="offset points",
             rotation=90,
             fontsize=7,
             color="tab:red",

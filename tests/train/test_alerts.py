@@ -88,17 +88,21 @@ def test_a_constant_reward_has_zero_spread(tmp_path):
 
 
 def test_large_updates_over_several_iterations_leave_the_clipping_range(tmp_path):
-    _, alerts, said = _run(tmp_path, [ones_reward], max_steps=3, num_iterations=4, learning_rate=0.3)
-    alert = _only(alerts, said, "clip_ratio", step=1)
-    assert alert["value"] > 0.2 and "num_iterations" in alert["advice"]
+    # eight updates on one batch at a high learning rate: past the trust region within 3 steps (over
+    # seeds 1, 2, 3, 7, 11, 13 the largest share was 0.53-0.95, the threshold 0.2)
+    _, alerts, said = _run(tmp_path, [ones_reward], max_steps=3, num_iterations=8, learning_rate=3e-2)
+    clip = [a for a in alerts if a["name"] == "clip_ratio"]
+    assert len(clip) == 1 and clip[0]["step"] <= 3 and clip[0]["value"] > 0.2
+    assert "num_iterations" in clip[0]["advice"]
+    assert [s for s, m in said if "alert clip_ratio" in m] == [clip[0]["step"]]
 
 
 def test_a_policy_driven_far_from_its_reference_blows_up_the_kl(tmp_path):
-    _, alerts, said = _run(tmp_path, [ones_reward], max_steps=4, beta=0.01, learning_rate=0.3)
-    names = [a["name"] for a in alerts]
-    assert "kl" in names
-    kl = alerts[names.index("kl")]
-    assert kl["value"] > 1.0 and "beta" in kl["advice"]
+    # over seeds 1, 2, 3, 7, 11 the KL passed 1 nat by step 3 to 5
+    _, alerts, said = _run(tmp_path, [ones_reward], max_steps=8, beta=0.01, learning_rate=0.3)
+    kl = [a for a in alerts if a["name"] == "kl"]
+    assert len(kl) == 1 and kl[0]["value"] > 1.0 and "beta" in kl[0]["advice"]
+    assert [s for s, m in said if "alert kl" in m] == [kl[0]["step"]]
 
 
 def test_a_non_finite_loss_is_said(tmp_path, monkeypatch):
@@ -115,18 +119,34 @@ def test_a_non_finite_loss_is_said(tmp_path, monkeypatch):
     assert "learning_rate" in alert["advice"]
 
 
+@pytest.mark.slow
 def test_a_reward_that_pays_for_the_wrong_thing_is_caught_hacking(tmp_path):
-    # the reward pays for '1' characters; the task (is_correct) wants completions without one
-    def no_ones(completion, row):
-        return "1" not in completion
-
-    events = []
-    cfg = tiny_config(
-        tmp_path, max_steps=20, eval_steps=4, num_eval_prompts=16, learning_rate=3e-2, max_completion_length=6
+    """A warm start teaches some addition (held-out accuracy 0.2-0.4); then the reward pays for '1'
+    characters instead of the sum: the training reward rises to 1 while held-out accuracy falls to 0
+    (seeds 1, 2, 3, 7: caught at the first evaluation after, step 4). About 20 s."""
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        task="addition",
+        model="tiny",
+        seed=3,
+        max_steps=8,
+        prompts_per_step=8,
+        num_generations=4,
+        micro_batch_size=32,
+        num_eval_prompts=64,
+        eval_steps=4,
+        save_steps=0,
+        log_completions_steps=0,
+        progress=False,
+        sft_steps=400,
+        sft_target_accuracy=0.2,
+        sft_batch_size=256,
+        sft_learning_rate=3e-3,
+        sft_warmup_steps=50,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
     )
-    result = train_grpo(
-        cfg, reward_funcs=[ones_reward], is_correct=no_ones, on_event=lambda *e: events.append(e)
-    )
+    result = train_grpo(cfg, reward_funcs=[ones_reward])
     alerts = [json.loads(line) for line in (result.output_dir / "alerts.jsonl").read_text().splitlines()]
     hacking = [a for a in alerts if a["name"] == "reward_hacking"]
     assert len(hacking) == 1 and hacking[0]["step"] % 4 == 0  # found at an evaluation
@@ -138,9 +158,9 @@ def test_a_threshold_changed_by_name_changes_when_it_fires(tmp_path):
         tmp_path,
         [ones_reward],
         max_steps=3,
-        num_iterations=4,
-        learning_rate=0.3,
-        alert_thresholds={"clip_ratio": 0.95},  # step 1's clip ratio is about 0.8
+        num_iterations=8,
+        learning_rate=3e-2,
+        alert_thresholds={"clip_ratio": 1.0},  # a share: never above 1, so the alert is off
     )
     assert "clip_ratio" not in [a["name"] for a in alerts]
     with pytest.raises(ValueError, match="no alert 'entropy'; the alerts are entropy_collapse"):

@@ -37,6 +37,14 @@ from .lora import (
     require_peft,
     save_lora,
 )
+from .memory_forecast import (
+    MemoryForecast,
+    ModelShape,
+    StepShape,
+    forecast_memory,
+    largest_micro_batch,
+    parse_bytes,
+)
 from .reference import make_reference, should_sync, sync_reference
 from .reward_model import encode_for_reward, pad_left, reward_scores
 
@@ -77,6 +85,12 @@ __all__ = [
     "load_reward_model",
     "pad_left",
     "reward_scores",
+    "MemoryForecast",
+    "ModelShape",
+    "StepShape",
+    "forecast_memory",
+    "largest_micro_batch",
+    "parse_bytes",
     "char_tokenizer",
     "load_policy",
     "make_reference",

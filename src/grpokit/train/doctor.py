@@ -1,0 +1,409 @@
+"""`grpokit doctor`: the pre-flight. It takes the config `train` takes, trains nothing, and says
+before any GPU hour is spent whether the run can learn:
+
+1. config: the resolved run (model, data, geometry, loss), and what in it looks wrong;
+2. data: rows, columns, prompt lengths in tokens, the share over max_prompt_length;
+3. rewards: each function on the reference answers, on empty and on garbage completions, with its
+   latency (a reward that never varies, returns None, or is slow, is flagged);
+4. sampling: K groups drawn as step 1 would draw them (after the warm start, when there is one): the
+   forecast share of zero-spread groups, the truncation share, the mean completion length;
+5. memory: the forecast peak (`models.memory_forecast`) on this device and on a named one
+   (`gpu_memory`), with the micro-batch that fits;
+6. time: a step's estimate from the sampled tokens and one timed forward.
+
+Each finding is ok, warn or fatal; the command exits non-zero on a fatal one. Nothing is written to
+output_dir (the warm start's probe runs in a temporary directory).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ..config import GRPOConfig
+from ..config.applied import Preset, applied
+from ..config.plan import GRPOPlan, grpo_plan
+from ..data import columns_of, render_prompt
+from ..models import (
+    ModelShape,
+    StepShape,
+    forecast_memory,
+    largest_micro_batch,
+)
+from ..ops import group_advantages
+from ..rewards import CallRules, reward_name, score_completions
+from . import distributed
+from .grpo_setup import (
+    Given,
+    Hooks,
+    check_context,
+    place_policy,
+    precision_of,
+    probe_engine,
+    resolve_data,
+    sampling_params,
+    tiny_context,
+    warm_start,
+)
+from .run import StopSignals, policy_and_tokenizer, seed_everything
+
+Level = Literal["ok", "warn", "fatal"]
+SLOW_REWARD_SECONDS = 1.0  # per batch of a step's completions: above it, the reward is flagged slow
+GARBAGE = "qz#@ xv~~ 7&&k ]]"  # a completion no reward should pay for
+
+
+@dataclass(frozen=True)
+class Finding:
+    section: str  # config, data, rewards, sampling, memory, time
+    item: str
+    value: str
+    level: Level = "ok"
+    advice: str = ""
+
+
+@dataclass
+class Checkup:
+    """What the doctor found, and the forecasts the tests and the README read."""
+
+    findings: list[Finding] = field(default_factory=list)
+    zero_spread: float | None = None  # forecast share of groups whose G rewards all agree
+    truncated: float | None = None  # forecast share of completions cut at max_completion_length
+    mean_length: float | None = None  # tokens
+    memory_bytes: int | None = None  # the forecast peak on the configured device
+    step_seconds: float | None = None  # the estimated seconds of one step on this machine
+    prompt_tokens: int | None = None  # the longest prompt in tokens (as truncated)
+
+    @property
+    def fatal(self) -> bool:
+        return any(f.level == "fatal" for f in self.findings)
+
+    def add(self, section: str, item: str, value: Any, level: Level = "ok", advice: str = "") -> None:
+        self.findings.append(Finding(section, item, str(value), level, advice))
+
+
+def _gib(num_bytes: float) -> str:
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def checkup(
+    cfg: GRPOConfig,
+    preset: Preset | None = None,
+    *,
+    groups: int | None = None,
+    gpu_memory: int | None = None,
+    on_event: Callable[[str, int, dict[str, Any]], None] | None = None,
+) -> Checkup:
+    """The pre-flight of `cfg` (module doc). `groups`: prompts to sample G completions for (None:
+    prompts_per_step, at most 64). `gpu_memory`: bytes of a GPU to forecast for as well."""
+    report = Checkup()
+    baseline = _rss()  # this process before the model: the memory forecast's floor on a CPU
+    plan = grpo_plan(cfg, preset)
+    values = applied(cfg, preset).config
+    _config_section(report, values, plan)
+    try:
+        data = resolve_data(plan.data, plan.episodes, plan.rewards, Given(), device=torch.device("cpu"))
+    except (OSError, ValueError, ImportError) as error:  # a hub dataset offline, a missing column or file
+        report.add("data", plan.data.dataset or "data", "cannot be read", "fatal", str(error).splitlines()[0])
+        return report
+    seed_everything(plan.seed)
+    try:
+        context = tiny_context(plan.data.prompt_column, data)
+        model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, context)
+    except (OSError, ValueError) as error:  # a hub id not in the cache offline, a bad directory
+        report.add("config", "model", plan.model.name, "fatal", str(error).splitlines()[0])
+        return report
+    _data_section(report, plan, data, tokenizer)
+    _rewards_section(report, plan, data)
+    check_context(plan.data.prompt_column, model, tokenizer, data)
+    d = distributed.init(plan.trainee.placement.device)
+    model = place_policy(precision_of(plan.trainee.engine), model, d)
+    engine = probe_engine(plan.trainee.engine, model, tokenizer, data, d.device)
+    if plan.warm_start.schedule.steps:
+        emit = on_event or (lambda kind, step, data: None)
+        with tempfile.TemporaryDirectory() as scratch, StopSignals() as stop:
+            warmed = warm_start(plan.warm_start, engine, data, d, Hooks(emit, stop), Path(scratch))
+        report.add("sampling", "warm start", f"{len(warmed.losses)} supervised steps (as train runs them)")
+    _sampling_section(report, plan, data, engine, groups)
+    _memory_section(report, plan, data, model, gpu_memory, d.device, baseline)
+    return report
+
+
+# ----------------------------------------------------------------------------- 1. config
+
+
+def _config_section(report: Checkup, cfg: GRPOConfig, plan: GRPOPlan) -> None:
+    step = plan.trainee.step
+    G, P = cfg.num_generations, cfg.prompts_per_step
+    report.add("config", "model", f"{cfg.model} on {plan.trainee.placement.device}, {cfg.dtype}")
+    report.add("config", "data", cfg.dataset or f"task {cfg.task}")
+    report.add(
+        "config", "step", f"{P} prompts × {G} completions = {P * G} rows, micro-batch {step.micro_batch_size}"
+    )
+    report.add(
+        "config",
+        "loss",
+        f"{cfg.loss_type}, β={cfg.beta:g}, μ={cfg.num_iterations}, lr={cfg.learning_rate:g}, "
+        f"{cfg.max_steps} steps",
+    )
+    if G < 4:
+        report.add(
+            "config",
+            "num_generations",
+            G,
+            "warn",
+            "with fewer than 4 completions per prompt most groups agree and teach nothing; use 8 or more",
+        )
+    if cfg.temperature < 0.5:
+        report.add(
+            "config",
+            "temperature",
+            cfg.temperature,
+            "warn",
+            "a low temperature makes the G completions alike (zero spread); 0.7-1.0 is usual for GRPO",
+        )
+
+
+# ----------------------------------------------------------------------------- 2. data
+
+
+def _data_section(report: Checkup, plan: GRPOPlan, data: Any, tokenizer: Any) -> None:
+    rows, column = data.train_rows, plan.data.prompt_column
+    report.add("data", "rows", f"{len(rows)} training, {len(data.eval_rows)} held out ({data.train_source})")
+    report.add("data", "columns", ", ".join(sorted(rows[0])) if rows else "(none)")
+    sample = rows[:: max(1, len(rows) // 2000)]  # at most ~2000 prompts: a distribution, quickly
+    lengths = sorted(
+        len(tokenizer(render_prompt(r[column], tokenizer, None, data.chat_template_kwargs))["input_ids"])
+        for r in sample
+    )
+    if not lengths:
+        report.add("data", "prompts", "none", "fatal", "the training data has no rows")
+        return
+    p95 = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
+    limit = data.max_prompt_length
+    report.prompt_tokens = lengths[-1] if limit is None else min(lengths[-1], limit)
+    report.add(
+        "data",
+        "prompt tokens",
+        f"min {lengths[0]}, median {statistics.median(lengths):g}, p95 {p95}, max {lengths[-1]}",
+    )
+    if limit is not None:
+        over = sum(n > limit for n in lengths) / len(lengths)
+        level: Level = "warn" if over > 0.05 else "ok"
+        advice = "their start is cut off (prompt_truncation=left): raise max_prompt_length" if over else ""
+        report.add("data", f"prompts over max_prompt_length={limit}", f"{100 * over:.1f}%", level, advice)
+
+
+# ----------------------------------------------------------------------------- 3. rewards
+
+
+def _rewards_section(report: Checkup, plan: GRPOPlan, data: Any) -> None:
+    rows = data.train_rows[:16]
+    column, answer = plan.data.prompt_column, plan.data.answer_column
+    prompts = [r[column] for r in rows]
+    probes = {"empty": [""] * len(rows), "garbage": [GARBAGE] * len(rows)}
+    if rows and all(answer in r for r in rows):
+        probes = {"reference answers": [str(r[answer]) for r in rows]} | probes
+    rules = CallRules(on_error="unscorable", timeout=plan.trainee.step.reward_timeout)
+    for fn in data.reward_funcs:
+        name, means, seconds, unscored = reward_name(fn), {}, 0.0, 0
+        for probe, completions in probes.items():
+            began = time.perf_counter()
+            scores = score_completions(
+                [fn], prompts, completions, columns=columns_of(rows, column, repeat=1), rules=rules
+            )
+            seconds = max(seconds, time.perf_counter() - began)
+            rewards = scores.rewards
+            unscored += int(rewards.isnan().sum())
+            means[probe] = float(torch.nanmean(rewards)) if not rewards.isnan().all() else float("nan")
+        shown = ", ".join(f"{k} {v:.3g}" for k, v in means.items())
+        level: Level = "ok"
+        advice = ""
+        finite = [v for v in means.values() if v == v]
+        if not finite:
+            level, advice = "fatal", "it scored none of the probes (None or an error each time)"
+        elif max(finite) - min(finite) < 1e-9:
+            level, advice = "warn", "it gives every probe the same score: GRPO learns nothing from a constant"
+        elif "reference answers" in means and means["reference answers"] <= max(
+            means["empty"], means["garbage"]
+        ):
+            level, advice = "warn", "the reference answers score no higher than empty or garbage completions"
+        elif unscored:
+            level, advice = "warn", f"{unscored} probe completions were unscored (None or an error)"
+        report.add("rewards", name, shown, level, advice)
+        per_step = seconds * plan.trainee.step.prompts_per_step * plan.trainee.sampling.num_generations / 16
+        slow = per_step > SLOW_REWARD_SECONDS
+        report.add(
+            "rewards",
+            f"{name} latency",
+            f"{1000 * seconds:.1f} ms per 16 completions (~{per_step:.2f} s a step)",
+            "warn" if slow else "ok",
+            "slow: it will hold up every step; batch its work or serve it elsewhere" if slow else "",
+        )
+
+
+# ----------------------------------------------------------------------------- 4. sampling, 6. time
+
+
+def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, groups: int | None) -> None:
+    P, spec = plan.trainee.step.prompts_per_step, plan.trainee.step
+    K = min(groups or min(P, 64), len(data.train_rows))
+    params = replace(sampling_params(plan.trainee.sampling, data), seed=plan.seed)
+    G = params.num_generations
+    rows = data.train_rows[:K]
+    tools = engine.environment.tool_schemas if engine.environment is not None else None
+    texts = [
+        render_prompt(r[spec.prompt_column], engine.tokenizer, tools, spec.chat_template_kwargs) for r in rows
+    ]
+    engine.generate(texts[:1], replace(params, num_generations=1, max_completion_length=2), rows=rows[:1])
+    began = time.perf_counter()  # (after a warm-up: the first call pays one-time costs)
+    rollout = engine.generate(texts, params, rows=rows)
+    sampled = time.perf_counter() - began
+    repeated = [r[spec.prompt_column] for r in rows for _ in range(G)]
+    columns = columns_of(rows, spec.prompt_column, repeat=G)
+    scores = score_completions(
+        data.reward_funcs,
+        repeated,
+        rollout.completions,
+        columns=columns,
+        weights=spec.reward_weights,
+        rules=CallRules(on_error="unscorable", timeout=spec.reward_timeout),
+    )
+    advantages = group_advantages(scores.rewards, G, scale=spec.scale_rewards)
+    report.zero_spread = float(advantages.is_std_zero.float().mean())
+    report.truncated = float(rollout.truncated.float().mean())
+    report.mean_length = float(rollout.completion_mask.sum(-1).float().mean())
+    level: Level = "warn" if report.zero_spread > 0.5 else "ok"
+    report.add(
+        "sampling",
+        "zero-spread groups",
+        f"{100 * report.zero_spread:.0f}% of {K} groups",
+        level,
+        "GRPO cannot learn from these: warm start (sft_steps), raise temperature, or change the reward"
+        if level == "warn"
+        else "",
+    )
+    cut = report.truncated > 0.2
+    report.add(
+        "sampling",
+        f"cut at max_completion_length={params.max_completion_length}",
+        f"{100 * report.truncated:.0f}%",
+        "warn" if cut else "ok",
+        "raise max_completion_length, or mask_truncated_completions=true" if cut else "",
+    )
+    report.add(
+        "sampling",
+        "mean completion length",
+        f"{report.mean_length:.1f} tokens (reward {float(torch.nanmean(scores.rewards)):.3g})",
+    )
+    # time: sampling scales with the rows, the update is ~3 forwards (forward and backward) per iteration
+    engine.frozen_logps(rollout, spec.micro_batch_size)  # warm-up
+    began = time.perf_counter()
+    engine.frozen_logps(rollout, spec.micro_batch_size)
+    forward = time.perf_counter() - began
+    scale = P / K
+    passes = 3 * spec.num_iterations + (1 if spec.loss.beta else 0) + (1 if spec.num_iterations > 1 else 0)
+    report.step_seconds = scale * (sampled + forward * passes)
+    tokens = int(rollout.completion_mask.sum())
+    report.add(
+        "time",
+        "step estimate",
+        f"~{report.step_seconds:.2f} s a step ({tokens / sampled:.0f} sampled tokens/s here), "
+        f"~{report.step_seconds * plan.run.max_steps / 60:.1f} min for {plan.run.max_steps} steps",
+    )
+
+
+# ----------------------------------------------------------------------------- 5. memory
+
+
+def _memory_section(
+    report: Checkup,
+    plan: GRPOPlan,
+    data: Any,
+    model: Any,
+    gpu_memory: int | None,
+    device: torch.device,
+    baseline: int,
+) -> None:
+    """The forecast peak (`models.forecast_memory`) on this device (with `baseline`, this process's
+    memory before the model, on a CPU) and on a GPU of `gpu_memory` bytes, and the micro-batch that
+    fits each."""
+    spec = plan.trainee
+    step = spec.step
+    shape = ModelShape.of(model)
+    precision = precision_of(spec.engine)
+    step_shape = StepShape(
+        rows=step.prompts_per_step * spec.sampling.num_generations,
+        micro_batch_size=step.micro_batch_size,
+        prompt_length=report.prompt_tokens or 1,  # the longest prompt seen (its padded width)
+        completion_length=data.max_completion_length,
+        reference=step.loss.beta != 0.0,
+        compute_bytes=torch.finfo(precision.compute).bits // 8,
+        master_bytes=torch.finfo(precision.master).bits // 8,
+        fused_logps=spec.engine.fused_logps,
+        gradient_checkpointing=plan.model.gradient_checkpointing,
+        group_size=spec.sampling.num_generations,  # each prompt's pass shared by its G rows
+    )
+    # a GPU's default decode loop (CUDA graphs) keeps compute-dtype weight copies and its KV cache
+    on_gpu = replace(step_shape, static_decode=spec.engine.decode_loop != "eager")
+    here = on_gpu if device.type == "cuda" else step_shape
+    budget, where = _device_budget(device)
+    base = baseline if device.type != "cuda" else 0  # a GPU's free memory is already net of the context
+    forecast = forecast_memory(shape, here, baseline_bytes=base)
+    report.memory_bytes = forecast.total
+    parts = ", ".join(
+        f"{name} {_gib(getattr(forecast, name))}"
+        for name in ("weights", "reference", "gradients", "optimizer", "activations", "kv_cache", "logits")
+    )
+    report.add("memory", "forecast parts", parts)
+    targets = [(where, budget, here, base, "fatal")]
+    if gpu_memory:
+        targets.append((f"a GPU of {_gib(gpu_memory)}", gpu_memory, on_gpu, 0, "warn"))
+    for label, limit, shape_of_step, floor, too_small in targets:
+        if limit is None:
+            continue
+        total = forecast_memory(shape, shape_of_step, baseline_bytes=floor).total
+        best = largest_micro_batch(shape, shape_of_step, limit, floor)
+        fits = total <= limit
+        if fits:
+            level, advice = "ok", ""
+        elif best:
+            level, advice = too_small, f"use micro_batch_size={best}"
+        else:
+            level = too_small
+            advice = (
+                "even micro_batch_size=1 does not fit: a smaller model, shorter completions, or more "
+                "devices (strategy=fsdp)"
+            )
+        fitting = f"; micro_batch_size up to {best} fits" if best and fits else ""
+        report.add("memory", f"peak on {label}", f"{_gib(total)} of {_gib(limit)}{fitting}", level, advice)
+
+
+def _rss() -> int:
+    """This process's resident memory now, in bytes (Linux; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def _device_budget(device: torch.device) -> tuple[int | None, str]:
+    """(bytes the run may use on `device`, its name): a GPU's free memory, or the RAM available."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemAvailable"), "this machine's RAM"
+    except (OSError, ValueError, IndexError):
+        return None, "this machine's RAM"

@@ -1,0 +1,109 @@
+"""`grpokit doctor` (issue 26, point 2): the pre-flight finds what would make a run fail or learn
+nothing, before it runs. Each finding is provoked on purpose (a constant reward, a reward that scores
+nothing, a slow reward, completions cut short, a model that is not in the cache, a GPU too small) and
+the same checks stay quiet on a healthy config. The forecast against the main job's first steps and
+the presets' time are in tests/test_main_job.py (slow)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from grpokit.cli import main
+from grpokit.models import parse_bytes
+from grpokit.train.doctor import checkup
+from tests.train.helpers import ones_reward, tiny_config
+
+
+def _levels(report, section):
+    return {f.item: (f.level, f.value, f.advice) for f in report.findings if f.section == section}
+
+
+def _config(tmp_path, *funcs, **overrides):
+    """A tiny run's config with reward functions named by reference, as a user's config names them."""
+    base = dict(sft_steps=0, prompts_per_step=8, max_completion_length=6)
+    names = [f"tests.test_doctor.{f.__name__}" for f in funcs]
+    return tiny_config(tmp_path, reward_funcs=names, **(base | overrides))
+
+
+def constant_reward(prompts, completions, **_):
+    return [0.5] * len(completions)
+
+
+def nothing_reward(prompts, completions, **_):
+    return [None] * len(completions)
+
+
+def slow_reward(prompts, completions, **_):
+    time.sleep(0.2)  # a call: 1.6 s for a step's 128 completions in batches of 16
+    return [float(len(c)) for c in completions]
+
+
+def test_a_healthy_config_has_no_warning_and_every_section(tmp_path):
+    report = checkup(
+        _config(tmp_path, ones_reward_ref, max_completion_length=48)
+    )  # a random policy ends by then
+    sections = {f.section for f in report.findings}
+    assert sections == {"config", "data", "rewards", "sampling", "time", "memory"}
+    assert not report.fatal and [f for f in report.findings if f.level != "ok"] == []
+    assert 0.0 <= report.zero_spread <= 0.5 and report.mean_length > 0 and report.step_seconds > 0
+    assert report.memory_bytes > 0
+    data = _levels(report, "data")
+    assert "prompt tokens" in data and data["rows"][1].startswith("9996 training, 4 held out")
+
+
+def ones_reward_ref(prompts, completions, **kwargs):
+    return ones_reward(prompts, completions, **kwargs)
+
+
+def test_a_constant_reward_is_flagged_and_its_groups_forecast_as_zero_spread(tmp_path):
+    report = checkup(_config(tmp_path, constant_reward))
+    rewards = _levels(report, "rewards")
+    assert rewards["constant_reward"][0] == "warn" and "same score" in rewards["constant_reward"][2]
+    assert report.zero_spread == 1.0
+    sampling = _levels(report, "sampling")
+    assert sampling["zero-spread groups"][0] == "warn" and "cannot learn" in sampling["zero-spread groups"][2]
+
+
+def test_a_reward_that_scores_nothing_is_fatal(tmp_path, capsys):
+    report = checkup(_config(tmp_path, nothing_reward))
+    assert report.fatal and _levels(report, "rewards")["nothing_reward"][0] == "fatal"
+
+
+def test_a_slow_reward_and_cut_completions_are_flagged(tmp_path):
+    report = checkup(_config(tmp_path, slow_reward, max_completion_length=2, prompts_per_step=32))
+    latency = _levels(report, "rewards")["slow_reward latency"]
+    assert latency[0] == "warn" and "slow" in latency[2]
+    cut = _levels(report, "sampling")["cut at max_completion_length=2"]
+    assert cut[0] == "warn" and report.truncated > 0.2
+
+
+def test_a_gpu_too_small_gets_the_micro_batch_that_fits_or_none(tmp_path):
+    cfg = _config(tmp_path, ones_reward_ref)
+    small = checkup(cfg, gpu_memory=parse_bytes("1KiB"))
+    named = [f for f in small.findings if f.section == "memory" and f.item.startswith("peak on a GPU")]
+    assert len(named) == 1 and named[0].level == "warn" and "does not fit" in named[0].advice
+    roomy = checkup(cfg, gpu_memory=parse_bytes("80GiB"))
+    named = [f for f in roomy.findings if f.section == "memory" and f.item.startswith("peak on a GPU")]
+    assert named[0].level == "ok" and "80.00 GiB" in named[0].value
+
+
+def test_the_command_prints_a_table_and_exits_non_zero_on_a_fatal_finding(
+    tmp_path, monkeypatch, capsys, empty_hub_offline
+):
+    monkeypatch.setenv("COLUMNS", "250")  # the table's rows on one line each
+    code = main(["doctor", f"output_dir={tmp_path}/run", "model=someone/not-in-the-cache", "sft_steps=0"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FATAL" in out and "someone/not-in-the-cache" in out
+    assert "Traceback" not in out
+    code = main(["doctor", f"output_dir={tmp_path}/run", "sft_steps=0", "--groups", "4"])
+    out = capsys.readouterr().out
+    assert code == 0 and "zero-spread groups" in out and "no fatal finding" in out
+    assert not (tmp_path / "run").exists()  # the doctor writes nothing to output_dir
+
+
+def test_parse_bytes_names_the_forms_it_takes():
+    assert parse_bytes("80GiB") == 80 * 2**30
+    with pytest.raises(ValueError, match="GiB"):
+        parse_bytes("eighty")
