@@ -49,6 +49,8 @@ def test_a_healthy_config_has_no_warning_and_every_section(tmp_path):
     assert not report.fatal and [f for f in report.findings if f.level != "ok"] == []
     assert 0.0 <= report.zero_spread <= 0.5 and report.mean_length > 0 and report.step_seconds > 0
     assert report.memory_bytes > 0
+    # tiny_config leaves lr_scheduler_type unset: the value chosen for a tiny model is said
+    assert _levels(report, "config")["chosen for model=tiny"][1] == "lr_scheduler_type=constant"
     data = _levels(report, "data")
     assert "prompt tokens" in data and data["rows"][1].startswith("9996 training, 4 held out")
 
@@ -100,6 +102,7 @@ def test_the_command_prints_a_table_and_exits_non_zero_on_a_fatal_finding(
     code = main(["doctor", f"output_dir={tmp_path}/run", "sft_steps=0", "--groups", "4"])
     out = capsys.readouterr().out
     assert code == 0 and "zero-spread groups" in out and "no fatal finding" in out
+    assert "chosen for model=tiny" not in out  # the preset sets them: nothing was chosen
     assert not (tmp_path / "run").exists()  # the doctor writes nothing to output_dir
 
 
@@ -107,3 +110,13 @@ def test_parse_bytes_names_the_forms_it_takes():
     assert parse_bytes("80GiB") == 80 * 2**30
     with pytest.raises(ValueError, match="GiB"):
         parse_bytes("eighty")
+
+
+def test_a_learning_rate_that_would_undo_a_pretrained_model_is_flagged(tmp_path, empty_hub_offline):
+    cfg = tiny_config(tmp_path, model="someone/pretrained", learning_rate=1e-3, sft_steps=0)
+    report = checkup(cfg)
+    config = _levels(report, "config")
+    assert config["learning_rate"][0] == "warn" and "1e-6 to 1e-5" in config["learning_rate"][2]
+    assert report.fatal  # and the model is not in the (empty) cache
+    lora = checkup(tiny_config(tmp_path, model="someone/pretrained", learning_rate=1e-3, use_peft=True))
+    assert "learning_rate" not in _levels(lora, "config")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from ..config import GRPOConfig
-from ..config.applied import Preset, applied
+from ..config.applied import CHOSEN, Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
 from ..data import columns_of, render_prompt
 from ..models import (
@@ -107,8 +107,11 @@ def checkup(
     report = Checkup()
     baseline = _rss()  # this process before the model: the memory forecast's floor on a CPU
     plan = grpo_plan(cfg, preset)
-    values = applied(cfg, preset).config
-    _config_section(report, values, plan)
+    resolved = applied(cfg, preset)
+    _config_section(report, resolved.config, plan)
+    chosen = [f"{k}={getattr(resolved.config, k)}" for k, v in resolved.sources.items() if v == CHOSEN]
+    if chosen:
+        report.add("config", f"{CHOSEN}", ", ".join(chosen), advice="set them yourself to override")
     try:
         data = resolve_data(plan.data, plan.episodes, plan.rewards, Given(), device=torch.device("cpu"))
     except (OSError, ValueError, ImportError) as error:  # a hub dataset offline, a missing column or file
@@ -161,6 +164,15 @@ def _config_section(report: Checkup, cfg: GRPOConfig, plan: GRPOPlan) -> None:
             G,
             "warn",
             "with fewer than 4 completions per prompt most groups agree and teach nothing; use 8 or more",
+        )
+    if cfg.model != "tiny" and not cfg.use_peft and cfg.learning_rate > 1e-4:
+        report.add(
+            "config",
+            "learning_rate",
+            f"{cfg.learning_rate:g}",
+            "warn",
+            "a pretrained model takes about 1e-6 to 1e-5 in GRPO (TRL: 1e-6); a rate this high can undo "
+            "what it knows in a few steps (LoRA, use_peft=true, takes higher ones)",
         )
     if cfg.temperature < 0.5:
         report.add(
