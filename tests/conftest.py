@@ -48,15 +48,28 @@ def _own_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+def _is_loopback(address) -> bool:
+    """Whether a connect() address is this machine's loopback (127.0.0.0/8, ::1), by its IP only."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address[0]).is_loopback
+    except (ValueError, TypeError, IndexError):
+        return False
+
+
 @pytest.fixture(autouse=True)
-def _no_network(monkeypatch):
-    """Every test runs with internet sockets blocked: nothing may reach a model hub or anything else."""
+def _no_network(monkeypatch, request):
+    """Every test runs with internet sockets blocked: nothing may reach a model hub or anything else.
+    A test marked `loopback` may also connect to this machine's loopback addresses (127.0.0.0/8, ::1),
+    where it runs a server of its own; every other address stays blocked for it too."""
     import socket
 
     real_connect = socket.socket.connect
+    loopback = request.node.get_closest_marker("loopback") is not None
 
     def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not (loopback and _is_loopback(address)):
             raise ConnectionError(f"network access attempted in a test: {address!r}")
         return real_connect(self, address)
 

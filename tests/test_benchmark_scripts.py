@@ -155,6 +155,7 @@ def test_gpu_check_reads_pytest_counts_and_judges_goals():
     assert goals["update_mfu_at_least_0.30"] == {"value": None, "bound": ">= 0.3", "met": None}
 
 
+@pytest.mark.slow  # seconds in a subprocess: the full suite runs it, the fast tier stays under 90 s
 def test_gpu_check_stops_a_part_at_its_budget_with_its_output(tmp_path):
     """A part over its budget is killed with the processes it started, and its last lines are kept."""
     import sys
@@ -181,6 +182,7 @@ def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
     assert result["goals"]["bf16_reward_rises"]["met"] is True
 
 
+@pytest.mark.slow  # seconds in a subprocess: the full suite runs it, the fast tier stays under 90 s
 def test_packed_pass_benchmark_runs_and_records_the_auto_choice(tmp_path):
     """benchmarks/packed_pass.py on its first case (no padding): every route timed, the token counts
     by hand, and the auto rule declines to pack a batch without padding."""

@@ -378,6 +378,7 @@ def test_sizes_read_as_people_read_them():
     ]
 
 
+@pytest.mark.slow  # seconds in a subprocess: the full suite runs it, the fast tier stays under 90 s
 def test_cuda_without_a_gpu_through_the_command_line(tmp_path):
     """The real `python -m grpokit` (the test process hides GPUs: CUDA_VISIBLE_DEVICES is empty)."""
     result = subprocess.run(

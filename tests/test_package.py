@@ -63,6 +63,7 @@ def test_public_api_is_explicit():
         assert hasattr(grpokit, name), name
 
 
+@pytest.mark.slow  # seconds in a subprocess: the full suite runs it, the fast tier stays under 90 s
 def test_cli_help_and_demo_run():
     result = subprocess.run(
         [sys.executable, "-m", "grpokit", "demo", "--steps", "3"], capture_output=True, text=True, timeout=300

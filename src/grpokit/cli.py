@@ -5,6 +5,7 @@
     grpokit eval [CONFIG.yaml] [key=value ...]     held-out accuracy / reward of `model`
     grpokit report RUN_DIR                         PNG plots and an HTML page of a run
     grpokit export CHECKPOINT OUT_DIR              a plain model directory (LoRA adapters merged)
+    grpokit serve-reward FUNCTION --port N         a reward function over HTTP ({url: ...} entries)
     grpokit print-config [CONFIG.yaml] [k=v ...]   every resolved value of a train config
     grpokit demo                                   a toy GRPO run in seconds
     grpokit reward [CONFIG.yaml] [key=value ...]   a Bradley–Terry reward model (eval-reward: evaluate one)
@@ -322,6 +323,44 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Terminated(Exception):  # noqa: N818 - a signal, not an error
+    """SIGTERM while serving: stop as Ctrl-C does."""
+
+
+def _cmd_serve_reward(args: argparse.Namespace) -> int:
+    """A reward function served over HTTP for `{url: ...}` reward entries (rewards/serving.py has the
+    contract), until Ctrl-C or SIGTERM."""
+    import signal
+
+    from .rewards import RewardServer, named_reward, reward_name
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is not a port (0 to 65535; 0: any free one)")
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency {args.concurrency} must be at least 1")
+    fn = named_reward(args.function)
+    try:
+        server = RewardServer(fn, args.host, args.port, concurrency=args.concurrency)
+    except OSError as error:
+        raise ValueError(
+            f"cannot listen on {args.host}:{args.port}: {error.strerror or error}; choose another --port "
+            "(0: any free one) or --host"
+        ) from error
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    print(f"serving reward function {reward_name(fn)!r} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, _Terminated):
+        print("stopped", flush=True)
+    finally:
+        server.server_close()
+    return 0
+
+
 def _cmd_reward(args: argparse.Namespace) -> int:
     from .config import RewardConfig
     from .train.reward import train_reward
@@ -540,6 +579,25 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint")
     export.add_argument("out_dir")
     export.set_defaults(handler=_cmd_export)
+    serve = sub.add_parser(
+        "serve-reward",
+        help="serve a reward function over HTTP, for reward_funcs entries {url: http://HOST:PORT/}",
+        description='Serve FUNCTION f(prompts, completions, **columns) over HTTP: POST {"prompts": [...], '
+        '"completions": [...], <column>: [...]} answers {"rewards": [...]}. Ctrl-C or SIGTERM stops.',
+    )
+    serve.add_argument(
+        "function",
+        help="FILE.py:FUNCTION, package.module:FUNCTION, package.module.FUNCTION or a built-in reward",
+    )
+    serve.add_argument("--port", type=int, required=True, help="the port (0: any free one, printed)")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="calls of the function at once (default 1: one batch at a time)",
+    )
+    serve.set_defaults(handler=_cmd_serve_reward)
     report = sub.add_parser("report", help="plots and an HTML page of a run directory")
     report.add_argument("run_dir")
     report.set_defaults(handler=_cmd_report)
@@ -548,7 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=16)
     demo.add_argument("--num-generations", type=int, default=8)
     demo.add_argument("--num-iterations", type=int, default=2)
-    demo.add_argument("--loss-type", choices=list(LOSS_TYPES), default="dapo")
+    no_teacher = [t for t in LOSS_TYPES if t != "opd"]  # the toy demo has no teacher to distill from
+    demo.add_argument("--loss-type", choices=no_teacher, default="dapo")
     demo.add_argument("--beta", type=float, default=0.04)
     demo.add_argument("--epsilon", type=float, default=0.2)
     demo.add_argument("--epsilon-high", type=float, default=0.28)

@@ -262,6 +262,28 @@ BAD_CONFIG_INPUTS = [
         ConfigError,
         "xxx' is not a task",  # and the whole message < 600 characters
     ),
+    # ------------------------------------------------------------------ reward servers ({url: ...})
+    (
+        "a reward server's url that is not http(s)",
+        lambda t: _yaml(t, "reward_funcs:\n  - url: ftp://127.0.0.1/score\n"),
+        ConfigError,
+        "reward_funcs entry {'url': 'ftp://127.0.0.1/score'}: url 'ftp://127.0.0.1/score' is not an http:// "
+        "or https:// address with a host; write http://HOST:PORT/PATH",
+    ),
+    (
+        "a reward server's timeout of 0",
+        lambda t: _yaml(t, "reward_funcs:\n  - url: http://127.0.0.1:8000/score\n    timeout: 0\n"),
+        ConfigError,
+        "reward_funcs entry {'timeout': 0, 'url': 'http://127.0.0.1:8000/score'}: timeout 0 must be a number "
+        "of seconds above 0",
+    ),
+    (
+        "a reward server's negative retries",
+        lambda t: load_config(GRPOConfig, None, ["reward_funcs=[{url: http://127.0.0.1:80/, retries: -1}]"]),
+        ConfigError,
+        "reward_funcs entry {'retries': -1, 'url': 'http://127.0.0.1:80/'}: retries -1 must be an integer "
+        "from 0 to 100",
+    ),
 ]
 
 

@@ -253,7 +253,18 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
 
 # options tested elsewhere, with where
 ELSEWHERE = {
+    "teacher_model": "test_distillation.py::test_a_student_distils_the_teachers_habit_with_no_reward",
+    "distill_coef": "test_distillation.py (the per-token advantage by hand; resume refuses another value)",
+    "teacher_device": "test_distillation.py::test_bad_distillation_options_are_refused (a run on the "
+    "policy's device otherwise: the distillation tests)",
+    "target_entropy": "test_entropy_control.py::test_a_run_that_would_collapse_is_held_near_its_target",
+    "entropy_coef_lr": "test_entropy_control.py (the controller's rule, the band, resume)",
     "strict_invariants": "test_invariants.py::test_strict_invariants_stops_the_run_with_a_checkpoint",
+    "curriculum": "test_curriculum.py::test_the_curriculum_composes_with_dynamic_sampling (prompts set "
+    "aside: fewer zero-spread groups and generation batches); test_a_run_with_the_curriculum_resumes_bitwise",
+    "curriculum_patience": "test_curriculum.py::test_hand_built_rewards_move_prompts_between_pools_"
+    "exactly_as_specified (k = 2); test_patience_one_sets_aside_on_the_first_zero_spread_visit",
+    "curriculum_revisit": "test_curriculum.py::test_set_aside_prompts_are_revisited_with_probability_p",
     "alert_thresholds": "test_alerts.py::test_a_threshold_changed_by_name_changes_when_it_fires",
     "resume": "test_grpo_loop.py::test_stopped_and_resumed_run_ends_with_bitwise_equal_weights",
     "progress": "test_progress_can_be_switched_off (below)",
@@ -279,7 +290,8 @@ ELSEWHERE = {
     "on_reward_error": "test_reward_errors_raise_or_count (below)",
     "reward_timeout": "test_reward_and_update_guards.py: reward hangs past reward_timeout, in evaluation",
     "num_threads": "test_threads.py::test_num_threads_pins_torch_threads_for_the_run_and_is_restored",
-    "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config",
+    "reward_funcs": "test_reward_model.py::test_grpo_reward_funcs_from_the_config; {url: ...} entries: "
+    "tests/rewards/test_remote_rewards.py::test_a_training_run_scored_by_serve_reward_equals_one_scored_directly",
     "strategy": "tests/distributed/test_world_size.py (ddp and fsdp, 2 processes)",
     "fsdp_cpu_offload": "tests/distributed/test_world_size.py::test_fsdp_cpu_offload_trains",
     "trust_remote_code": "tests/test_reliability.py::test_trust_remote_code_is_off_unless_set",

@@ -14,7 +14,7 @@ No torch import here (the config package stays instant); the objects that need t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .applied import Preset, annotated_yaml, applied
@@ -184,11 +184,17 @@ class StepSpec:
     mask_truncated_completions: bool
     dynamic_sampling: bool
     max_resample_batches: int
+    curriculum: bool  # data/curriculum.py: set zero-spread prompts aside
+    curriculum_patience: int
+    curriculum_revisit: float
     seed: int
     max_grad_norm: float
     reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
     sampling_correction: str
     sampling_correction_bounds: tuple[float | None, float | None]  # (C_min, C_max)
+    target_entropy: float | None = None  # adaptive entropy bonus (train.grpo_step.EntropyControl)
+    entropy_coef_lr: float = 0.3
+    distill_coef: float = 1.0  # loss_type=opd: λ of the teacher's reverse KL in the advantages
 
 
 @dataclass(frozen=True)
@@ -293,6 +299,14 @@ class TraineeSpec:
 
 
 @dataclass(frozen=True)
+class TeacherSpec:
+    """loss_type=opd's teacher: which model, where, in the policy's precision (`train.grpo_setup`)."""
+
+    model: ModelSpec
+    device: str | None  # None: the policy's device
+
+
+@dataclass(frozen=True)
 class GRPOPlan:
     """A GRPO run, resolved from its config (`grpo_plan`)."""
 
@@ -307,6 +321,7 @@ class GRPOPlan:
     run: RunControl
     evaluation: Evaluation
     display: Display
+    teacher: TeacherSpec | None = None  # loss_type=opd
 
 
 def _tuple(values: Any) -> tuple[Any, ...] | None:
@@ -403,7 +418,14 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
     lora = None
     if cfg.use_peft:
         lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, _tuple(cfg.lora_target_modules))
+    teacher = None
+    if cfg.teacher_model is not None:
+        teacher_cfg = cfg.model_copy(update={"model": cfg.teacher_model, "model_revision": None})
+        teacher = TeacherSpec(
+            model=replace(model_spec(teacher_cfg), gradient_checkpointing=False), device=cfg.teacher_device
+        )
     return GRPOPlan(
+        teacher=teacher,
         seed=cfg.seed,
         model=model_spec(cfg),
         lora=lora,

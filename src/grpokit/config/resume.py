@@ -27,6 +27,7 @@ Rule = Literal["fixed", "applied", "invocation"]
 _FIXED_MODEL = "the weights in the checkpoint have this shape and origin"
 _FIXED_DATA = "the prompts, their order and the held-out split come from it"
 _FIXED_ALGO = "the loss and the updates so far were computed with it"
+_FIXED_CURRICULUM = "the prompts drawn so far were chosen by it, and its pools are in the checkpoint"
 _FIXED_SAMPLING = "the completions trained on so far were drawn with it (temperature also scales log-probs)"
 _FIXED_BATCH = "the batch geometry: the prompt sampler's position and every update so far depend on it"
 _FIXED_OPTIM = "restored from the checkpoint's optimizer/scheduler state, so a new value would be ignored"
@@ -121,6 +122,11 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "delta": ("fixed", _FIXED_ALGO),
     "importance_sampling_level": ("fixed", _FIXED_ALGO),
     "top_entropy_quantile": ("fixed", _FIXED_ALGO),
+    "target_entropy": ("fixed", _FIXED_ALGO),
+    "teacher_model": ("fixed", _FIXED_ALGO),
+    "distill_coef": ("fixed", _FIXED_ALGO),
+    "teacher_device": ("applied", "where the teacher runs changes its log-probs only by round-off"),
+    "entropy_coef_lr": ("fixed", _FIXED_ALGO),
     "scale_rewards": ("fixed", _FIXED_ALGO),
     "num_iterations": ("fixed", _FIXED_ALGO + "; the schedule counts max_steps·num_iterations updates"),
     "sampling_correction": ("fixed", _FIXED_ALGO),
@@ -133,6 +139,9 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "ref_model_sync_steps": ("fixed", "the reference model so far was moved on this period"),
     "dynamic_sampling": ("fixed", _FIXED_ALGO),
     "max_resample_batches": ("fixed", _FIXED_ALGO),
+    "curriculum": ("fixed", _FIXED_CURRICULUM),
+    "curriculum_patience": ("fixed", _FIXED_CURRICULUM),
+    "curriculum_revisit": ("fixed", _FIXED_CURRICULUM),
     "reward_funcs": ("fixed", "the rewards trained on so far came from them"),
     "reward_weights": ("fixed", "the rewards trained on so far were summed with them"),
     "center_rewards_coefficient": ("fixed", _FIXED_ALGO),

@@ -19,6 +19,7 @@ from ..ops.loss_types import LossType
 from . import trl_names
 from .alerts import ALERT_THRESHOLDS
 from .load import shown
+from .remote_reward import REMOTE_OPTIONS, check_remote_reward
 
 # Every config class: unknown keys rejected, immutable, defaults validated, and no float option takes
 # inf, -inf or nan (nor what YAML and the overrides read as them: .inf, .nan, 1e999). Pydantic merges
@@ -119,7 +120,8 @@ def unknown_reward(name: str) -> str:
 
 def _reward_entries(value: Any) -> Any:
     """TRL's short forms: one entry or a list; a bare string is a built-in reward when it is one's
-    name, else a reference to a function ({python: ...})."""
+    name, a reward server when it is an http(s):// address ({url: ...}), else a reference to a
+    function ({python: ...})."""
     entries = [value] if isinstance(value, (str, dict)) else value
     if not isinstance(entries, (list, tuple)):
         return value  # pydantic says what type it wants
@@ -129,6 +131,8 @@ def _reward_entries(value: Any) -> Any:
             name = entry.strip()
             if name in BUILTIN_REWARDS:
                 entry = {"builtin": name}
+            elif name.startswith(("http://", "https://")):  # a reward server
+                entry = {"url": name}
             elif ":" in name or "." in name:
                 entry = {"python": name}
             else:
@@ -483,6 +487,30 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     top_entropy_quantile: float = Field(
         1.0, gt=0.0, le=1.0, description="policy loss only on tokens in the top quantile of entropy (1 = all)"
     )
+    target_entropy: float | None = Field(
+        None,
+        gt=0.0,
+        le=20.0,
+        description="adaptive entropy control: an entropy bonus −c·H whose coefficient c ≥ 0 moves after "
+        "each step by entropy_coef_lr × (target − mean token entropy), so the entropy tracks this many "
+        "nats (None = no bonus)",
+    )
+    entropy_coef_lr: float = Field(
+        0.3, gt=0.0, le=10.0, description="target_entropy: how fast the bonus's coefficient follows the gap"
+    )
+    teacher_model: str | None = Field(
+        None,
+        description="loss_type=opd: the teacher, a hub id or a model directory (a checkpoint of another "
+        "run), with the policy's tokenizer; its log-probs of the student's completions make the advantages",
+    )
+    distill_coef: float = Field(
+        1.0, ge=0.0, le=100.0, description="loss_type=opd: λ, the weight of the teacher reverse KL term"
+    )
+    teacher_device: str | None = Field(
+        None,
+        pattern=DEVICE_PATTERN,
+        description="loss_type=opd: where the teacher runs: cpu, cuda or cuda:N (None: the policy's device)",
+    )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)"
     )
@@ -514,9 +542,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     reward_funcs: RewardEntries = Field(
         None,
         description="None = the task's reward; else entries {model: DIR} (a trained reward model, "
-        "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | env | task} or "
-        "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns)); "
-        "a bare name is a builtin's when it is one, else a python reference (reward_funcs=exact_answer)",
+        "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | env | task}, "
+        "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns)) "
+        "or {url: http://HOST:PORT/PATH} (a reward server, one POST a batch; optional timeout, retries, "
+        "name); a bare name is a builtin's when it is one, a url's when it is one, else a python reference "
+        "(reward_funcs=exact_answer)",
     )
     reward_weights: list[RewardWeight] | None = Field(
         None, description="one weight per reward function, summed into the reward (None = all 1)"
@@ -531,6 +561,24 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     ref_model_sync_steps: int = Field(512, ge=1, description="sync the reference every N steps")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards all agree, draw more")
     max_resample_batches: int = Field(4, ge=1, description="bound on extra generation batches per step")
+    curriculum: bool = Field(
+        False,
+        description="set aside prompts whose groups had zero reward spread (every completion solved, or "
+        "every one failed) on curriculum_patience visits in a row; draw them again only now and then "
+        "(data/curriculum.py)",
+    )
+    # 1: a prompt comes round once an epoch, so k visits take k epochs; at 2 a run of under two epochs
+    # (the main job: 1.35) sets nothing aside in time (benchmarks/RESULTS.md, issue 27)
+    curriculum_patience: int = Field(
+        1, ge=1, description="curriculum: visits in a row, all solved or all failed, that set a prompt aside"
+    )
+    curriculum_revisit: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="curriculum: the probability that a set-aside prompt is drawn when its turn in an epoch "
+        "comes",
+    )
     on_reward_error: Literal["raise", "unscorable"] = Field(
         "raise", description="a failing reward function: stop naming it, or score the row None (counted)"
     )
@@ -602,6 +650,19 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             )
         return value
 
+    def _check_teacher(self) -> None:
+        """loss_type=opd and teacher_model come together, and the teacher is a trained model."""
+        if (self.loss_type == "opd") != (self.teacher_model is not None):
+            raise ValueError(
+                "loss_type=opd distills from teacher_model, and teacher_model is read only by loss_type=opd: "
+                "set both (e.g. loss_type=opd teacher_model=runs/addition/final) or neither"
+            )
+        if self.teacher_model == "tiny":
+            raise ValueError(
+                "teacher_model=tiny would be an untrained model: name a trained one, a hub id or a model "
+                "directory such as another run's final/ or checkpoint-N/"
+            )
+
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
         low, high = self.sampling_correction_min, self.sampling_correction_max
@@ -610,6 +671,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 f"sampling_correction_min={low:g} must be below sampling_correction_max={high:g}: the "
                 "ratio would be kept within an empty range; lower the minimum or raise the maximum"
             )
+        self._check_teacher()
         if self.sampling_correction != "none" and self.loss_type == "vespo":
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "
@@ -675,15 +737,21 @@ def _check_reference(reference: str) -> None:
 
 
 def _check_reward_entry(spec: dict[str, Any]) -> None:
-    """One reward_funcs entry: exactly one of model / builtin / python, and only the options it takes."""
-    kinds = {"model", "builtin", "python"} & set(spec)
+    """One reward_funcs entry: exactly one of model / builtin / python / url, and only the options it
+    takes."""
+    kinds = {"model", "builtin", "python", "url"} & set(spec)
     extras = set(spec) - {"model", "builtin", "python", "batch_size", "device"}
+    if "url" in spec:  # a reward server: its own options only
+        extras = set(spec) - {"url", *REMOTE_OPTIONS}
     if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):
         raise ValueError(
             f"reward_funcs entry {shown(spec)} must have exactly one of 'model' (a directory), 'builtin' "
-            f"({', '.join(BUILTIN_REWARDS)}) or 'python' (FILE.py:FUNCTION or "
-            "package.module:FUNCTION); a model entry optionally batch_size, device"
+            f"({', '.join(BUILTIN_REWARDS)}), 'python' (FILE.py:FUNCTION or "
+            "package.module:FUNCTION) or 'url' (http://HOST:PORT/PATH, a reward server); a model entry "
+            "optionally batch_size, device; a url entry optionally timeout, retries, name"
         )
+    if "url" in spec:
+        check_remote_reward(f"reward_funcs entry {shown(spec)}", **spec)
     if "builtin" in spec and spec["builtin"] not in BUILTIN_REWARDS:
         raise ValueError(unknown_reward(spec["builtin"]))
     if "python" in spec:

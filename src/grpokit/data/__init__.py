@@ -1,6 +1,7 @@
 """Prompt datasets and the built-in tasks."""
 
 from .answers import ANSWER_FORMATS, apply_answer_format, gsm8k_answer
+from .curriculum import POOLS, Curriculum, CurriculumRule
 from .custom import (
     answer_checker,
     check_characters,
@@ -37,6 +38,9 @@ __all__ = [
     "pretokenize",
     "TASKS",
     "answer_checker",
+    "Curriculum",
+    "CurriculumRule",
+    "POOLS",
     "check_characters",
     "data_alphabet",
     "has_answers",

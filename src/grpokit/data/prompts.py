@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .curriculum import Curriculum, CurriculumRule
 from .errors import DataError
 
 
@@ -242,16 +243,30 @@ def columns_of(rows: Sequence[dict[str, Any]], prompt_column: str, repeat: int =
 
 class PromptSampler:
     """Endless batches of rows, reshuffled every epoch from `seed`; its position is a state dict
-    so that a resumed run continues with exactly the next batch."""
+    so that a resumed run continues with exactly the next batch.
+
+    With a `curriculum` (data/curriculum.py) the walk through an epoch's order passes over set-aside
+    prompts except with the rule's revisit probability; `record` takes the visits of the latest batch
+    (`last_indices`), and the curriculum's pools are part of the state dict."""
 
     def __init__(
-        self, rows: Sequence[dict[str, Any]], batch_size: int, *, seed: int = 0, shuffle: bool = True
+        self,
+        rows: Sequence[dict[str, Any]],
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        curriculum: CurriculumRule | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
         self.rows, self.batch_size, self.seed, self.shuffle = list(rows), batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
         self._cached: tuple[int, list[int]] | None = None  # (epoch, order): shuffled once per epoch
+        self.curriculum: Curriculum | None = None  # (a step's prompts stay active: floor=batch_size)
+        if curriculum is not None:
+            self.curriculum = Curriculum(len(self.rows), curriculum, floor=batch_size, seed=seed)
+        self.last_indices: list[int] = []  # [batch_size] the rows of the latest batch, in order
 
     def _order(self) -> list[int]:
         import random
@@ -264,22 +279,36 @@ class PromptSampler:
         return self._cached[1]
 
     def next_batch(self) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
-        while len(batch) < self.batch_size:
-            order = self._order()
-            take = order[self.position : self.position + self.batch_size - len(batch)]
-            batch.extend(self.rows[i] for i in take)
-            self.position += len(take)
-            if self.position >= len(order):
+        taken: list[int] = []
+        while len(taken) < self.batch_size:  # (the curriculum keeps ≥ 1 prompt active: it ends)
+            index = self._order()[self.position]
+            if self.curriculum is None or self.curriculum.offers(index, self.epoch):
+                taken.append(index)
+            self.position += 1
+            if self.position >= len(self.rows):
                 self.epoch, self.position = self.epoch + 1, 0
-        return batch
+        self.last_indices = taken
+        return [self.rows[i] for i in taken]
+
+    def record(
+        self, indices: Sequence[int], rewards: Sequence[Sequence[float]], equal: Sequence[bool]
+    ) -> None:
+        """The curriculum's visits (`Curriculum.record`); nothing without one."""
+        if self.curriculum is not None:
+            self.curriculum.record(indices, rewards, equal)
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         while True:
             yield self.next_batch()
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "position": self.position}
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A state of `state_dict`; one without a curriculum's leaves this sampler's curriculum fresh."""
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if self.curriculum is not None and "curriculum" in state:
+            self.curriculum.load_state_dict(state["curriculum"])

@@ -16,7 +16,14 @@ Shape letters: P prompts, G completions per prompt, B = P·G rows, T completion 
 V vocabulary, R reward functions.
 """
 
-from .advantages import REWARD_SCALES, GroupAdvantages, RewardScale, combine_rewards, group_advantages
+from .advantages import (
+    REWARD_SCALES,
+    GroupAdvantages,
+    RewardScale,
+    combine_rewards,
+    distillation_advantages,
+    group_advantages,
+)
 from .kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from .linear_logps import linear_logps
 from .logprobs import (
@@ -47,6 +54,7 @@ from .reward_loss import bradley_terry_loss
 from .sampling_correction import SAMPLING_CORRECTIONS, SamplingCorrection, sampling_weights
 
 __all__ = [
+    "distillation_advantages",
     "loss_weight",
     "SAMPLING_CORRECTIONS",
     "SamplingCorrection",

@@ -144,3 +144,25 @@ def group_advantages(
         std=std.reshape(-1),  # [B]
         is_std_zero=zero_std.reshape(-1),  # [B]
     )
+
+
+def distillation_advantages(
+    advantages: torch.Tensor,
+    student_logps: torch.Tensor,
+    teacher_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    coef: float,
+) -> torch.Tensor:
+    """On-policy distillation's per-token advantages: A[b, t] = A_group[b] + λ·(log π_T(y_t) − log π_S(y_t))
+    on the counted tokens, 0 elsewhere. [B] or [B, T] advantages, [B, T] log-probs -> [B, T]
+
+    λ·(log π_T − log π_S) is the negative of the per-token reverse KL's sample, KL(π_S ‖ π_T) estimated
+    at the sampled token: the policy gradient with it as the advantage descends that reverse KL
+    (on-policy distillation, Agarwal et al. 2024; Thinking Machines 2025). The student's log-probs are
+    those of the policy that sampled (no gradient flows through the advantage)."""
+    base = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)  # [B, 1] or [B, T]
+    dtype = torch.promote_types(teacher_logps.dtype, torch.float32)  # float32 at least (float64 kept)
+    gap = teacher_logps.detach().to(dtype) - student_logps.detach().to(dtype)  # [B, T]
+    per_token = base.to(dtype) + coef * gap  # [B, T]
+    return torch.where(completion_mask, per_token, torch.zeros_like(per_token))

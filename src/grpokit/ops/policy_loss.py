@@ -17,6 +17,7 @@ Order of operations (TRL 1.16 `GRPOTrainer._compute_loss`, EasyDeL `grpo_step`):
     ℓ        = ℓ · 1{H ≥ quantile(H, 1−q)}                 when top_entropy_quantile q < 1
     ℓ        = ℓ · ρ                                        sampling_weights ρ = π_old/q, when given
     ℓ        = ℓ + β·kl                                     KL on every valid token, after the entropy mask
+    ℓ        = ℓ − c·H                                      entropy bonus (entropy_coef c), when c ≠ 0
     loss     = aggregation(ℓ, completion_mask)
 
 Parity and deliberate deviations:
@@ -272,6 +273,9 @@ LOSS_TYPES: dict[str, LossVariant] = {
     "sapo": LossVariant("sapo", "sequence_mean"),  # Soft Adaptive Policy Optimization
     "luspo": LossVariant("clipped", "sequence_sum_mean"),  # length-unbiased sequence PO
     "vespo": LossVariant("vespo", "global_token_mean"),
+    # on-policy distillation: dapo's surrogate and normaliser over per-token advantages that carry the
+    # teacher's reverse KL (`ops.distillation_advantages`)
+    "opd": LossVariant("clipped", "global_token_mean"),
 }
 
 
@@ -326,6 +330,17 @@ def _top_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: flo
 
 
 # ----------------------------------------------------------------------------- the loss
+
+
+def _with_entropy_bonus(
+    per_token_loss: torch.Tensor, entropies: torch.Tensor | None, coef: float
+) -> torch.Tensor:
+    """ℓ − c·H on every token (an entropy bonus), or ℓ as it is when c = 0. [B, T] or [B, 1] -> [B, T]"""
+    if coef == 0.0:
+        return per_token_loss
+    if entropies is None:
+        raise ValueError("entropy_coef ≠ 0 needs the token entropies: pass entropies=[B, T].")
+    return per_token_loss - coef * entropies
 
 
 def _lookup(table: dict[str, object], name: str, what: str) -> None:
@@ -402,6 +417,7 @@ def grpo_loss(
     use_bias_correction_kl: bool = True,
     negative_advantage_clip: NegativeAdvantageClip = "ppo",
     kl_estimator: KLEstimator = "k3",
+    entropy_coef: float = 0.0,
 ) -> LossOutput:
     """GRPO-family policy loss of one (micro-)batch. Names and defaults follow TRL 1.16's GRPOConfig.
 
@@ -431,6 +447,8 @@ def grpo_loss(
         use_bias_correction_kl: multiply the KL term by r (TRL 1.16 default: True).
         negative_advantage_clip: "ppo" (TRL, DI-engine) or "easydel" (EasyDeL, Edifice).
         kl_estimator: k1, k2 or k3 (k3 everywhere in the seeds and TRL).
+        entropy_coef: c; an entropy bonus −c·H on every valid token, aggregated as the loss is (so its
+            weight does not depend on the micro-batch split); needs differentiable `entropies`.
     Returns:
         LossOutput(loss [], metrics) with TRL's metric names: `kl` (beta ≠ 0), `entropy`
         (entropies given), `clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`
@@ -485,6 +503,7 @@ def grpo_loss(
         if use_bias_correction_kl:
             per_token_kl = per_token_kl * ratio
         per_token_loss = per_token_loss + beta * per_token_kl
+    per_token_loss = _with_entropy_bonus(per_token_loss, entropies, entropy_coef)
 
     loss = AGGREGATIONS[variant.aggregation](
         AggregationInputs(per_token_loss, mask, max_completion_length, num_items_in_batch)

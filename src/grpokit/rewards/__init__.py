@@ -13,15 +13,20 @@ from .builtin import (
     parse_number,
 )
 from .loading import RewardReferenceError, load_reward_reference, named_reward, split_reference
+from .remote import RemoteReward, RemoteRewardError
 from .reward_model import RewardModelFunction
 from .scoring import CallRules, RewardFunctionError, RewardScores, reward_name, score_completions
+from .serving import RewardServer
 
 __all__ = [
     "BUILTIN_REWARDS",
     "CallRules",
     "env_reward",
     "RewardFunctionError",
+    "RemoteReward",
+    "RemoteRewardError",
     "RewardModelFunction",
+    "RewardServer",
     "RewardReferenceError",
     "load_reward_reference",
     "named_reward",

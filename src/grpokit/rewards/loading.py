@@ -93,14 +93,17 @@ def _label(reference: str) -> str:
 def named_reward(name: str, task_reward: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """A reward function given by name, as TRL users give theirs in Python (reward_funcs=["exact_answer"])
     and the config's bare entries: a built-in reward's name ("task": `task_reward`, the built-in task's
-    own), else a reference to a function (FILE.py:f, pkg.mod:f, pkg.mod.f); any other name is one line
-    listing the built-in rewards."""
+    own), a reward server's http(s):// address (`RemoteReward`), else a reference to a function
+    (FILE.py:f, pkg.mod:f, pkg.mod.f); any other name is one line listing the built-in rewards."""
     from ..config.schema import unknown_reward
     from .builtin import BUILTIN_REWARDS
+    from .remote import RemoteReward
 
     text = str(name).strip()
     if text in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[text]
+    if text.startswith(("http://", "https://")):
+        return RemoteReward(text)
     if text == "task":
         if task_reward is None:
             raise RewardReferenceError(

@@ -77,8 +77,9 @@ def reward_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    """Call with the keyword arguments the function accepts (all of them if it takes **kwargs)."""
+def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Call with the keyword arguments the function accepts (all of them if it takes **kwargs), as the
+    scorer calls every reward function (a reward server calls its function the same way)."""
     params = inspect.signature(fn).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
@@ -116,7 +117,7 @@ def _invoke(name: str, fn: Callable[..., Any], kwargs: dict[str, Any], limits: _
         return "timeout", None  # no time left: the function is not even started
     if limits.deadline is None and limits.should_stop is None:  # nothing to enforce: on this thread
         try:
-            return "ok", _call(fn, kwargs)
+            return "ok", call_reward(fn, kwargs)
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # noqa: BLE001 - reported with the function's name
@@ -125,25 +126,32 @@ def _invoke(name: str, fn: Callable[..., Any], kwargs: dict[str, Any], limits: _
 
     def work() -> None:
         try:
-            box.append(("ok", _call(fn, kwargs)))
+            box.append(("ok", call_reward(fn, kwargs)))
         except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
             box.append(("error", error))
 
     worker = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
     worker.start()
-    while True:
-        left = None if limits.deadline is None else limits.deadline - time.monotonic()
-        worker.join(WAIT_SLICE if left is None else max(0.0, min(WAIT_SLICE, left)))
-        if not worker.is_alive():
-            break
-        if limits.should_stop is not None and limits.should_stop():
-            raise ScoringStopped(f"stopped while reward function {name!r} was running")
-        if limits.deadline is not None and time.monotonic() >= limits.deadline:
-            return "timeout", None  # the call is abandoned: a daemon thread, it never blocks the exit
+    if not _finished(name, worker, limits):
+        return "timeout", None  # the call is abandoned: a daemon thread, it never blocks the exit
     outcome = box[0]
     if outcome[0] == "error" and isinstance(outcome[1], KeyboardInterrupt):
         raise outcome[1]
     return outcome
+
+
+def _finished(name: str, worker: threading.Thread, limits: _Limits) -> bool:
+    """Wait for `worker` in slices of WAIT_SLICE: True when it ended, False at the deadline;
+    ScoringStopped when `limits.should_stop` says so meanwhile."""
+    while True:
+        left = None if limits.deadline is None else limits.deadline - time.monotonic()
+        worker.join(WAIT_SLICE if left is None else max(0.0, min(WAIT_SLICE, left)))
+        if not worker.is_alive():
+            return True
+        if limits.should_stop is not None and limits.should_stop():
+            raise ScoringStopped(f"stopped while reward function {name!r} was running")
+        if limits.deadline is not None and time.monotonic() >= limits.deadline:
+            return False
 
 
 def _exited(name: str, error: BaseException) -> RewardFunctionError:
@@ -162,7 +170,7 @@ def _timed_out(name: str, limits: _Limits, size: int) -> RewardFunctionError:
     )
 
 
-def _as_number(value: Any) -> Any:
+def as_number(value: Any) -> Any:
     """A one-element torch tensor, a numpy scalar or a 0-d numpy array as the Python number it holds;
     anything else unchanged. (TRL turns a function's list into torch.tensor(..., dtype=float32), so
     it takes all of these; numpy is found by duck typing, never imported.)"""
@@ -181,7 +189,7 @@ def _to_score(name: str, row: int, value: Any, completion: Any) -> float:
     (torch.tensor([True, False], dtype=torch.float32) == [1.0, 0.0])."""
     if value is None:
         return math.nan
-    value = _as_number(value)
+    value = as_number(value)
     where = f"for row {row} (completion {_preview(completion)})"
     if not isinstance(value, (int, float)):  # bool is an int
         kind = type(value).__name__
@@ -244,24 +252,7 @@ def _score_one(
             return [math.nan] * size, size
         raise _timed_out(name, limits, size)
     if kind == "error":
-        error = values
-        if not isinstance(error, Exception):  # SystemExit and kin: never a row's failure
-            raise _exited(name, error) from error
-        failing = _find_failing_row(name, fn, kwargs, size, limits)
-        if failing == "timeout":  # the batch raised and the search for its row ran out of time
-            if on_error == "unscorable":
-                return [math.nan] * size, size
-            failing = None
-        if failing is not None and not isinstance(failing[1], Exception):
-            raise _exited(name, failing[1]) from failing[1]
-        if on_error == "unscorable" and failing is not None:
-            return _score_rowwise(name, fn, kwargs, size, completions, limits)
-        where = (
-            f" on row {failing[0]} (completion {_preview(completions[failing[0]])}): {failing[1]!r}"
-            if failing
-            else f": {error!r}"
-        )
-        raise RewardFunctionError(f"reward function {name!r} raised{where}") from error
+        return _failed_batch(fn, kwargs, completions, on_error, limits, values)
     if isinstance(values, torch.Tensor) or (type(values).__module__ == "numpy" and hasattr(values, "tolist")):
         values = values.tolist()  # a [B] tensor or numpy array (a 0-d one becomes a scalar: refused below)
     if not isinstance(values, (list, tuple)) or len(values) != size:
@@ -270,6 +261,40 @@ def _score_one(
             f"reward function {name!r} returned {got} for {size} completions; return one per completion."
         )
     return [_to_score(name, i, v, completions[i]) for i, v in enumerate(values)], 0
+
+
+def _failed_batch(
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    completions: Sequence[Any],
+    on_error: str,
+    limits: _Limits,
+    error: BaseException,
+) -> tuple[list[float], int]:
+    """The function raised `error` on the whole batch: the error naming the row it raises on alone
+    (or with on_error="unscorable", those rows None and counted)."""
+    name, size = reward_name(fn), len(completions)
+    if not isinstance(error, Exception):  # SystemExit and kin: never a row's failure
+        raise _exited(name, error) from error
+    if isinstance(error, RewardFunctionError):  # the function's own account of the batch (a reward
+        if on_error == "unscorable":  # server that failed): no row to look for, its line says it all
+            return [math.nan] * size, size
+        raise error
+    failing = _find_failing_row(name, fn, kwargs, size, limits)
+    if failing == "timeout":  # the batch raised and the search for its row ran out of time
+        if on_error == "unscorable":
+            return [math.nan] * size, size
+        failing = None
+    if failing is not None and not isinstance(failing[1], Exception):
+        raise _exited(name, failing[1]) from failing[1]
+    if on_error == "unscorable" and failing is not None:
+        return _score_rowwise(name, fn, kwargs, size, completions, limits)
+    where = (
+        f" on row {failing[0]} (completion {_preview(completions[failing[0]])}): {failing[1]!r}"
+        if failing
+        else f": {error!r}"
+    )
+    raise RewardFunctionError(f"reward function {name!r} raised{where}") from error
 
 
 def _score_rowwise(

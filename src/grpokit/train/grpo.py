@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .grpo_setup import (
     check_context,
     check_step_prompts,
     evaluator,
+    load_teacher,
     place_policy,
     precision_of,
     probe_engine,
@@ -168,6 +169,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
         model = add_lora(model, plan.lora)
     trainee = build_trainee(spec, model, tokenizer, data, d)  # engine (reference, wrapping), optimizer
+    if plan.teacher is not None:  # loss_type=opd: the teacher scores the student's completions
+        trainee = replace(trainee, teacher=load_teacher(plan.teacher, tokenizer, spec.engine, d))
     if stop.signal is not None and resume_from is None:  # Ctrl-C while loading or warming up, before step 1
         return _stopped_early(emit, stop, output_dir, "set-up")
     strategy = spec.placement.strategy
@@ -186,7 +189,10 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     # ------------------------------------------------------------------ the loop
     step, unscored = run.start, UnscoredWatch(data.reward_funcs)
     invariants = InvariantWatch(exact=trainee.engine.float32_exact, strict=control.strict_invariants)
-    alerts = AlertWatch(control.alert_thresholds, watch_zero_spread=not spec.step.dynamic_sampling)
+    # zero spread starves GRPO's advantages, not dynamic sampling's (it drops such groups) or OPD's (the
+    # teacher's term differs token by token whatever the rewards)
+    learns_from_spread = not spec.step.dynamic_sampling and spec.step.loss.loss_type != "opd"
+    alerts = AlertWatch(control.alert_thresholds, watch_zero_spread=learns_from_spread)
     if d.is_main:  # (alerts.jsonl: rank 0's, as metrics.jsonl)
         alerts.resume(output_dir, run.start)
         if run.start == 0:

@@ -20,10 +20,13 @@ from ..config.plan import (
     ModelSpec,
     RewardSpec,
     SamplingSpec,
+    StepSpec,
+    TeacherSpec,
     TraineeSpec,
     WarmStart,
 )
 from ..data import (
+    CurriculumRule,
     DataError,
     PromptSampler,
     answer_checker,
@@ -46,10 +49,10 @@ from ..rollout import SamplingParams
 from . import distributed
 from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
 from .evaluation import EvalTask, evaluate
-from .grpo_step import StepParams, Trainee, Update
+from .grpo_step import EntropyControl, StepParams, Trainee, Update
 from .metrics import write_sft_metrics
 from .optim import make_optimizer, make_scheduler
-from .run import Emit, StopSignals
+from .run import Emit, StopSignals, policy_and_tokenizer
 from .sft import SFTHooks, SFTResult, run_sft
 
 
@@ -131,7 +134,7 @@ def configured_rewards(
 ) -> list[Callable[..., Any]]:
     """The reward functions the config names (`reward_funcs`), or the task's reward. A reward model
     goes to its entry's `device`, else the policy's (`device`; None: the config's)."""
-    from ..rewards import RewardModelFunction, env_reward, load_reward_reference, named_reward
+    from ..rewards import RemoteReward, RewardModelFunction, env_reward, load_reward_reference, named_reward
 
     if spec.funcs is None:
         if task is not None:
@@ -149,6 +152,8 @@ def configured_rewards(
             )
         elif "python" in entry:  # your own function, by reference (FILE.py:NAME or package.module:NAME)
             funcs.append(load_reward_reference(entry["python"]))
+        elif "url" in entry:  # a reward server; the entry's other keys are RemoteReward's (config-checked)
+            funcs.append(RemoteReward(**entry))
         else:  # a built-in reward's name ("task": the task's own)
             funcs.append(named_reward(entry["builtin"], task.reward if task is not None else None))
     return funcs
@@ -417,6 +422,11 @@ def probe_engine(
     return PolicyEngine.create(model, tokenizer, engine_spec(settings, device), environment=data.environment)
 
 
+def curriculum_rule(step: StepSpec) -> CurriculumRule | None:
+    """The prompt sampler's curriculum (data/curriculum.py), when the config turns it on."""
+    return CurriculumRule(step.curriculum_patience, step.curriculum_revisit) if step.curriculum else None
+
+
 def build_trainee(
     spec: TraineeSpec, model: Any, tokenizer: Any, data: RunData, d: distributed.Dist | None = None
 ) -> Trainee:
@@ -455,8 +465,46 @@ def build_trainee(
         engine=engine,
         update=Update(optimizer, make_scheduler(optimizer, spec.optimizer)),
         params=StepParams.of(spec.step, sampling_params(spec.sampling, data), d.world_size),
-        prompts=PromptSampler(data.train_rows, spec.step.prompts_per_step, seed=spec.step.seed),
+        prompts=PromptSampler(
+            data.train_rows,
+            spec.step.prompts_per_step,
+            seed=spec.step.seed,
+            curriculum=curriculum_rule(spec.step),
+        ),
+        entropy=None
+        if spec.step.target_entropy is None
+        else EntropyControl(spec.step.target_entropy, spec.step.entropy_coef_lr),
     )
+
+
+def load_teacher(
+    spec: TeacherSpec, tokenizer: Any, settings: EngineSettings, d: distributed.Dist
+) -> PolicyEngine:
+    """loss_type=opd's teacher: loaded as the policy is (a hub id or a directory), frozen, in the policy's
+    precision, on `spec.device` or the policy's, behind an engine that only scores. A teacher whose
+    tokenizer differs from the policy's is refused: on-policy distillation compares the two models'
+    log-probs of the same token ids."""
+    model, teacher_tokenizer = policy_and_tokenizer(spec.model, None, 0)
+    mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    special = [
+        (a, getattr(tokenizer, a), getattr(teacher_tokenizer, a)) for a in ("eos_token_id", "pad_token_id")
+    ]
+    different = [f"{name} {ours} vs {its}" for name, ours, its in special if ours != its]
+    if mine != theirs or different:
+        detail = (
+            f"vocabularies of {len(mine)} and {len(theirs)} tokens"
+            if mine != theirs
+            else ", ".join(different)
+        )
+        raise ValueError(
+            f"teacher_model={spec.model.name!r} has another tokenizer than the policy ({detail}): on-policy "
+            "distillation compares the two models' log-probs of the same token ids, so the teacher must "
+            "share the policy's tokenizer; pick a teacher of the same family"
+        )
+    device = torch.device(spec.device) if spec.device is not None else d.device
+    model = model.to(device=device, dtype=precision_of(settings).master).eval()
+    model.requires_grad_(False)
+    return PolicyEngine.create(model, tokenizer, engine_spec(settings, device))
 
 
 SFT_PROBE_ROWS, SFT_PROBE_EVERY = 256, 10
@@ -601,6 +649,8 @@ def save(
     extra = {}
     if engine.reference is not None and trainee.params.spec.reference_sync is not None:
         extra["reference"] = distributed.full_state_dict(d, engine.reference)
+    if trainee.entropy is not None:
+        extra["entropy_control"] = trainee.entropy.state_dict()
     save_distributed(d, strategy, to, step, _parts(trainee), eval_before, extra)
 
 
@@ -612,4 +662,6 @@ def restore(
     state = restore_distributed(d, strategy, checkpoint, _parts(trainee))
     if engine.reference is not None and "reference" in state:
         distributed.unwrap(engine.reference).load_state_dict(state["reference"])
+    if trainee.entropy is not None and "entropy_control" in state:
+        trainee.entropy.load_state_dict(state["entropy_control"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}

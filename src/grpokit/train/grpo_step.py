@@ -31,7 +31,14 @@ from ..config.plan import StepSpec
 from ..data import PromptSampler, columns_of, render_prompt
 from ..engine import PolicyEngine, truncates
 from ..models import should_sync, sync_reference
-from ..ops import LOSS_TYPES, group_advantages, grpo_loss, loss_weight, sampling_weights
+from ..ops import (
+    LOSS_TYPES,
+    distillation_advantages,
+    group_advantages,
+    grpo_loss,
+    loss_weight,
+    sampling_weights,
+)
 from ..rewards import CallRules, score_completions
 from ..rollout import SamplingParams
 from . import distributed, optim
@@ -175,6 +182,7 @@ def generate_and_score(
     for attempt in range(attempts):
         began = time.perf_counter()
         rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
+        drawn = prompts.last_indices  # [P·world] the rows of every rank (the curriculum's visits)
         tools = engine.environment.tool_schemas if engine.environment is not None else None
         spec = params.spec
         texts = [
@@ -206,6 +214,8 @@ def generate_and_score(
             rules=CallRules(params.spec.on_reward_error, params.spec.reward_timeout, should_stop),  # type: ignore[arg-type]
         )
         adv = group_advantages(scores.rewards, G, scale=params.spec.scale_rewards)
+        if prompts.curriculum is not None:  # every batch drawn is a visit of its prompts, kept or not
+            record_visits(prompts, drawn, scores.rewards, adv.is_std_zero, G, d)
         seconds["timing/scoring"] += time.perf_counter() - sampled
         batch = Batch(
             prompt_ids=rollout.prompt_ids,
@@ -244,6 +254,8 @@ def generate_and_score(
         if not distributed.any_rank(d, not enough):  # all ranks draw the same number of batches
             break
     metrics["num_generation_batches"] = attempt + 1
+    if prompts.curriculum is not None:  # the pools after this step's visits
+        metrics |= prompts.curriculum.metrics()
     metrics |= seconds
     chosen, need = [], P
     for batch, groups in informative + leftovers:
@@ -251,6 +263,26 @@ def generate_and_score(
         need -= len(chosen[-1][1])
     batch = merge_groups(chosen, G, engine.tokenizer.pad_token_id)
     return batch, metrics | group_invariants(batch, G)
+
+
+def record_visits(
+    prompts: PromptSampler,
+    drawn: list[int],
+    rewards: torch.Tensor,
+    zero: torch.Tensor,
+    G: int,
+    d: distributed.Dist,
+) -> None:
+    """The groups of one generation batch, every rank's, as visits of the sampler's curriculum: each rank
+    scored its own P groups, and every rank keeps the same pools (its next batch is drawn from them)."""
+    P = len(drawn) // d.world_size  # groups on this rank
+    groups = torch.zeros(len(drawn), G + 1)  # [P·world, G+1]: the G rewards, then the zero-spread flag
+    mine = slice(d.rank * P, (d.rank + 1) * P)
+    groups[mine, :G] = rewards.reshape(P, G)  # [B] -> [P, G]
+    groups[mine, G] = zero.reshape(P, G)[:, 0].float()
+    if d.enabled:  # each row is filled on one rank, zeros elsewhere: the sum gathers them
+        groups = distributed.all_reduce_sum(d, groups.to(d.device)).cpu()
+    prompts.record(drawn, groups[:, :G].tolist(), (groups[:, G] > 0).tolist())
 
 
 def group_invariants(batch: Batch, G: int) -> dict[str, float]:
@@ -322,10 +354,11 @@ class FrozenLogps:
     old: torch.Tensor | None  # [B, T] log π_old; None when μ = 1 (the detached current log-probs)
     ref: torch.Tensor | None  # [B, T] log π_ref; None when beta = 0
     weights: torch.Tensor | None  # [B, T] or [B, 1] π_old/q (sampling_correction), else None
+    teacher: torch.Tensor | None = None  # [B, T] log π_T of the sampled tokens (loss_type=opd), else None
 
 
 def frozen_passes(
-    engine: PolicyEngine, batch: Batch, params: StepParams
+    engine: PolicyEngine, batch: Batch, params: StepParams, teacher: PolicyEngine | None = None
 ) -> tuple[FrozenLogps, dict[str, Any]]:
     """Old-policy log-probs (`old_logps_source`), reference log-probs, and with sampling_correction the
     importance weights π_old / q of the sampled tokens (which need π_old even when μ = 1). Returns them
@@ -372,7 +405,11 @@ def frozen_passes(
             "sampling/importance_sampling_ratio/mean": diff.exp().mean() if diff.numel() else none,
             "sampling/importance_sampling_ratio/max": diff.exp().max() if diff.numel() else none,
         }
-    return FrozenLogps(old=old, ref=ref, weights=weights), metrics
+    teacher_logps = None
+    if teacher is not None:  # loss_type=opd: the teacher's log-probs of the student's tokens
+        on_teacher = batch.to(teacher.device)
+        teacher_logps = teacher.frozen_logps(on_teacher, params.spec.micro_batch_size).to(engine.device)
+    return FrozenLogps(old=old, ref=ref, weights=weights, teacher=teacher_logps), metrics
 
 
 # |log π − log q| above this counts a token as mismatched (its ratio outside about [0.905, 1.105])
@@ -417,6 +454,7 @@ class FirstLook:
         self.ratio: list[torch.Tensor] = []  # per micro-batch: max |ratio − 1| (0-d, on the device)
         self.gap: list[torch.Tensor] = []  # per micro-batch: max |log π_θ − log π_ref|
         self.parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (logps, q, mask)
+        self.distill: list[torch.Tensor] = []  # per micro-batch: [Σ log π_S − log π_T, Σ log π_T, count]
 
     def add(self, logps: torch.Tensor, batch: Batch, rows: slice) -> None:
         """The micro-batch `rows`' training log-probs [b, T]."""
@@ -430,6 +468,11 @@ class FirstLook:
             self.gap.append(torch.where(mask, gap, 0.0).amax())
         if self.mismatch:
             self.parts.append((logps, batch.sampling_logps[rows], mask))
+        if self.frozen.teacher is not None:  # the reverse KL's sample and the teacher's log-prob, summed
+            gap = (logps - self.frozen.teacher[rows])[mask]  # [n]
+            self.distill.append(
+                torch.stack([gap.sum(), self.frozen.teacher[rows][mask].sum(), gap.new_tensor(gap.numel())])
+            )
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -440,7 +483,21 @@ class FirstLook:
         if self.parts:
             logps, q, mask = (_pad_cat([p[i] for p in self.parts], 0, left=False) for i in range(3))
             out |= mismatch_metrics(logps, q, mask.bool())
+        if self.distill:  # loss_type=opd: the student's reverse KL to the teacher, k1 at the sampled tokens
+            gap, teacher, count = torch.stack(self.distill).sum(0)
+            out["distill/kl"] = gap / count.clamp(min=1.0)
+            out["distill/teacher_logps"] = teacher / count.clamp(min=1.0)
         return out
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """What one optimizer step of a step adds to the loss and reports: `look`, on the first update,
+    what it proves (`FirstLook`, `invariants/loss_weight_error`); `entropy_coef`, target_entropy's
+    bonus coefficient for this step."""
+
+    look: FirstLook | None = None
+    entropy_coef: float = 0.0
 
 
 def optimizer_step(
@@ -450,10 +507,11 @@ def optimizer_step(
     frozen: FrozenLogps,
     params: StepParams,
     d: distributed.Dist,
-    look: FirstLook | None = None,
+    this: Iteration | None = None,
 ) -> dict[str, Any]:
-    """One optimizer step over the whole batch, accumulating gradients over micro-batches. `look`: the
-    step's first update, which also reports what it proves (`FirstLook`, `invariants/loss_weight_error`)."""
+    """One optimizer step over the whole batch, accumulating gradients over micro-batches; `this`:
+    what is particular to this iteration of the step (`Iteration`)."""
+    look, entropy_coef = (this.look, this.entropy_coef) if this is not None else (None, 0.0)
     B, micro = batch.completion_ids.shape[0], params.spec.micro_batch_size
     n_micro = B // micro
     lp = params.loss
@@ -468,15 +526,26 @@ def optimizer_step(
     for start in range(0, B, micro):
         rows = slice(start, start + micro)
         stats = engine.logps(batch, rows, entropy=True)  # [b, T]
+        advantages = batch.advantages[rows]  # [b]
+        if frozen.teacher is not None:  # loss_type=opd: the teacher's reverse KL joins them, per token
+            student = stats.logps if frozen.old is None else frozen.old[rows]  # the policy that sampled
+            advantages = distillation_advantages(
+                advantages,
+                student,
+                frozen.teacher[rows],
+                batch.completion_mask[rows],
+                coef=params.spec.distill_coef,
+            )  # [b, T]
         out = grpo_loss(
             stats.logps,
-            batch.advantages[rows],
+            advantages,
             batch.completion_mask[rows],
             old_logps=None if frozen.old is None else frozen.old[rows],
             ref_logps=None if frozen.ref is None else frozen.ref[rows],
-            entropies=stats.entropy.detach(),
+            entropies=stats.entropy if entropy_coef else stats.entropy.detach(),  # the bonus's gradient
             sampling_weights=None if frozen.weights is None else frozen.weights[rows],
             num_items_in_batch=num_items,
+            entropy_coef=entropy_coef,
             **asdict(lp),  # loss_type, beta, epsilon, ...: grpo_loss's own names
         )
         (out.loss * factor).backward()
@@ -529,15 +598,38 @@ def synced_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+@dataclass
+class EntropyControl:
+    """target_entropy: the coefficient c ≥ 0 of an entropy bonus −c·H in the loss, moved after each
+    step by `rate` × (target − the step's mean token entropy): it grows while the entropy is below the
+    target and shrinks to 0 above it. Saved in every checkpoint (`state_dict`), so a resumed run goes on
+    with the same c."""
+
+    target: float
+    rate: float
+    coef: float = 0.0
+
+    def update(self, entropy: float) -> None:
+        self.coef = max(0.0, self.coef + self.rate * (self.target - entropy))
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.coef = float(state["coef"])
+
+
 @dataclass(frozen=True)
 class Trainee:
     """What the loop trains with: the policy engine, what updates it, the step's parameters and the
-    training prompts in order."""
+    training prompts in order (and target_entropy's control, when set)."""
 
     engine: PolicyEngine
     update: Update
     params: StepParams
     prompts: PromptSampler
+    entropy: EntropyControl | None = None
+    teacher: PolicyEngine | None = None  # loss_type=opd: the teacher, scoring only
 
 
 def grpo_step(
@@ -559,7 +651,7 @@ def grpo_step(
     host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
     began = time.perf_counter()
     batch = host_batch.to(engine.device)
-    frozen, correction_metrics = frozen_passes(engine, batch, params)
+    frozen, correction_metrics = frozen_passes(engine, batch, params, trainee.teacher)
     metrics |= correction_metrics
     frozen_done = synced_clock(engine.device)
     skipped = rolled_back = 0.0
@@ -567,10 +659,17 @@ def grpo_step(
     unfiltered = not truncates(s) and s.repetition_penalty == 1.0
     measured = "sampling/sampling_logp_difference/mean" in metrics  # by a frozen pass
     look = FirstLook(frozen, step, mismatch=unfiltered and not measured)
+    control = trainee.entropy
+    coef = control.coef if control is not None else 0.0
     for iteration in range(params.spec.num_iterations):
-        metrics |= optimizer_step(engine, update, batch, frozen, params, d, look if iteration == 0 else None)
+        this = Iteration(look if iteration == 0 else None, entropy_coef=coef)
+        metrics |= optimizer_step(engine, update, batch, frozen, params, d, this)
         skipped += metrics["skipped_update"]
         rolled_back += metrics["update_rolled_back"]
+    if control is not None:  # the same coefficient on every rank: from the ranks' mean entropy
+        entropy = distributed.all_reduce_sum(d, torch.as_tensor(metrics["entropy"], dtype=torch.float32))
+        control.update(float(entropy) / d.world_size)
+        metrics |= {"entropy/coef": coef, "entropy/target": control.target}
     metrics["skipped_update"] = skipped  # updates of this step skipped (non-finite loss, or weights)
     metrics["update_rolled_back"] = rolled_back  # of which applied, found to destroy weights, undone
     # wall-clock seconds of each phase (a GPU is synchronised at the boundaries, so that queued work is
