@@ -24,6 +24,7 @@ from .advantages import (
     distillation_advantages,
     group_advantages,
 )
+from .divergence import generalized_jsd
 from .kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from .linear_logps import linear_logps
 from .logprobs import (
@@ -54,6 +55,7 @@ from .reward_loss import bradley_terry_loss
 from .sampling_correction import SAMPLING_CORRECTIONS, SamplingCorrection, sampling_weights
 
 __all__ = [
+    "generalized_jsd",
     "distillation_advantages",
     "loss_weight",
     "SAMPLING_CORRECTIONS",
