@@ -72,25 +72,9 @@ def write_repo(root: Path) -> Path:
 
 
 @pytest.fixture
-def offline(tmp_path, monkeypatch) -> Path:
-    """HF_HOME in tmp_path, offline. huggingface_hub and datasets read these variables once, at import:
-    their module constants are patched too (datasets' cache then also lands in tmp_path)."""
-    import datasets.config
-    from huggingface_hub import constants
-
-    home = tmp_path / "hf_home"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
-    monkeypatch.setattr(constants, "HF_HOME", str(home))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
-    return home
+def offline(empty_hub_offline) -> Path:
+    """HF_HOME in tmp_path, offline, for huggingface_hub and datasets (tests/conftest.py)."""
+    return empty_hub_offline
 
 
 @pytest.fixture
