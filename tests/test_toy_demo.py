@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from grpokit.ops import LOSS_TYPES
+from grpokit.ops import POLICY_LOSS_TYPES
 from grpokit.train.toy_demo import ToyConfig, answers, run
 
 
-@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+@pytest.mark.parametrize("loss_type", list(POLICY_LOSS_TYPES))
 def test_every_loss_type_learns_the_toy_task(loss_type):
     epsilon_high = 5.0 if loss_type == "cispo" else 0.28  # CISPO's cap is absolute (TRL recommends 5)
     result = run(ToyConfig(steps=40, loss_type=loss_type, epsilon_high=epsilon_high))

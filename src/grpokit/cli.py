@@ -517,7 +517,7 @@ def options_help(schema: Any, preset: str | None = None) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .config import GRPOConfig, RewardConfig, SFTConfig
-    from .ops import LOSS_TYPES
+    from .ops import POLICY_LOSS_TYPES
 
     parser = argparse.ArgumentParser(
         prog="grpokit", description="Group Relative Policy Optimization for language models."
@@ -606,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=16)
     demo.add_argument("--num-generations", type=int, default=8)
     demo.add_argument("--num-iterations", type=int, default=2)
-    no_teacher = [t for t in LOSS_TYPES if t != "opd"]  # the toy demo has no teacher to distill from
+    no_teacher = [t for t in POLICY_LOSS_TYPES if t != "opd"]  # the toy demo has no teacher to distill from
     demo.add_argument("--loss-type", choices=no_teacher, default="dapo")
     demo.add_argument("--beta", type=float, default=0.04)
     demo.add_argument("--epsilon", type=float, default=0.2)

@@ -16,7 +16,7 @@ from grpokit.engine import EngineSpec, PolicyEngine
 from grpokit.models import backend_of, build_policy, char_tokenizer, lean_decoder
 from grpokit.models.backend import PADDING_FREE_MIN_WIDTH, PADDING_FREE_SHARE, padding_free_pays
 from grpokit.models.lean_llama import LeanLlamaDecoder
-from grpokit.ops import LOSS_TYPES, grpo_loss
+from grpokit.ops import POLICY_LOSS_TYPES, grpo_loss
 from grpokit.train.grpo_step import Batch
 
 TOKENIZER = char_tokenizer("0123456789+=")
@@ -118,7 +118,7 @@ def _batch(G: int, multi_turn: bool) -> Batch:
     )
 
 
-@pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES))
+@pytest.mark.parametrize("loss_type", sorted(POLICY_LOSS_TYPES))
 @pytest.mark.parametrize(("G", "multi_turn"), [(3, False), (3, True), (1, True)])
 def test_loss_and_gradients_of_every_loss_type_equal_the_padded_pass(loss_type, G, multi_turn):
     """Through the engine (fused head, entropies): the padded routes (`shared_prefix` for whole groups,

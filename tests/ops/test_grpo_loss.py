@@ -12,15 +12,17 @@ from grpokit.ops import (
     AGGREGATIONS,
     IMPORTANCE_LEVELS,
     LOSS_TYPES,
+    POLICY_LOSS_TYPES,
     SURROGATES,
     ImportanceSamplingLevel,
     LossType,
     grpo_loss,
     kl_penalty,
+    loss_weight,
 )
 from tests.helpers import random_batch
 
-ALL_LOSS_TYPES = typing.get_args(LossType)
+ALL_LOSS_TYPES = POLICY_LOSS_TYPES  # grpo_loss's (gkd, a divergence, is refused: tested below)
 ALL_LEVELS = typing.get_args(ImportanceSamplingLevel)
 D = torch.float64
 
@@ -409,10 +411,23 @@ def test_inputs_are_never_modified(gen, loss_type):
 
 
 def test_variant_table_covers_exactly_the_literals():
-    assert set(LOSS_TYPES) == set(ALL_LOSS_TYPES)
+    assert set(LOSS_TYPES) == set(typing.get_args(LossType))
     assert set(IMPORTANCE_LEVELS) == set(ALL_LEVELS)
     for name, variant in LOSS_TYPES.items():
-        assert variant.surrogate in SURROGATES, name
+        assert variant.surrogate in SURROGATES or (name == "gkd" and variant.surrogate is None), name
         assert variant.aggregation in AGGREGATIONS, name
-    assert {v.surrogate for v in LOSS_TYPES.values()} == set(SURROGATES)
+    assert {v.surrogate for v in LOSS_TYPES.values()} - {None} == set(SURROGATES)
+    assert set(POLICY_LOSS_TYPES) == set(LOSS_TYPES) - {"gkd"}
+
+
+def test_gkd_is_refused_by_the_policy_loss_and_normalised_by_the_whole_batch(gen):
+    b = random_batch(gen)
+    with pytest.raises(ValueError, match="no policy-gradient loss"):
+        grpo_loss(b["lp"], b["adv"], b["mask"], loss_type="gkd")
+    # its normaliser is the whole batch's token count, as dapo's
+    for n in (None, 40.0):
+        torch.testing.assert_close(
+            loss_weight(b["mask"], loss_type="gkd", num_items_in_batch=n),
+            loss_weight(b["mask"], loss_type="dapo", num_items_in_batch=n),
+        )
     assert {v.aggregation for v in LOSS_TYPES.values()} == set(AGGREGATIONS)

@@ -255,6 +255,10 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
 ELSEWHERE = {
     "teacher_model": "test_distillation.py::test_a_student_distils_the_teachers_habit_with_no_reward",
     "distill_coef": "test_distillation.py (the per-token advantage by hand; resume refuses another value)",
+    "gkd_beta": "test_gkd.py::test_the_loss_equals_a_direct_computation_in_value_and_every_gradient (β = 0, "
+    "0.5, 1); test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers",
+    "lmbda": "test_gkd.py::test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise (and lmbda = 0 "
+    "and 1: test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers)",
     "teacher_device": "test_distillation.py::test_bad_distillation_options_are_refused (a run on the "
     "policy's device otherwise: the distillation tests)",
     "target_entropy": "test_entropy_control.py::test_a_run_that_would_collapse_is_held_near_its_target",

@@ -195,6 +195,9 @@ class StepSpec:
     target_entropy: float | None = None  # adaptive entropy bonus (train.grpo_step.EntropyControl)
     entropy_coef_lr: float = 0.3
     distill_coef: float = 1.0  # loss_type=opd: λ of the teacher's reverse KL in the advantages
+    gkd_beta: float = 0.5  # loss_type=gkd: β of the generalised JSD to the teacher
+    lmbda: float = 0.5  # loss_type=gkd: the share of steps on the student's own samples
+    answer_column: str = "answer"  # loss_type=gkd with lmbda < 1: the dataset's answers as completions
 
 
 @dataclass(frozen=True)
@@ -300,7 +303,7 @@ class TraineeSpec:
 
 @dataclass(frozen=True)
 class TeacherSpec:
-    """loss_type=opd's teacher: which model, where, in the policy's precision (`train.grpo_setup`)."""
+    """loss_type=opd or gkd: the teacher; which model, where, in the policy's precision (grpo_setup)."""
 
     model: ModelSpec
     device: str | None  # None: the policy's device
@@ -321,7 +324,7 @@ class GRPOPlan:
     run: RunControl
     evaluation: Evaluation
     display: Display
-    teacher: TeacherSpec | None = None  # loss_type=opd
+    teacher: TeacherSpec | None = None  # loss_type=opd or gkd
 
 
 def _tuple(values: Any) -> tuple[Any, ...] | None:

@@ -500,16 +500,32 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     )
     teacher_model: str | None = Field(
         None,
-        description="loss_type=opd: the teacher, a hub id or a model directory (a checkpoint of another "
-        "run), with the policy's tokenizer; its log-probs of the student's completions make the advantages",
+        description="loss_type=opd or gkd: the teacher, a hub id or a model directory (a checkpoint of "
+        "another run), with the policy's tokenizer; opd: its log-probs of the student's completions join the "
+        "advantages; gkd: the loss is the divergence to its next-token distributions",
     )
     distill_coef: float = Field(
         1.0, ge=0.0, le=100.0, description="loss_type=opd: λ, the weight of the teacher reverse KL term"
     )
+    gkd_beta: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="loss_type=gkd: β of the generalised Jensen–Shannon divergence to the teacher (0: "
+        "forward KL, 1: reverse KL; TRL's GKDConfig.beta, renamed: beta is the reference KL's coefficient)",
+    )
+    lmbda: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="loss_type=gkd: the share of steps that learn from the student's own samples "
+        "(on-policy); the others from the dataset's answers (answer_column) as completions (TRL's lmbda)",
+    )
     teacher_device: str | None = Field(
         None,
         pattern=DEVICE_PATTERN,
-        description="loss_type=opd: where the teacher runs: cpu, cuda or cuda:N (None: the policy's device)",
+        description="loss_type=opd or gkd: where the teacher runs: cpu, cuda or cuda:N (None: the policy's "
+        "device)",
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)"
@@ -651,16 +667,60 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         return value
 
     def _check_teacher(self) -> None:
-        """loss_type=opd and teacher_model come together, and the teacher is a trained model."""
-        if (self.loss_type == "opd") != (self.teacher_model is not None):
+        """loss_type=opd or gkd and teacher_model come together, the teacher is a trained model, and each
+        distillation option is set only where it is read."""
+        distilling = self.loss_type in ("opd", "gkd")
+        if distilling != (self.teacher_model is not None):
             raise ValueError(
-                "loss_type=opd distills from teacher_model, and teacher_model is read only by loss_type=opd: "
-                "set both (e.g. loss_type=opd teacher_model=runs/addition/final) or neither"
+                f"loss_type={self.loss_type} distills from teacher_model, and teacher_model is read only by "
+                "loss_type=opd or gkd: set both (e.g. loss_type=opd teacher_model=runs/addition/final)"
+                if distilling
+                else "teacher_model is read only by loss_type=opd or gkd: set loss_type=opd (or gkd) with "
+                "it, or drop teacher_model"
             )
         if self.teacher_model == "tiny":
             raise ValueError(
                 "teacher_model=tiny would be an untrained model: name a trained one, a hub id or a model "
                 "directory such as another run's final/ or checkpoint-N/"
+            )
+        unread = {
+            "distill_coef": (self.distill_coef != 1.0 and self.loss_type != "opd", "loss_type=opd"),
+            "gkd_beta": (self.gkd_beta != 0.5 and self.loss_type != "gkd", "loss_type=gkd"),
+            "lmbda": (self.lmbda != 0.5 and self.loss_type != "gkd", "loss_type=gkd"),
+        }
+        for name, (set_unread, reader) in unread.items():
+            if set_unread:
+                raise ValueError(
+                    f"{name}={getattr(self, name):g} is read only by {reader}: set it there, or drop it"
+                )
+        if self.loss_type == "gkd":
+            self._check_gkd()
+
+    def _check_gkd(self) -> None:
+        """What loss_type=gkd's loss (the divergence to the teacher, no rewards in it) cannot take."""
+        pointless = {
+            "beta": (self.beta != 0.0, "its loss has no reference term; set beta=0"),
+            "sampling_correction": (
+                self.sampling_correction != "none",
+                "its loss weighs no sampled token by a ratio; set sampling_correction=none",
+            ),
+            "dynamic_sampling": (
+                self.dynamic_sampling,
+                "its loss does not read rewards, so groups of equal reward teach as much as any",
+            ),
+            "curriculum": (self.curriculum, "its loss does not read rewards, which the curriculum sorts by"),
+            "target_entropy": (
+                self.target_entropy is not None,
+                "the divergence to the teacher already sets the student's entropy",
+            ),
+        }
+        for name, (bad, why) in pointless.items():
+            if bad:
+                raise ValueError(f"{name} with loss_type=gkd is refused: {why}")
+        if self.lmbda < 1.0 and (self.tools or self.environment is not None):
+            raise ValueError(
+                f"lmbda={self.lmbda:g} with multi-turn episodes (tools or environment) is refused: a dataset "
+                "answer is no transcript; set lmbda=1 (every step on the student's own episodes)"
             )
 
     @model_validator(mode="after")

@@ -7,6 +7,8 @@ model backend and its decoder. It is the only way the policy generates or scores
   the policy, differentiable (the training forward);
 * `frozen_logps(batch, micro, reference=...) -> [B, T]`: the same without gradients, under the policy
   as it is (old-policy log-probs) or under the reference policy;
+* `head_states(batch, rows)` / `frozen_head_states(batch, micro)`: the last hidden states and the LM
+  head (or the logits), for a divergence over whole next-token distributions (loss_type=gkd);
 * `replayed_logps(batch, micro, params) -> Replayed`: without gradients, both the policy's log-probs
   and those of the distribution the sampler drew from (top-k, top-p, min-p replayed on the training
   forward's logits), so an importance ratio against the sampler's log-probs compares like with like.
@@ -35,7 +37,7 @@ import torch
 from ..models.backend import LeanBackend, TransformersBackend, backend_of
 from ..models.device import Precision
 from ..models.lora import reference_model
-from ..ops import TokenLogps, linear_logps, token_logps, token_logps_and_entropy
+from ..ops import HeadStates, TokenLogps, linear_logps, token_logps, token_logps_and_entropy
 from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, process_logits, resolve_decode_loop
 
 
@@ -230,6 +232,34 @@ class PolicyEngine:
                 ]
         with torch.no_grad():
             return torch.cat(parts)  # outside inference mode: an ordinary tensor
+
+    def head_states(self, batch: Sequences, rows: slice) -> HeadStates:
+        """What the policy's next-token distributions at `rows`' completion positions come from, for a
+        divergence over whole distributions (loss_type=gkd): the last hidden states [b, T, H] with the LM
+        head, the logits to be formed a chunk at a time (`ops.chunked_generalized_jsd`); or the model's
+        own logits [b, T, V] where hidden states cannot be had. Differentiable: the training forward."""
+        backend = self.backend
+        with self.autocast():
+            if backend is None or backend.head is None:
+                return HeadStates(self._logits(self.train_module, batch, rows))  # [b, T, V]
+            hidden = backend.hidden(  # [b, T, H]
+                batch.prompt_ids[rows],
+                batch.prompt_mask[rows],
+                batch.completion_ids[rows],
+                self._attended(batch)[rows],
+                self.group_size,
+            )
+        head = backend.head
+        return HeadStates(hidden.to(head.weight.dtype), head.weight, head.bias)
+
+    def frozen_head_states(self, batch: Sequences, micro: int) -> HeadStates:
+        """`head_states` of every row, `micro` rows a pass, without gradients (a teacher's): [B, T, H]
+        with the head (or [B, T, V] logits). Under no_grad, not inference mode: the student's loss reads
+        them inside its autograd graph."""
+        B = batch.completion_ids.shape[0]
+        with torch.no_grad():
+            parts = [self.head_states(batch, slice(s, s + micro)) for s in range(0, B, micro)]
+            return HeadStates(torch.cat([p.states for p in parts]), parts[0].weight, parts[0].bias)
 
     def replayed_logps(self, batch: Sequences, micro: int, params: SamplingParams) -> Replayed:
         """The policy's log-probs as now, without gradients, under the loss's distribution and under

@@ -24,7 +24,7 @@ from .advantages import (
     distillation_advantages,
     group_advantages,
 )
-from .divergence import generalized_jsd
+from .divergence import Divergence, HeadStates, chunked_generalized_jsd, generalized_jsd
 from .kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from .linear_logps import linear_logps
 from .logprobs import (
@@ -44,6 +44,7 @@ from .policy_loss import (
     IMPORTANCE_LEVELS,
     LOSS_TYPES,
     NEGATIVE_ADVANTAGE_CLIPS,
+    POLICY_LOSS_TYPES,
     SURROGATES,
     ImportanceSamplingLevel,
     LossType,
@@ -56,6 +57,9 @@ from .sampling_correction import SAMPLING_CORRECTIONS, SamplingCorrection, sampl
 
 __all__ = [
     "generalized_jsd",
+    "chunked_generalized_jsd",
+    "Divergence",
+    "HeadStates",
     "distillation_advantages",
     "loss_weight",
     "SAMPLING_CORRECTIONS",
@@ -65,6 +69,7 @@ __all__ = [
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_TYPES",
+    "POLICY_LOSS_TYPES",
     "NEGATIVE_ADVANTAGE_CLIPS",
     "REWARD_SCALES",
     "SURROGATES",

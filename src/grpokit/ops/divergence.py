@@ -17,8 +17,11 @@ beyond round-off; 0 when the two distributions agree.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -56,3 +59,102 @@ def generalized_jsd(
         torch.stack([log_s + math.log(1.0 - beta), log_t + math.log(beta)]), 0
     )  # [..., V]
     return beta * _kl(log_t, log_m) + (1.0 - beta) * _kl(log_s, log_m)
+
+
+@dataclass(frozen=True)
+class HeadStates:
+    """Where one model's next-token logits at N positions come from: its last hidden states [N, H] and
+    its LM head (`weight` [V, H], `bias` [V] or None), the logits formed a chunk of positions at a time;
+    or, with no `weight`, the logits [N, V] themselves."""
+
+    states: torch.Tensor  # [N, H], or [N, V] logits when weight is None
+    weight: torch.Tensor | None = None  # [V, H]
+    bias: torch.Tensor | None = None  # [V]
+
+    def to(self, device: torch.device) -> HeadStates:
+        """The same on `device` (the states, the weight and the bias)."""
+        moved = [None if t is None else t.to(device) for t in (self.states, self.weight, self.bias)]
+        return HeadStates(*moved)  # type: ignore[arg-type]
+
+    def at(self, index: Any) -> HeadStates:
+        """The states at `index` (a slice of rows, a bool mask of positions...), the same head."""
+        return HeadStates(self.states[index], self.weight, self.bias)
+
+    def logits(self, rows: slice) -> torch.Tensor:
+        """[n, V] logits of the positions `rows`, in the head's dtype (float32 comes after)."""
+        states = self.states[rows]
+        if self.weight is None:
+            return states
+        return torch.nn.functional.linear(states.to(self.weight.dtype), self.weight, self.bias)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """`chunked_generalized_jsd`'s result at N positions: the divergence, differentiable in the
+    student, and (with `ids`) both models' detached log-probs of the token at each position."""
+
+    per_token: torch.Tensor  # [N] float32 (float64 for float64 inputs)
+    student_logps: torch.Tensor | None = None  # [N] log π_S(ids), detached; None without ids
+    teacher_logps: torch.Tensor | None = None  # [N] log π_T(ids), detached
+
+
+def _chunk_divergence(
+    rows: slice,
+    student: HeadStates,
+    teacher: HeadStates,
+    ids: torch.Tensor | None,
+    beta: float,
+    temperature: float,
+) -> tuple[torch.Tensor, ...]:
+    """The positions `rows`: the divergence [n] and, with ids, the two log-probs of ids[rows] [n]."""
+    z_student, z_teacher = student.logits(rows), teacher.logits(rows)  # [n, V] each
+    divergence = generalized_jsd(z_student, z_teacher, beta=beta, temperature=temperature)  # [n]
+    if ids is None:
+        return (divergence,)
+    at = ids[rows, None]  # [n, 1]
+    with torch.no_grad():
+        picked = [
+            torch.log_softmax(z.to(divergence.dtype) / temperature, -1).gather(-1, at).squeeze(-1)
+            for z in (z_student, z_teacher)
+        ]  # [n] each
+    return (divergence, *picked)
+
+
+def chunked_generalized_jsd(
+    student: HeadStates,
+    teacher: HeadStates,
+    ids: torch.Tensor | None = None,
+    *,
+    beta: float,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+) -> Divergence:
+    """`generalized_jsd` at N positions from two models' hidden states and heads (GKD's loss), a chunk
+    of positions at a time: no [N, V] logits beyond one chunk of each model, in the forward or in the
+    backward pass, which re-forms each chunk's logits from the saved hidden states and weights
+    (activation checkpointing per chunk). The teacher's are usually detached; gradients reach the
+    student's states and head. `ids` [N]: the token at each position, whose two log-probs come back
+    too (detached, from the same chunks). `chunk_rows`: positions per chunk (default: 2**22 logits)."""
+    N = student.states.shape[0]
+    if teacher.states.shape[0] != N:
+        raise ValueError(f"{N} student positions against {teacher.states.shape[0]} of the teacher.")
+    vocab = student.weight.shape[0] if student.weight is not None else student.states.shape[-1]
+    rows = chunk_rows or max(1, (1 << 22) // max(vocab, 1))
+    differentiable = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (student.states, student.weight, student.bias)
+    )
+    parts: list[tuple[torch.Tensor, ...]] = []
+    for start in range(0, N, rows):
+        chunk = (slice(start, min(start + rows, N)), student, teacher, ids, beta, temperature)
+        if differentiable:  # the chunk's logits are formed again in the backward pass, not kept
+            parts.append(checkpoint(_chunk_divergence, *chunk, use_reentrant=False))
+        else:
+            parts.append(_chunk_divergence(*chunk))
+    if not parts:  # no position: empty results of the accumulation dtype
+        dtype = torch.promote_types(student.states.dtype, torch.float32)
+        empty = student.states.new_zeros(0, dtype=dtype)
+        return Divergence(empty, None if ids is None else empty, None if ids is None else empty)
+    joined = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))]  # [N] each
+    if ids is None:
+        return Divergence(joined[0])
+    return Divergence(joined[0], joined[1], joined[2])

@@ -10,4 +10,4 @@ from __future__ import annotations
 
 from typing import Literal
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo", "opd"]
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo", "opd", "gkd"]

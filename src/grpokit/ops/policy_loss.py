@@ -259,7 +259,7 @@ AGGREGATIONS: dict[str, Callable[[AggregationInputs], torch.Tensor]] = {
 
 @dataclass(frozen=True)
 class LossVariant:
-    surrogate: str  # key of SURROGATES
+    surrogate: str | None  # key of SURROGATES; None: no policy-gradient surrogate (gkd)
     aggregation: str  # key of AGGREGATIONS
 
 
@@ -276,7 +276,13 @@ LOSS_TYPES: dict[str, LossVariant] = {
     # on-policy distillation: dapo's surrogate and normaliser over per-token advantages that carry the
     # teacher's reverse KL (`ops.distillation_advantages`)
     "opd": LossVariant("clipped", "global_token_mean"),
+    # generalised knowledge distillation (GKD, Agarwal et al. 2024): no surrogate, the per-token loss is
+    # the generalised JSD to the teacher over whole distributions (`ops.chunked_generalized_jsd`), its
+    # token mean over the whole batch; `grpo_loss` refuses it, `loss_weight` knows its normaliser
+    "gkd": LossVariant(None, "global_token_mean"),
 }
+# the loss types `grpo_loss` computes: those with a policy-gradient surrogate
+POLICY_LOSS_TYPES: tuple[str, ...] = tuple(name for name, v in LOSS_TYPES.items() if v.surrogate is not None)
 
 
 def loss_weight(
@@ -346,6 +352,16 @@ def _with_entropy_bonus(
 def _lookup(table: dict[str, object], name: str, what: str) -> None:
     if name not in table:
         raise ValueError(f"Unknown {what} {name!r}; valid names: {', '.join(table)}.")
+
+
+def _check_loss_type(loss_type: str) -> None:
+    """A known loss type that `grpo_loss` computes (gkd's loss is a divergence, computed elsewhere)."""
+    _lookup(LOSS_TYPES, loss_type, "loss_type")  # type: ignore[arg-type]
+    if LOSS_TYPES[loss_type].surrogate is None:
+        raise ValueError(
+            f"loss_type={loss_type!r} is no policy-gradient loss: its per-token loss is a divergence over "
+            "whole distributions (ops.chunked_generalized_jsd), not a surrogate of log-probs."
+        )
 
 
 def _validate(
@@ -454,7 +470,7 @@ def grpo_loss(
         (entropies given), `clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`
         (clipped surrogates), `cispo_clip_ratio`, `vespo/phi_seq_mean`.
     """
-    _lookup(LOSS_TYPES, loss_type, "loss_type")  # type: ignore[arg-type]
+    _check_loss_type(loss_type)
     _lookup(IMPORTANCE_LEVELS, importance_sampling_level, "importance_sampling_level")  # type: ignore[arg-type]
     _lookup(NEGATIVE_ADVANTAGE_CLIPS, negative_advantage_clip, "negative_advantage_clip")  # type: ignore[arg-type]
     _validate(
@@ -485,6 +501,7 @@ def grpo_loss(
         vespo_k_neg=vespo_k_neg,
         vespo_lambda_neg=vespo_lambda_neg,
     )
+    assert variant.surrogate is not None  # (gkd was refused above)
     surrogate = SURROGATES[variant.surrogate](SurrogateInputs(ratio, log_ratio, adv, logps, mask), params)
     per_token_loss = surrogate.per_token_loss  # [B, T] or [B, 1]
     if top_entropy_quantile < 1.0:

@@ -413,6 +413,38 @@ class Decoder:
             env_metrics=metrics,
         )
 
+    def demonstrate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Rollout:
+        """The dataset's answers as the completions of their prompts, one row each (GKD's off-policy
+        batches): each prompt tokenised and left-padded as `sample` does; each answer tokenised on its
+        own (no special tokens) and ended by the tokenizer's EOS, as the supervised warm start learns it;
+        one longer than max_completion_length is cut there and counts as truncated (no EOS). Nothing is
+        sampled: the log-probs are 0."""
+        if len(answers) != len(prompts):
+            raise ValueError(f"{len(answers)} answers for {len(prompts)} prompts: one answer per prompt.")
+        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(self.tokenizer, prompts, params)
+        eos = (
+            self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos_token_ids[0]
+        )
+        encoded = [self.tokenizer(a, add_special_tokens=False)["input_ids"] + [eos] for a in answers]
+        limit = params.max_completion_length
+        lengths = torch.tensor([min(len(ids), limit) for ids in encoded])  # [P]
+        width = int(lengths.max())
+        ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)  # [P, T]
+        for row, tokens in enumerate(encoded):
+            ids[row, : lengths[row]] = torch.tensor(tokens[:limit])
+        mask = torch.arange(width)[None, :] < lengths[:, None]  # [P, T]
+        return Rollout(
+            prompt_ids=prompt_ids,  # [P, Lp]
+            prompt_mask=prompt_mask,
+            completion_ids=ids,
+            completion_mask=mask,
+            truncated=torch.tensor([len(tokens) > limit for tokens in encoded]),
+            sampling_logps=torch.zeros(ids.shape),
+            completions=list(answers),
+            num_generations=1,
+            num_truncated_prompts=num_truncated,
+        )
+
     # ------------------------------------------------------------------ one turn
 
     def _static_turn(

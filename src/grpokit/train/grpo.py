@@ -31,6 +31,8 @@ from .grpo_setup import (
     Hooks,
     build_trainee,
     check_context,
+    check_gkd_answers,
+    check_same_vocabulary,
     check_step_prompts,
     evaluator,
     load_teacher,
@@ -154,6 +156,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         list(columns) if plan.warm_start.schedule.steps else [columns[0]],
     )
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
+    check_gkd_answers(spec.step, data)  # gkd's off-policy steps: an answer in every row
     if plan.lora is not None and plan.lora.target_modules:
         check_lora_targets(model, list(plan.lora.target_modules))
     prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
@@ -169,8 +172,11 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
         model = add_lora(model, plan.lora)
     trainee = build_trainee(spec, model, tokenizer, data, d)  # engine (reference, wrapping), optimizer
-    if plan.teacher is not None:  # loss_type=opd: the teacher scores the student's completions
-        trainee = replace(trainee, teacher=load_teacher(plan.teacher, tokenizer, spec.engine, d))
+    if plan.teacher is not None:  # loss_type=opd or gkd: the teacher scores the student's completions
+        teacher = load_teacher(plan.teacher, tokenizer, spec.engine, d)
+        if spec.step.loss.loss_type == "gkd":
+            check_same_vocabulary(trainee.engine.module, teacher, plan.teacher.model.name)
+        trainee = replace(trainee, teacher=teacher)
     if stop.signal is not None and resume_from is None:  # Ctrl-C while loading or warming up, before step 1
         return _stopped_early(emit, stop, output_dir, "set-up")
     strategy = spec.placement.strategy
@@ -189,9 +195,9 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     # ------------------------------------------------------------------ the loop
     step, unscored = run.start, UnscoredWatch(data.reward_funcs)
     invariants = InvariantWatch(exact=trainee.engine.float32_exact, strict=control.strict_invariants)
-    # zero spread starves GRPO's advantages, not dynamic sampling's (it drops such groups) or OPD's (the
-    # teacher's term differs token by token whatever the rewards)
-    learns_from_spread = not spec.step.dynamic_sampling and spec.step.loss.loss_type != "opd"
+    # zero spread starves GRPO's advantages, not dynamic sampling's (it drops such groups), OPD's (the
+    # teacher's term differs token by token whatever the rewards) or GKD's (no rewards in its loss)
+    learns_from_spread = not spec.step.dynamic_sampling and spec.step.loss.loss_type not in ("opd", "gkd")
     alerts = AlertWatch(control.alert_thresholds, watch_zero_spread=learns_from_spread)
     if d.is_main:  # (alerts.jsonl: rank 0's, as metrics.jsonl)
         alerts.resume(output_dir, run.start)

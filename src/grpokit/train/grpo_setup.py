@@ -326,6 +326,37 @@ def check_step_prompts(prompts_per_step: int, data: RunData) -> None:
         )
 
 
+def check_gkd_answers(step: StepSpec, data: RunData) -> None:
+    """loss_type=gkd with lmbda < 1 learns some steps from the dataset's answers: every training row
+    needs one (answer_column). Refused before any work, naming the column and the fix."""
+    if step.loss.loss_type != "gkd" or step.lmbda >= 1.0:
+        return
+    column = step.answer_column
+    missing = [i for i, row in enumerate(data.train_rows) if row.get(column) is None]
+    if missing:
+        have = ", ".join(sorted(data.train_rows[missing[0]])) or "none"
+        raise DataError(
+            f"loss_type=gkd with lmbda={step.lmbda:g} learns {1 - step.lmbda:.0%} of its steps from the "
+            f"dataset's answers, but {data.train_source} row {missing[0]} has no {column!r} column "
+            f"({len(missing)} rows lack it; its columns: {have}). Set answer_column to the column that "
+            "holds the answers, or lmbda=1 to learn from the student's samples only."
+        )
+
+
+def check_same_vocabulary(policy: torch.nn.Module, teacher: PolicyEngine, teacher_name: str) -> None:
+    """loss_type=gkd compares whole next-token distributions: the two heads must have one row per token
+    of the same vocabulary (tokenizers equal is checked on loading; heads may still be padded apart,
+    as Qwen2.5's 0.5B–3B and 7B are)."""
+    ours = policy.get_output_embeddings().weight.shape[0]
+    theirs = teacher.module.get_output_embeddings().weight.shape[0]
+    if ours != theirs:
+        raise ValueError(
+            f"teacher_model={teacher_name!r} scores {theirs} tokens and the policy {ours}: loss_type=gkd "
+            "compares the two models' whole next-token distributions, so their output layers must be the "
+            "same size; use loss_type=opd (it compares the written tokens only) or a teacher of that size"
+        )
+
+
 def _task_completion_length(task: Any, environment: EnvironmentSpec | None) -> int:
     if task is None:
         return 256

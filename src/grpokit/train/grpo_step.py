@@ -33,6 +33,9 @@ from ..engine import PolicyEngine, truncates
 from ..models import should_sync, sync_reference
 from ..ops import (
     LOSS_TYPES,
+    HeadStates,
+    LossOutput,
+    chunked_generalized_jsd,
     distillation_advantages,
     group_advantages,
     grpo_loss,
@@ -265,6 +268,53 @@ def generate_and_score(
     return batch, metrics | group_invariants(batch, G)
 
 
+def learns_on_policy(spec: StepSpec, step: int) -> bool:
+    """Whether step `step` learns from the student's own samples: always, but with loss_type=gkd only
+    with probability lmbda, drawn from (seed, step) alone, so every rank and a resumed run agree."""
+    if spec.loss.loss_type != "gkd":
+        return True
+    generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step * 101 + 4_999)
+    return bool(torch.rand((), generator=generator) < spec.lmbda)
+
+
+def answer_batch(
+    engine: PolicyEngine, prompts: PromptSampler, params: StepParams, d: distributed.Dist
+) -> tuple[Batch, dict[str, Any]]:
+    """loss_type=gkd's off-policy batch: this rank's P prompts of the step, each with the dataset's
+    answer (answer_column) as its one completion (`rollout.Decoder.demonstrate`): B = P rows, nothing
+    sampled or scored (the rewards are NaN, the advantages 0). Its metrics hold no reward or completion
+    figures, which would describe the dataset rather than the student."""
+    began = time.perf_counter()
+    P, spec = params.prompts_per_rank, params.spec
+    rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
+    texts = [
+        render_prompt(r[spec.prompt_column], engine.tokenizer, None, spec.chat_template_kwargs) for r in rows
+    ]
+    answers = [str(r[spec.answer_column]) for r in rows]
+    demo = engine.decoder.demonstrate(texts, answers, params.sampling)
+    mask = demo.completion_mask  # [P, T]
+    if spec.mask_truncated_completions:
+        mask = mask & ~demo.truncated[:, None]
+    batch = Batch(
+        prompt_ids=demo.prompt_ids,
+        prompt_mask=demo.prompt_mask,
+        completion_ids=demo.completion_ids,
+        completion_mask=mask,
+        advantages=torch.zeros(P),
+        sampling_logps=demo.sampling_logps,
+        prompts=[r[spec.prompt_column] for r in rows],
+        completions=answers,
+        rewards=torch.full((P,), float("nan")),
+    )
+    metrics = {
+        "num_generation_batches": 0,
+        "num_truncated_prompts": demo.num_truncated_prompts,
+        "timing/sampling": time.perf_counter() - began,
+        "timing/scoring": 0.0,
+    }
+    return batch, metrics | group_invariants(batch, 1)
+
+
 def record_visits(
     prompts: PromptSampler,
     drawn: list[int],
@@ -336,7 +386,7 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
     * "forward": a no-grad pass of the policy over the batch before the first update, otherwise
       (always with sampling_correction, which weighs exactly that difference).
     """
-    if params.spec.num_iterations == 1:
+    if params.spec.num_iterations == 1 or params.loss.loss_type == "gkd":  # (gkd's loss has no ratio)
         return "none"
     if params.spec.sampling_correction != "none":
         return "forward"  # the correction compares the sampler's log-probs with the training forward's
@@ -355,6 +405,8 @@ class FrozenLogps:
     ref: torch.Tensor | None  # [B, T] log π_ref; None when beta = 0
     weights: torch.Tensor | None  # [B, T] or [B, 1] π_old/q (sampling_correction), else None
     teacher: torch.Tensor | None = None  # [B, T] log π_T of the sampled tokens (loss_type=opd), else None
+    # loss_type=gkd: the teacher's last hidden states [B, T, H_T] and its head, on the policy's device
+    teacher_states: HeadStates | None = None
 
 
 def frozen_passes(
@@ -405,11 +457,19 @@ def frozen_passes(
             "sampling/importance_sampling_ratio/mean": diff.exp().mean() if diff.numel() else none,
             "sampling/importance_sampling_ratio/max": diff.exp().max() if diff.numel() else none,
         }
-    teacher_logps = None
-    if teacher is not None:  # loss_type=opd: the teacher's log-probs of the student's tokens
+    teacher_logps = teacher_states = None
+    if teacher is not None and params.loss.loss_type == "gkd":  # whole distributions: states and head
+        on_teacher = batch.to(teacher.device)
+        teacher_states = teacher.frozen_head_states(on_teacher, params.spec.micro_batch_size).to(
+            engine.device
+        )
+    elif teacher is not None:  # loss_type=opd: the teacher's log-probs of the student's tokens
         on_teacher = batch.to(teacher.device)
         teacher_logps = teacher.frozen_logps(on_teacher, params.spec.micro_batch_size).to(engine.device)
-    return FrozenLogps(old=old, ref=ref, weights=weights, teacher=teacher_logps), metrics
+    frozen = FrozenLogps(
+        old=old, ref=ref, weights=weights, teacher=teacher_logps, teacher_states=teacher_states
+    )
+    return frozen, metrics
 
 
 # |log π − log q| above this counts a token as mismatched (its ratio outside about [0.905, 1.105])
@@ -500,6 +560,81 @@ class Iteration:
     entropy_coef: float = 0.0
 
 
+def policy_loss(
+    engine: PolicyEngine,
+    batch: Batch,
+    rows: slice,
+    frozen: FrozenLogps,
+    params: StepParams,
+    num_items: torch.Tensor,
+    entropy_coef: float,
+) -> tuple[LossOutput, torch.Tensor]:
+    """The GRPO-family loss of the micro-batch `rows` (`ops.grpo_loss`), and the policy's log-probs of
+    its tokens [b, T] (for the first update's checks)."""
+    stats = engine.logps(batch, rows, entropy=True)  # [b, T]
+    advantages = batch.advantages[rows]  # [b]
+    if frozen.teacher is not None:  # loss_type=opd: the teacher's reverse KL joins them, per token
+        student = stats.logps if frozen.old is None else frozen.old[rows]  # the policy that sampled
+        advantages = distillation_advantages(
+            advantages,
+            student,
+            frozen.teacher[rows],
+            batch.completion_mask[rows],
+            coef=params.spec.distill_coef,
+        )  # [b, T]
+    out = grpo_loss(
+        stats.logps,
+        advantages,
+        batch.completion_mask[rows],
+        old_logps=None if frozen.old is None else frozen.old[rows],
+        ref_logps=None if frozen.ref is None else frozen.ref[rows],
+        entropies=stats.entropy if entropy_coef else stats.entropy.detach(),  # the bonus's gradient
+        sampling_weights=None if frozen.weights is None else frozen.weights[rows],
+        num_items_in_batch=num_items,
+        entropy_coef=entropy_coef,
+        **asdict(params.loss),  # loss_type, beta, epsilon, ...: grpo_loss's own names
+    )
+    return out, stats.logps
+
+
+def gkd_loss(
+    engine: PolicyEngine,
+    batch: Batch,
+    rows: slice,
+    teacher: HeadStates,
+    beta: float,
+    num_items: torch.Tensor,
+) -> tuple[LossOutput, torch.Tensor]:
+    """loss_type=gkd on the micro-batch `rows`: the generalised JSD (β = `beta`) between the student's
+    and the teacher's next-token distributions at each counted completion token, at the sampling
+    temperature, summed and divided by the count of counted tokens on every rank (`num_items`, as dapo
+    normalises). Only the counted positions are formed, a chunk at a time
+    (`ops.chunked_generalized_jsd`). Metrics: `distill/divergence` (the per-token divergence),
+    `distill/kl` (log π_S − log π_T at the written token, as opd reports it) and
+    `distill/teacher_logps`, means over the micro-batch's tokens. Also returns the student's log-probs
+    of the written tokens [b, T] (0 elsewhere), for the first update's checks."""
+    mask = batch.completion_mask[rows]  # [b, T]
+    student = engine.head_states(batch, rows)  # [b, T, H] and the head (or [b, T, V] logits)
+    divergence = chunked_generalized_jsd(
+        student.at(mask),  # [n, H]: the counted positions only
+        teacher.at(rows).at(mask),
+        batch.completion_ids[rows][mask],  # [n]
+        beta=beta,
+        temperature=engine.temperature,
+    )
+    assert divergence.student_logps is not None and divergence.teacher_logps is not None
+    loss = divergence.per_token.sum() / torch.as_tensor(num_items).clamp(min=1)
+    count = mask.sum().clamp(min=1)
+    gap = divergence.student_logps - divergence.teacher_logps  # [n]
+    metrics = {
+        "distill/divergence": divergence.per_token.detach().sum() / count,
+        "distill/kl": gap.sum() / count,
+        "distill/teacher_logps": divergence.teacher_logps.sum() / count,
+    }
+    logps = torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, divergence.student_logps.float())
+    return LossOutput(loss=loss, metrics=metrics), logps
+
+
 def optimizer_step(
     engine: PolicyEngine,
     update: Update,
@@ -513,7 +648,7 @@ def optimizer_step(
     what is particular to this iteration of the step (`Iteration`)."""
     look, entropy_coef = (this.look, this.entropy_coef) if this is not None else (None, 0.0)
     B, micro = batch.completion_ids.shape[0], params.spec.micro_batch_size
-    n_micro = B // micro
+    n_micro = -(-B // micro)  # (gkd's batch of dataset answers, P rows, may end in a shorter one)
     lp = params.loss
     num_items = distributed.all_reduce_sum(d, batch.completion_mask.sum())  # tokens on all ranks
     scale = distributed.loss_scale(d, global_normaliser=lp.global_normaliser)
@@ -525,29 +660,10 @@ def optimizer_step(
     weight = torch.zeros((), device=batch.completion_mask.device)  # the normaliser's weight in all
     for start in range(0, B, micro):
         rows = slice(start, start + micro)
-        stats = engine.logps(batch, rows, entropy=True)  # [b, T]
-        advantages = batch.advantages[rows]  # [b]
-        if frozen.teacher is not None:  # loss_type=opd: the teacher's reverse KL joins them, per token
-            student = stats.logps if frozen.old is None else frozen.old[rows]  # the policy that sampled
-            advantages = distillation_advantages(
-                advantages,
-                student,
-                frozen.teacher[rows],
-                batch.completion_mask[rows],
-                coef=params.spec.distill_coef,
-            )  # [b, T]
-        out = grpo_loss(
-            stats.logps,
-            advantages,
-            batch.completion_mask[rows],
-            old_logps=None if frozen.old is None else frozen.old[rows],
-            ref_logps=None if frozen.ref is None else frozen.ref[rows],
-            entropies=stats.entropy if entropy_coef else stats.entropy.detach(),  # the bonus's gradient
-            sampling_weights=None if frozen.weights is None else frozen.weights[rows],
-            num_items_in_batch=num_items,
-            entropy_coef=entropy_coef,
-            **asdict(lp),  # loss_type, beta, epsilon, ...: grpo_loss's own names
-        )
+        if frozen.teacher_states is not None:  # loss_type=gkd: the divergence to the teacher's distributions
+            out, logps = gkd_loss(engine, batch, rows, frozen.teacher_states, params.spec.gkd_beta, num_items)
+        else:
+            out, logps = policy_loss(engine, batch, rows, frozen, params, num_items, entropy_coef)
         (out.loss * factor).backward()
         # the objective is the sum of what was back-propagated (before the rank scale); metrics are
         # micro-batch means
@@ -555,7 +671,7 @@ def optimizer_step(
         for key, value in out.metrics.items():
             totals[key] = totals.get(key, 0.0) + value / n_micro
         if look is not None:
-            look.add(stats.logps, batch, rows)
+            look.add(logps, batch, rows)
             weight = (
                 weight
                 + factor
@@ -648,7 +764,13 @@ def grpo_step(
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
     prompts = trainee.prompts
-    host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
+    on_policy = learns_on_policy(params.spec, step)  # (gkd: on the dataset's answers otherwise)
+    if on_policy:
+        host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
+    else:
+        host_batch, metrics = answer_batch(engine, prompts, params, d)
+    if params.loss.loss_type == "gkd":
+        metrics["distill/on_policy"] = float(on_policy)
     began = time.perf_counter()
     batch = host_batch.to(engine.device)
     frozen, correction_metrics = frozen_passes(engine, batch, params, trainee.teacher)
@@ -658,7 +780,7 @@ def grpo_step(
     s = params.sampling
     unfiltered = not truncates(s) and s.repetition_penalty == 1.0
     measured = "sampling/sampling_logp_difference/mean" in metrics  # by a frozen pass
-    look = FirstLook(frozen, step, mismatch=unfiltered and not measured)
+    look = FirstLook(frozen, step, mismatch=unfiltered and not measured and on_policy)
     control = trainee.entropy
     coef = control.coef if control is not None else 0.0
     for iteration in range(params.spec.num_iterations):
