@@ -73,14 +73,15 @@ def test_the_opd_loss_passes_gradcheck():
     assert torch.autograd.gradcheck(loss, (logps,), eps=1e-6, atol=1e-6)
 
 
-def _teacher(tmp_path):
+def habit_teacher(tmp_path):
     """A teacher with a habit: a tiny policy trained to write '1's (its reward rises 0.15 -> 0.98)."""
     cfg = tiny_config(tmp_path, output_dir=str(tmp_path / "teacher"), max_steps=15, learning_rate=3e-2)
     result = train_grpo(cfg, reward_funcs=[ones_reward])
     return result.output_dir / "checkpoint-15"
 
 
-def _student(tmp_path, name, **overrides):
+def student_run(tmp_path, name, on_event=None, **overrides):
+    """A 15-step student of the tiny set-up with `overrides`: its result and its metrics rows."""
     # the share of '1's is logged (rewards/ones_reward/mean) but weighs nothing: reward_weights [0]
     cfg = tiny_config(
         tmp_path,
@@ -90,15 +91,15 @@ def _student(tmp_path, name, **overrides):
         learning_rate=3e-2,
         **overrides,
     )
-    result = train_grpo(cfg, reward_funcs=[ones_reward])
+    result = train_grpo(cfg, reward_funcs=[ones_reward], on_event=on_event)
     lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
     return result, [json.loads(line) for line in lines if '"loss"' in line]
 
 
 def test_a_student_distils_the_teachers_habit_with_no_reward(tmp_path):
-    teacher = _teacher(tmp_path)
-    _, distilled = _student(tmp_path, "opd", loss_type="opd", teacher_model=str(teacher))
-    _, alone = _student(tmp_path, "alone")
+    teacher = habit_teacher(tmp_path)
+    _, distilled = student_run(tmp_path, "opd", loss_type="opd", teacher_model=str(teacher))
+    _, alone = student_run(tmp_path, "alone")
     # measured over seeds 1, 2, 3: the reverse KL 5.0-5.8 -> 0.00-0.05 nats, '1's 0.05-0.15 -> 0.97-1.0,
     # and without the teacher the '1's stay at 0.02-0.12
     assert distilled[0]["distill/kl"] > 3.0 and distilled[-1]["distill/kl"] < 0.5
@@ -108,7 +109,7 @@ def test_a_student_distils_the_teachers_habit_with_no_reward(tmp_path):
 
 
 def test_resume_is_bitwise_and_keeps_the_teacher(tmp_path):
-    teacher = _teacher(tmp_path)
+    teacher = habit_teacher(tmp_path)
     opd = dict(loss_type="opd", teacher_model=str(teacher), save_steps=2, learning_rate=3e-2)
     train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "straight"), max_steps=4, **opd))
     train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "stopped"), max_steps=2, **opd))

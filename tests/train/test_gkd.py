@@ -26,6 +26,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.train.grpo import train_grpo
 from grpokit.train.grpo_step import gkd_loss, learns_on_policy
 from tests.train.helpers import ones_reward, tiny_config, weights
+from tests.train.test_distillation import habit_teacher, student_run
 from tests.train.test_fused_logps import _batch
 
 TOKENIZER = char_tokenizer("0123456789+=")
@@ -103,31 +104,13 @@ def test_the_dataset_answers_become_completions_token_for_token():
     assert (demo.sampling_logps == 0).all() and demo.completions == ["15", "12345"]
 
 
-def _teacher(tmp_path):
-    """A teacher with a habit: a tiny policy trained to write '1's (its reward rises 0.15 -> 0.98)."""
-    cfg = tiny_config(tmp_path, output_dir=str(tmp_path / "teacher"), max_steps=15, learning_rate=3e-2)
-    return train_grpo(cfg, reward_funcs=[ones_reward]).output_dir / "checkpoint-15"
-
-
 def _student(tmp_path, name, teacher, on_event=None, **overrides):
-    # the share of '1's is logged (rewards/ones_reward/mean) on the student's own samples, weighing nothing
-    cfg = tiny_config(
-        tmp_path,
-        output_dir=str(tmp_path / name),
-        max_steps=15,
-        reward_weights=[0.0],
-        learning_rate=3e-2,
-        loss_type="gkd",
-        teacher_model=str(teacher),
-        **overrides,
-    )
-    result = train_grpo(cfg, reward_funcs=[ones_reward], on_event=on_event)
-    lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if '"loss"' in line]
+    gkd = dict(loss_type="gkd", teacher_model=str(teacher))
+    return student_run(tmp_path, name, on_event, **gkd, **overrides)[1]
 
 
 def test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers(tmp_path):
-    teacher = _teacher(tmp_path)
+    teacher = habit_teacher(tmp_path)
     own = _student(tmp_path, "own", teacher, lmbda=1.0, gkd_beta=0.5)
     # measured on seeds 1, 2, 3 and 7: the divergence 0.55-0.56 -> below 0.006 nats, '1's 0.05-0.15 -> 1.0
     assert own[0]["distill/divergence"] > 0.2 and own[-1]["distill/divergence"] < 0.02
@@ -162,7 +145,7 @@ def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path)
     chosen = [learns_on_policy(step_spec(spec), s) for s in range(1, 2001)]
     assert abs(sum(chosen) / 2000 - 0.3) < 0.035  # 3.4 standard deviations of a binomial share
     assert chosen == [learns_on_policy(step_spec(spec), s) for s in range(1, 2001)]  # (seed, step) alone
-    teacher = _teacher(tmp_path)
+    teacher = habit_teacher(tmp_path)
     gkd = dict(
         loss_type="gkd", teacher_model=str(teacher), lmbda=0.5, save_steps=2, learning_rate=3e-2, seed=3
     )
@@ -209,7 +192,7 @@ def test_bad_gkd_options_are_refused(overrides, says):
 
 
 def test_missing_answers_and_another_head_size_are_refused_in_one_line(tmp_path, capsys):
-    teacher = _teacher(tmp_path)
+    teacher = habit_teacher(tmp_path)
     rows = [{"prompt": f"{i}+1="} for i in range(40)]  # no answer column
     cfg = tiny_config(tmp_path, output_dir=str(tmp_path / "a"), loss_type="gkd", teacher_model=str(teacher))
     with pytest.raises(DataError, match="has no 'answer' column") as refused:
