@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,3 +246,23 @@ def test_doctor_memory_script_runs_its_smoke_size(tmp_path):
     assert row["ratio"] == row["forecast_bytes"] / row["measured_peak_rss_bytes"]
     within = abs(row["ratio"] - 1) <= module.BOUND
     assert result["all_within_bound"] is within and code == (0 if within else 1)
+
+
+@pytest.mark.slow
+def test_distillation_demo_runs_its_smoke_size(tmp_path):
+    """benchmarks/opd_demo.py --smoke --loss-type gkd: a 3-step teacher, then one seed of GRPO alone and
+    of GKD from that teacher through the command line, 2 steps each; the JSON names the loss and its
+    settings, and the GKD run logged the divergence to the teacher (finite) and which steps were on-policy."""
+    script = SCRIPT.parent / "opd_demo.py"
+    out, work = tmp_path / "demo.json", tmp_path / "work"
+    args = ["--smoke", "--loss-type", "gkd", "--lmbda", "0.5", "--work", str(work), "--out", str(out)]
+    subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, text=True)
+    result = json.loads(out.read_text())
+    assert result["loss_type"] == "gkd" and result["lmbda"] == 0.5 and result["distill_coef"] is None
+    (row,) = result["seeds"]
+    assert row["seed"] == 1 and row["gkd"]["steps"] == row["grpo"]["steps"] == 2
+    assert result["teacher"] == str(work / "teacher" / "checkpoint-3")
+    rows = [json.loads(x) for x in (work / "gkd-1" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert len(steps) == 2 and all(math.isfinite(r["distill/divergence"]) for r in steps)
+    assert {r["distill/on_policy"] for r in steps} <= {0.0, 1.0}

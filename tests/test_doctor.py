@@ -13,6 +13,7 @@ import pytest
 from grpokit.cli import main
 from grpokit.models import parse_bytes
 from grpokit.train.doctor import checkup
+from grpokit.train.grpo import train_grpo
 from tests.train.helpers import ones_reward, tiny_config
 
 
@@ -120,3 +121,19 @@ def test_a_learning_rate_that_would_undo_a_pretrained_model_is_flagged(tmp_path,
     assert report.fatal  # and the model is not in the (empty) cache
     lora = checkup(tiny_config(tmp_path, model="someone/pretrained", learning_rate=1e-3, use_peft=True))
     assert "learning_rate" not in _levels(lora, "config")
+
+
+def test_a_distillation_teacher_is_counted_in_memory_and_a_missing_one_is_fatal(tmp_path, empty_hub_offline):
+    """loss_type=gkd: the teacher's shape comes from its config alone; its weights and its held hidden
+    states join the forecast parts and the peak. A teacher the cache does not hold is a fatal finding
+    that names it."""
+    teacher = train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "teacher"), max_steps=1))
+    teacher_dir = teacher.output_dir / "checkpoint-1"
+    alone = checkup(_config(tmp_path, ones_reward_ref))
+    gkd = checkup(_config(tmp_path, ones_reward_ref, loss_type="gkd", teacher_model=str(teacher_dir)))
+    parts = _levels(gkd, "memory")["forecast parts"][1]
+    assert "teacher " in parts and "teacher_states " in parts and not gkd.fatal
+    assert gkd.memory_bytes > alone.memory_bytes
+    missing = checkup(_config(tmp_path, ones_reward_ref, loss_type="opd", teacher_model="someone/teacher"))
+    level, value, advice = _levels(missing, "config")["teacher_model"]
+    assert missing.fatal and level == "fatal" and value == "someone/teacher" and "someone/teacher" in advice

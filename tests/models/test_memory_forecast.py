@@ -238,6 +238,32 @@ def test_the_peak_is_the_largest_phase_plus_the_baseline():
     assert wide.peak_phase == "sampling" and wide.total == wide.sampling
 
 
+def test_a_distillation_teacher_adds_its_weights_its_pass_and_gkds_held_states():
+    """loss_type=opd or gkd: the teacher's weights (N_T·m) stay all run; its gradient-free pass is the
+    frozen-pass phase when it outgrows the reference's; gkd holds its hidden states [B, T, H_T] through
+    the update. By hand, on a teacher twice the policy's depth."""
+    policy, teacher = ModelShape.of(llama()), ModelShape.of(llama(layers=2 * LAYERS))
+    step = StepShape(rows=8, micro_batch_size=2, prompt_length=5, completion_length=7)
+    alone = forecast_memory(policy, step)
+    opd = forecast_memory(policy, step, teacher=teacher)
+    gkd = forecast_memory(policy, replace(step, teacher_states=True), teacher=teacher)
+    assert alone.teacher == alone.teacher_states == alone.reference_pass == 0
+    assert opd.teacher == teacher.num_parameters * 4 == (2 * V * H + 2 * LAYERS * PER_LAYER + H) * 4
+    assert opd.sampling == alone.sampling + opd.teacher and opd.teacher_states == 0
+    assert opd.update == alone.update + opd.teacher
+    teacher_pass = forecast_memory(teacher, replace(step, reference=True)).frozen_pass  # its own shape
+    assert (
+        opd.reference_pass
+        == alone.sampling - alone.kv_cache - alone.decode_logits + opd.teacher + teacher_pass
+    )
+    assert gkd.teacher_states == 8 * 7 * H * 4  # B·T·H_T float32
+    assert gkd.update == opd.update + gkd.teacher_states and gkd.sampling == opd.sampling
+    # the micro-batch search counts the teacher too
+    budget = forecast_memory(policy, replace(step, micro_batch_size=8)).total
+    assert largest_micro_batch(policy, step, budget) == 8
+    assert largest_micro_batch(policy, step, budget, teacher=teacher) < 8
+
+
 def test_largest_micro_batch_is_monotone_in_the_budget_and_none_when_nothing_fits():
     shape = ModelShape.of(llama())
     step = StepShape(rows=24, micro_batch_size=24, prompt_length=10, completion_length=64, group_size=4)

@@ -301,6 +301,20 @@ def load_policy(
     return LoadedPolicy(model=model, tokenizer=tokenizer)
 
 
+def load_model_config(
+    path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False
+) -> Any:
+    """A model's transformers config alone, from a directory or a hub id (through the cache, as
+    `load_policy` reads it): what a forecast needs of a model it does not load (a teacher)."""
+    from transformers import AutoConfig
+
+    source = ModelSource.of(path, revision)
+    with source.readable():
+        return AutoConfig.from_pretrained(
+            source.where, trust_remote_code=trust_remote_code, **source.kwargs()
+        )
+
+
 @contextmanager
 def quiet_saving() -> Iterator[None]:
     """transformers' own progress bar for writing weight shards off (a run's log shows grpokit's

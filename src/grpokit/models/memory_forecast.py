@@ -141,6 +141,7 @@ class StepShape:
     gradient_checkpointing: bool = False  # transformers' forward, keeping each layer's input only
     group_size: int = 1  # G: rows come in groups sharing a prompt (the lean forward runs it once)
     static_decode: bool = False  # the static decode loop (CUDA graphs on a GPU): weight copies and KV kept
+    teacher_states: bool = False  # loss_type=gkd: the teacher's last hidden states kept through the update
 
     def __post_init__(self) -> None:
         if min(self.rows, self.micro_batch_size, self.completion_length, self.group_size) < 1:
@@ -170,6 +171,8 @@ class MemoryForecast:
     decode_weights: int  # the static decode loop's compute-dtype copies of the matrices (0: eager loop)
     cast_weights: int  # under autocast, compute-dtype copies of the weights the forward multiplies by
     frozen_pass: int  # a gradient-free pass's transients over one micro-batch (0 without one)
+    teacher: int  # a distillation teacher's weights, N_T·m (0 without one)
+    teacher_states: int  # gkd: its hidden states for the batch, B·T·H_T·m, held through the update
     baseline: int  # the process's own, as the caller measured it
     sampling: int
     reference_pass: int
@@ -341,9 +344,13 @@ def frozen_pass_bytes(model: ModelShape, step: StepShape) -> int:
     return layer + mask + tokens * H * step.master_bytes + 2 * chunk
 
 
-def forecast_memory(model: ModelShape, step: StepShape, baseline_bytes: int = 0) -> MemoryForecast:
+def forecast_memory(
+    model: ModelShape, step: StepShape, baseline_bytes: int = 0, teacher: ModelShape | None = None
+) -> MemoryForecast:
     """Each part of one GRPO step's memory, the peak of each phase, and the total (see the module's
-    docstring; every formula is in the helper that counts it)."""
+    docstring; every formula is in the helper that counts it). `teacher`: a distillation teacher's
+    shape (loss_type=opd or gkd): its weights stay, its gradient-free pass is a frozen pass of its own,
+    and with `step.teacher_states` its hidden states are held through the update."""
     m, c = step.master_bytes, step.compute_bytes
     N, trainable = model.num_parameters, model.trainable
     V, H, L = model.vocab_size, model.hidden_size, model.num_layers
@@ -368,16 +375,21 @@ def forecast_memory(model: ModelShape, step: StepShape, baseline_bytes: int = 0)
     logits = head_bytes(model, step)
     held = held_gradient_bytes(model, step)
     frozen = frozen_pass_bytes(model, step) if step.reference else 0
-    persistent = weights + reference + gradients + optimizer + decode_weights
+    teacher_weights = teacher.num_parameters * m if teacher is not None else 0  # in the policy's dtype
+    teacher_pass = frozen_pass_bytes(teacher, step) if teacher is not None else 0
+    held_states = 0
+    if teacher is not None and step.teacher_states:  # [B, T, H_T] in the head's (stored) dtype
+        held_states = step.rows * step.completion_length * teacher.hidden_size * m
+    persistent = weights + reference + gradients + optimizer + decode_weights + teacher_weights
     if step.static_decode:  # the static loop's KV buffers outlive the rollout
         persistent += kv_cache
         sampling = persistent + decode_logits
     else:
         sampling = persistent + kv_cache + decode_logits
-    reference_pass = persistent + frozen if step.reference else 0
+    reference_pass = persistent + max(frozen, teacher_pass) if step.reference or teacher is not None else 0
     # the update's peak: the start of the backward (everything saved, the head's buffers), or with the
     # prompt in a pass of its own the start of that pass's backward (`held_gradient_bytes`)
-    update = persistent + cast_weights + max(activations + logits, held)
+    update = persistent + held_states + cast_weights + max(activations + logits, held)
     return MemoryForecast(
         weights=weights,
         reference=reference,
@@ -391,6 +403,8 @@ def forecast_memory(model: ModelShape, step: StepShape, baseline_bytes: int = 0)
         decode_weights=decode_weights,
         cast_weights=cast_weights,
         frozen_pass=frozen,
+        teacher=teacher_weights,
+        teacher_states=held_states,
         baseline=baseline_bytes,
         sampling=sampling,
         reference_pass=reference_pass,
@@ -400,15 +414,17 @@ def forecast_memory(model: ModelShape, step: StepShape, baseline_bytes: int = 0)
 
 
 def largest_micro_batch(
-    model: ModelShape, step: StepShape, budget_bytes: int, baseline_bytes: int = 0
+    model: ModelShape,
+    step: StepShape,
+    budget_bytes: int,
+    baseline_bytes: int = 0,
+    teacher: ModelShape | None = None,
 ) -> int | None:
     """The largest micro_batch_size dividing step.rows whose forecast total fits `budget_bytes`, or
-    None when even 1 does not fit."""
+    None when even 1 does not fit (`teacher`: as `forecast_memory` takes it)."""
     for micro in sorted((k for k in range(1, step.rows + 1) if step.rows % k == 0), reverse=True):
-        if (
-            forecast_memory(model, replace(step, micro_batch_size=micro), baseline_bytes).total
-            <= budget_bytes
-        ):
+        shape = replace(step, micro_batch_size=micro)
+        if forecast_memory(model, shape, baseline_bytes, teacher).total <= budget_bytes:
             return micro
     return None
 

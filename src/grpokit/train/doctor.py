@@ -37,6 +37,7 @@ from ..models import (
     StepShape,
     forecast_memory,
     largest_micro_batch,
+    load_model_config,
 )
 from ..ops import group_advantages
 from ..rewards import CallRules, reward_name, score_completions
@@ -124,6 +125,12 @@ def checkup(
     except (OSError, ValueError) as error:  # a hub id not in the cache offline, a bad directory
         report.add("config", "model", plan.model.name, "fatal", str(error).splitlines()[0])
         return report
+    try:
+        teacher = teacher_shape(plan)
+    except (OSError, ValueError) as error:  # a teacher not in the cache offline, a bad directory
+        assert plan.teacher is not None
+        report.add("config", "teacher_model", plan.teacher.model.name, "fatal", str(error).splitlines()[0])
+        return report
     _data_section(report, plan, data, tokenizer)
     _rewards_section(report, plan, data)
     check_context(plan.data.prompt_column, model, tokenizer, data)
@@ -136,8 +143,27 @@ def checkup(
             warmed = warm_start(plan.warm_start, engine, data, d, Hooks(emit, stop), Path(scratch))
         report.add("sampling", "warm start", f"{len(warmed.losses)} supervised steps (as train runs them)")
     _sampling_section(report, plan, data, engine, groups)
-    _memory_section(report, plan, data, model, gpu_memory, d.device, baseline)
+    shapes = Shapes(ModelShape.of(model), teacher)
+    _memory_section(report, plan, data, shapes, gpu_memory, d.device, baseline)
     return report
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The shapes the memory forecast counts: the policy's, and a distillation teacher's (None: none)."""
+
+    policy: ModelShape
+    teacher: ModelShape | None = None
+
+
+def teacher_shape(plan: GRPOPlan) -> ModelShape | None:
+    """loss_type=opd or gkd: the teacher's shape from its config alone (the doctor does not load it);
+    None without a teacher."""
+    if plan.teacher is None:
+        return None
+    spec = plan.teacher.model
+    config = load_model_config(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    return ModelShape.from_config(config)
 
 
 # ----------------------------------------------------------------------------- 1. config
@@ -340,7 +366,7 @@ def _memory_section(
     report: Checkup,
     plan: GRPOPlan,
     data: Any,
-    model: Any,
+    shapes: Shapes,
     gpu_memory: int | None,
     device: torch.device,
     baseline: int,
@@ -350,7 +376,7 @@ def _memory_section(
     fits each."""
     spec = plan.trainee
     step = spec.step
-    shape = ModelShape.of(model)
+    shape = shapes.policy
     precision = precision_of(spec.engine)
     step_shape = StepShape(
         rows=step.prompts_per_step * spec.sampling.num_generations,
@@ -363,17 +389,20 @@ def _memory_section(
         fused_logps=spec.engine.fused_logps,
         gradient_checkpointing=plan.model.gradient_checkpointing,
         group_size=spec.sampling.num_generations,  # each prompt's pass shared by its G rows
+        teacher_states=step.loss.loss_type == "gkd",
     )
+    teacher = shapes.teacher
     # a GPU's default decode loop (CUDA graphs) keeps compute-dtype weight copies and its KV cache
     on_gpu = replace(step_shape, static_decode=spec.engine.decode_loop != "eager")
     here = on_gpu if device.type == "cuda" else step_shape
     budget, where = _device_budget(device)
     base = baseline if device.type != "cuda" else 0  # a GPU's free memory is already net of the context
-    forecast = forecast_memory(shape, here, baseline_bytes=base)
+    forecast = forecast_memory(shape, here, base, teacher)
     report.memory_bytes = forecast.total
     parts = ", ".join(
         f"{name} {_gib(getattr(forecast, name))}"
         for name in ("weights", "reference", "gradients", "optimizer", "activations", "kv_cache", "logits")
+        + (("teacher", "teacher_states") if teacher is not None else ())
     )
     report.add("memory", "forecast parts", parts)
     targets = [(where, budget, here, base, "fatal")]
@@ -382,8 +411,8 @@ def _memory_section(
     for label, limit, shape_of_step, floor, too_small in targets:
         if limit is None:
             continue
-        total = forecast_memory(shape, shape_of_step, baseline_bytes=floor).total
-        best = largest_micro_batch(shape, shape_of_step, limit, floor)
+        total = forecast_memory(shape, shape_of_step, floor, teacher).total
+        best = largest_micro_batch(shape, shape_of_step, limit, floor, teacher)
         fits = total <= limit
         if fits:
             level, advice = "ok", ""
