@@ -128,6 +128,8 @@ def test_chunked_from_hidden_states_equals_the_whole_logits_value_and_gradient(b
         out.teacher_logps, torch.log_softmax(z_t / 0.7, -1).gather(-1, ids[:, None]).squeeze(-1)
     )
     assert not out.student_logps.requires_grad
+    p = torch.softmax(z_s / 0.7, -1)
+    torch.testing.assert_close(out.student_entropy, -(p * p.log()).sum(-1).detach(), rtol=0, atol=1e-12)
     weights = torch.linspace(0.5, 1.5, 11, dtype=torch.float64)  # a weighted sum, as a masked loss is
     inputs = (student.states, student.weight, student.bias)
     mine = torch.autograd.grad((out.per_token * weights).sum(), inputs)

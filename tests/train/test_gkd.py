@@ -84,6 +84,9 @@ def test_the_loss_equals_a_direct_computation_in_value_and_every_gradient(beta):
     torch.testing.assert_close(
         out.metrics["distill/divergence"], per_token[2:6][rows_mask].mean().detach(), rtol=0, atol=1e-10
     )
+    p = torch.softmax(z_s[2:6].detach() / 0.8, -1)
+    entropy = -(p * p.log()).sum(-1)  # [4, 4]
+    torch.testing.assert_close(out.metrics["entropy"], entropy[rows_mask].mean(), rtol=0, atol=1e-10)
 
 
 def test_the_dataset_answers_become_completions_token_for_token():

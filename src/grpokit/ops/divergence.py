@@ -103,6 +103,7 @@ class Divergence:
     per_token: torch.Tensor  # [N] float32 (float64 for float64 inputs)
     student_logps: torch.Tensor | None = None  # [N] log π_S(ids), detached; None without ids
     teacher_logps: torch.Tensor | None = None  # [N] log π_T(ids), detached
+    student_entropy: torch.Tensor | None = None  # [N] the student's entropy, detached; None without ids
 
 
 def _chunk_divergence(
@@ -113,18 +114,19 @@ def _chunk_divergence(
     beta: float,
     temperature: float,
 ) -> tuple[torch.Tensor, ...]:
-    """The positions `rows`: the divergence [n] and, with ids, the two log-probs of ids[rows] [n]."""
+    """The positions `rows`: the divergence [n] and, with ids, the two log-probs of ids[rows] and the
+    student's entropy [n]."""
     z_student, z_teacher = student.logits(rows), teacher.logits(rows)  # [n, V] each
     divergence = generalized_jsd(z_student, z_teacher, beta=beta, temperature=temperature)  # [n]
     if ids is None:
         return (divergence,)
     at = ids[rows, None]  # [n, 1]
     with torch.no_grad():
-        picked = [
-            torch.log_softmax(z.to(divergence.dtype) / temperature, -1).gather(-1, at).squeeze(-1)
-            for z in (z_student, z_teacher)
-        ]  # [n] each
-    return (divergence, *picked)
+        log_s, log_t = (
+            torch.log_softmax(z.to(divergence.dtype) / temperature, -1) for z in (z_student, z_teacher)
+        )
+        entropy = -(log_s.exp() * log_s).sum(-1)  # [n]
+        return (divergence, log_s.gather(-1, at).squeeze(-1), log_t.gather(-1, at).squeeze(-1), entropy)
 
 
 def chunked_generalized_jsd(
@@ -160,8 +162,6 @@ def chunked_generalized_jsd(
     if not parts:  # no position: empty results of the accumulation dtype
         dtype = torch.promote_types(student.states.dtype, torch.float32)
         empty = student.states.new_zeros(0, dtype=dtype)
-        return Divergence(empty, None if ids is None else empty, None if ids is None else empty)
+        return Divergence(empty) if ids is None else Divergence(empty, empty, empty, empty)
     joined = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))]  # [N] each
-    if ids is None:
-        return Divergence(joined[0])
-    return Divergence(joined[0], joined[1], joined[2])
+    return Divergence(*joined)

@@ -610,9 +610,10 @@ def gkd_loss(
     temperature, summed and divided by the count of counted tokens on every rank (`num_items`, as dapo
     normalises). Only the counted positions are formed, a chunk at a time
     (`ops.chunked_generalized_jsd`). Metrics: `distill/divergence` (the per-token divergence),
-    `distill/kl` (log π_S − log π_T at the written token, as opd reports it) and
-    `distill/teacher_logps`, means over the micro-batch's tokens. Also returns the student's log-probs
-    of the written tokens [b, T] (0 elsewhere), for the first update's checks."""
+    `distill/kl` (log π_S − log π_T at the written token, as opd reports it),
+    `distill/teacher_logps` and the student's `entropy`, means over the micro-batch's tokens. Also
+    returns the student's log-probs of the written tokens [b, T] (0 elsewhere), for the first update's
+    checks."""
     mask = batch.completion_mask[rows]  # [b, T]
     student = engine.head_states(batch, rows)  # [b, T, H] and the head (or [b, T, V] logits)
     divergence = chunked_generalized_jsd(
@@ -623,6 +624,7 @@ def gkd_loss(
         temperature=engine.temperature,
     )
     assert divergence.student_logps is not None and divergence.teacher_logps is not None
+    assert divergence.student_entropy is not None
     loss = divergence.per_token.sum() / torch.as_tensor(num_items).clamp(min=1)
     count = mask.sum().clamp(min=1)
     gap = divergence.student_logps - divergence.teacher_logps  # [n]
@@ -630,6 +632,7 @@ def gkd_loss(
         "distill/divergence": divergence.per_token.detach().sum() / count,
         "distill/kl": gap.sum() / count,
         "distill/teacher_logps": divergence.teacher_logps.sum() / count,
+        "entropy": divergence.student_entropy.sum() / count,  # (what entropy_collapse watches)
     }
     logps = torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, divergence.student_logps.float())
     return LossOutput(loss=loss, metrics=metrics), logps
