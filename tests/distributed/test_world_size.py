@@ -49,7 +49,8 @@ def updates(tmp_path_factory):
     return out
 
 
-CASES = [f"grpo-{loss}-{strategy}" for strategy in ("ddp", "fsdp") for loss in ("dapo", "grpo", "dr_grpo")]
+LOSSES = ("dapo", "grpo", "dr_grpo", "gkd")  # gkd: the divergence to fixed teacher logits, its own normaliser
+CASES = [f"grpo-{loss}-{strategy}" for strategy in ("ddp", "fsdp") for loss in LOSSES]
 CASES += ["reward-ddp", "reward-fsdp", "grpo-dapo-fsdp_offload"]
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig, RewardConfig
-from grpokit.models import build_policy, build_reward_model, char_tokenizer
-from grpokit.train import distributed
 from grpokit.config.plan import grpo_plan
+from grpokit.models import build_policy, build_reward_model, char_tokenizer
+from grpokit.ops import HeadStates
+from grpokit.train import distributed
 from grpokit.train.grpo_setup import RunData, build_trainee
 from grpokit.train.grpo_step import Batch, FrozenLogps, optimizer_step
 from grpokit.train.reward import reward_step
@@ -60,13 +61,21 @@ def shard(batch: Batch, rows: slice) -> Batch:
     )
 
 
+def teacher_logits() -> torch.Tensor:
+    """A fixed teacher's logits over the whole vocabulary at every completion position, [B, T, V] float64
+    (gkd's teacher states with no head: the logits themselves)."""
+    return torch.randn(B, T, len(TOK), generator=torch.Generator().manual_seed(11), dtype=torch.float64) * 2
+
+
 def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offload: bool = False) -> None:
+    gkd = loss_type == "gkd"  # the divergence to a teacher: no reference term, the teacher's logits fixed
     cfg = GRPOConfig(
         device="cpu",  # where `main` put this rank (gloo): the policy must not go to a GPU
         loss_type=loss_type,
         strategy=strategy,
         fsdp_cpu_offload=offload,
-        beta=0.04,
+        beta=0.0 if gkd else 0.04,
+        teacher_model="teacher" if gkd else None,  # (not loaded here: its logits are given below)
         learning_rate=1e-2,
         lr_scheduler_type="constant",
         prompts_per_step=2,
@@ -95,7 +104,8 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
     per_rank = B // d.world_size
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
     engine = trainee.engine
-    frozen = FrozenLogps(old=None, ref=ref[rows], weights=None)
+    teacher = HeadStates(teacher_logits()[rows]) if gkd else None
+    frozen = FrozenLogps(old=None, ref=None if gkd else ref[rows], weights=None, teacher_states=teacher)
     optimizer_step(engine, trainee.update, shard(batch, rows), frozen, trainee.params, d)
     result = {
         "weights": distributed.full_state_dict(d, engine.train_module),
@@ -154,7 +164,7 @@ def main() -> None:
     # only because NCCL cannot hold two ranks on one GPU), so which backend ran would depend on the machine
     d = distributed.init(device="cpu")
     for strategy in ("ddp", "fsdp"):
-        for loss_type in ("dapo", "grpo", "dr_grpo"):
+        for loss_type in ("dapo", "grpo", "dr_grpo", "gkd"):
             grpo_case(d, loss_type, strategy, out)
         reward_case(d, strategy, out)
     grpo_case(d, "dapo", "fsdp", out, offload=True)
