@@ -257,6 +257,7 @@ ELSEWHERE = {
     "distill_coef": "test_distillation.py (the per-token advantage by hand; resume refuses another value)",
     "gkd_beta": "test_gkd.py::test_the_loss_equals_a_direct_computation_in_value_and_every_gradient (β = 0, "
     "0.5, 1); test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers",
+    "seq_kd": "test_gkd.py::test_seq_kd_learns_from_the_teachers_samples_and_needs_no_answers",
     "lmbda": "test_gkd.py::test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise (and lmbda = 0 "
     "and 1: test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers)",
     "teacher_device": "test_distillation.py::test_bad_distillation_options_are_refused (a run on the "

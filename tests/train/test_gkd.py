@@ -141,6 +141,39 @@ def test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answer
             assert completion == str(int(a) + int(b)), (prompt, completion)
 
 
+def test_seq_kd_learns_from_the_teachers_samples_and_needs_no_answers(tmp_path):
+    """seq_kd: the off-policy steps' completions are the teacher's samples (sequence-level KD): here a
+    teacher that writes '1's, so the logged completions are mostly '1's, which no answer of the addition
+    task is; the divergence falls as it does on answers; rows without an answer column train."""
+    teacher = habit_teacher(tmp_path)
+    seen = []
+    rows = _student(
+        tmp_path,
+        "seq_kd",
+        teacher,
+        on_event=lambda kind, step, data: seen.append(data) if kind == "completions" else None,
+        lmbda=0.0,
+        seq_kd=True,
+        log_completions_steps=1,
+    )
+    written = "".join(c for data in seen for c in data["completions"])
+    # measured on seeds 1, 2, 3, 7: 0.99-1.0 of the teacher's characters are '1's; the divergence 0.54-0.57 ->
+    # 0.001-0.005 nats
+    assert len(seen) == 15 and written.count("1") / len(written) > 0.8
+    assert all(r["distill/on_policy"] == 0.0 and "reward" not in r for r in rows)
+    assert (
+        rows[0]["distill/divergence"] > 0.2
+        and rows[-1]["distill/divergence"] < 0.1 * rows[0]["distill/divergence"]
+    )
+    unanswered = [{"prompt": f"{i}+1="} for i in range(40)]
+    cfg = tiny_config(
+        tmp_path, output_dir=str(tmp_path / "b"), loss_type="gkd", teacher_model=str(teacher), seq_kd=True
+    )
+    held_out = [{"prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(4)]  # (the task's accuracy)
+    result = train_grpo(cfg, reward_funcs=[ones_reward], train_rows=unanswered, eval_rows=held_out)
+    assert result.steps == 2
+
+
 def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path):
     spec = GRPOConfig(loss_type="gkd", teacher_model="x", lmbda=0.3, seed=5)
     from grpokit.config.plan import step_spec
@@ -161,7 +194,7 @@ def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path)
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    for changed in ({"lmbda": 0.6}, {"gkd_beta": 0.1}):
+    for changed in ({"lmbda": 0.6}, {"gkd_beta": 0.1}, {"seq_kd": True}):
         other = tiny_config(
             tmp_path, output_dir=str(tmp_path / "stopped"), max_steps=8, resume=True, **(gkd | changed)
         )
@@ -177,6 +210,7 @@ def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path)
         ({"loss_type": "gkd", "teacher_model": "x", "lmbda": -0.1}, "lmbda"),
         ({"gkd_beta": 0.2}, "gkd_beta=0.2 is read only by loss_type=gkd"),
         ({"lmbda": 1.0}, "lmbda=1 is read only by loss_type=gkd"),
+        ({"seq_kd": True}, "seq_kd=true is read only by loss_type=gkd"),
         ({"loss_type": "gkd", "teacher_model": "x", "distill_coef": 2.0}, "read only by loss_type=opd"),
         ({"loss_type": "gkd", "teacher_model": "x", "beta": 0.04}, "no reference term"),
         ({"loss_type": "gkd", "teacher_model": "x", "dynamic_sampling": True}, "does not read rewards"),

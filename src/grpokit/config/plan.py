@@ -198,6 +198,7 @@ class StepSpec:
     gkd_beta: float = 0.5  # loss_type=gkd: β of the generalised JSD to the teacher
     lmbda: float = 0.5  # loss_type=gkd: the share of steps on the student's own samples
     answer_column: str = "answer"  # loss_type=gkd with lmbda < 1: the dataset's answers as completions
+    seq_kd: bool = False  # loss_type=gkd: the other steps on the teacher's samples, not the answers
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "teacher_model": ("fixed", _FIXED_ALGO),
     "distill_coef": ("fixed", _FIXED_ALGO),
     "gkd_beta": ("fixed", _FIXED_ALGO),
+    "seq_kd": ("fixed", _FIXED_ALGO),
     "lmbda": ("fixed", _FIXED_ALGO + "; which steps learn from the dataset's answers derives from it"),
     "teacher_device": ("applied", "where the teacher runs changes its log-probs only by round-off"),
     "entropy_coef_lr": ("fixed", _FIXED_ALGO),

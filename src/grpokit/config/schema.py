@@ -521,6 +521,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="loss_type=gkd: the share of steps that learn from the student's own samples "
         "(on-policy); the others from the dataset's answers (answer_column) as completions (TRL's lmbda)",
     )
+    seq_kd: bool = Field(
+        False,
+        description="loss_type=gkd: the steps that are not on-policy learn from the teacher's own samples "
+        "of each prompt (sequence-level KD) instead of the dataset's answers (TRL's GKDConfig.seq_kd)",
+    )
     teacher_device: str | None = Field(
         None,
         pattern=DEVICE_PATTERN,
@@ -687,12 +692,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             "distill_coef": (self.distill_coef != 1.0 and self.loss_type != "opd", "loss_type=opd"),
             "gkd_beta": (self.gkd_beta != 0.5 and self.loss_type != "gkd", "loss_type=gkd"),
             "lmbda": (self.lmbda != 0.5 and self.loss_type != "gkd", "loss_type=gkd"),
+            "seq_kd": (self.seq_kd and self.loss_type != "gkd", "loss_type=gkd"),
         }
         for name, (set_unread, reader) in unread.items():
             if set_unread:
-                raise ValueError(
-                    f"{name}={getattr(self, name):g} is read only by {reader}: set it there, or drop it"
-                )
+                value = getattr(self, name)
+                shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
+                raise ValueError(f"{name}={shown} is read only by {reader}: set it there, or drop it")
         if self.loss_type == "gkd":
             self._check_gkd()
 

@@ -329,7 +329,7 @@ def check_step_prompts(prompts_per_step: int, data: RunData) -> None:
 def check_gkd_answers(step: StepSpec, data: RunData) -> None:
     """loss_type=gkd with lmbda < 1 learns some steps from the dataset's answers: every training row
     needs one (answer_column). Refused before any work, naming the column and the fix."""
-    if step.loss.loss_type != "gkd" or step.lmbda >= 1.0:
+    if step.loss.loss_type != "gkd" or step.lmbda >= 1.0 or step.seq_kd:  # (seq_kd: the teacher writes)
         return
     column = step.answer_column
     missing = [i for i, row in enumerate(data.train_rows) if row.get(column) is None]
@@ -339,7 +339,8 @@ def check_gkd_answers(step: StepSpec, data: RunData) -> None:
             f"loss_type=gkd with lmbda={step.lmbda:g} learns {1 - step.lmbda:.0%} of its steps from the "
             f"dataset's answers, but {data.train_source} row {missing[0]} has no {column!r} column "
             f"({len(missing)} rows lack it; its columns: {have}). Set answer_column to the column that "
-            "holds the answers, or lmbda=1 to learn from the student's samples only."
+            "holds the answers, seq_kd=true to learn from the teacher's samples instead, or lmbda=1 to learn "
+            "from the student's samples only."
         )
 
 

@@ -277,21 +277,28 @@ def learns_on_policy(spec: StepSpec, step: int) -> bool:
     return bool(torch.rand((), generator=generator) < spec.lmbda)
 
 
-def answer_batch(
-    engine: PolicyEngine, prompts: PromptSampler, params: StepParams, d: distributed.Dist
-) -> tuple[Batch, dict[str, Any]]:
-    """loss_type=gkd's off-policy batch: this rank's P prompts of the step, each with the dataset's
-    answer (answer_column) as its one completion (`rollout.Decoder.demonstrate`): B = P rows, nothing
-    sampled or scored (the rewards are NaN, the advantages 0). Its metrics hold no reward or completion
-    figures, which would describe the dataset rather than the student."""
+def offpolicy_batch(trainee: Trainee, step: int, d: distributed.Dist) -> tuple[Batch, dict[str, Any]]:
+    """loss_type=gkd's off-policy batch: this rank's P prompts of the step, each with one completion
+    that the student did not write: the dataset's answer (answer_column, `rollout.Decoder.demonstrate`),
+    or with seq_kd one sample of the teacher's (sequence-level KD, its sampling settings the student's).
+    B = P rows, nothing scored (the rewards are NaN, the advantages 0). Its metrics hold no reward or
+    completion figures, which would describe the dataset or the teacher rather than the student."""
     began = time.perf_counter()
+    engine, params = trainee.engine, trainee.params
     P, spec = params.prompts_per_rank, params.spec
-    rows = prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
+    rows = trainee.prompts.next_batch()[d.rank * P : (d.rank + 1) * P]  # every rank reads the same order
     texts = [
         render_prompt(r[spec.prompt_column], engine.tokenizer, None, spec.chat_template_kwargs) for r in rows
     ]
-    answers = [str(r[spec.answer_column]) for r in rows]
-    demo = engine.decoder.demonstrate(texts, answers, params.sampling)
+    if spec.seq_kd:
+        assert trainee.teacher is not None
+        seed = spec.seed * 1_000_003 + step * 101 + 7919 * d.rank  # as the student's draw of this step
+        drawn = replace(params.sampling, num_generations=1, seed=seed)
+        demo = trainee.teacher.generate(texts, drawn)  # [P, T] on the host
+        answers = demo.completions
+    else:
+        answers = [str(r[spec.answer_column]) for r in rows]
+        demo = engine.decoder.demonstrate(texts, answers, params.sampling)
     mask = demo.completion_mask  # [P, T]
     if spec.mask_truncated_completions:
         mask = mask & ~demo.truncated[:, None]
@@ -771,7 +778,7 @@ def grpo_step(
     if on_policy:
         host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
     else:
-        host_batch, metrics = answer_batch(engine, prompts, params, d)
+        host_batch, metrics = offpolicy_batch(trainee, step, d)
     if params.loss.loss_type == "gkd":
         metrics["distill/on_policy"] = float(on_policy)
     began = time.perf_counter()
