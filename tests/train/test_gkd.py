@@ -112,6 +112,15 @@ def _student(tmp_path, name, teacher, on_event=None, **overrides):
     return student_run(tmp_path, name, on_event, **gkd, **overrides)[1]
 
 
+def _offpolicy_student(tmp_path, name, teacher, **overrides):
+    """A gkd student on off-policy steps only (lmbda = 0), every step's completions logged: its metrics
+    rows, and the completions events' data."""
+    seen = []
+    record = lambda kind, step, data: seen.append(data) if kind == "completions" else None  # noqa: E731
+    rows = _student(tmp_path, name, teacher, record, lmbda=0.0, log_completions_steps=1, **overrides)
+    return rows, seen
+
+
 def test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers(tmp_path):
     teacher = habit_teacher(tmp_path)
     own = _student(tmp_path, "own", teacher, lmbda=1.0, gkd_beta=0.5)
@@ -119,17 +128,7 @@ def test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answer
     assert own[0]["distill/divergence"] > 0.2 and own[-1]["distill/divergence"] < 0.02
     assert own[-1]["rewards/ones_reward/mean"] > 0.8
     assert all(r["distill/on_policy"] == 1.0 for r in own)
-    seen = []
-    answers = _student(
-        tmp_path,
-        "answers",
-        teacher,
-        on_event=lambda kind, step, data: seen.append(data) if kind == "completions" else None,
-        lmbda=0.0,
-        gkd_beta=0.0,
-        log_completions_steps=1,
-    )
-    # the teacher's distributions over the dataset's answers: the forward KL falls as far
+    answers, seen = _offpolicy_student(tmp_path, "answers", teacher, gkd_beta=0.0)
     # the teacher's distributions over the dataset's answers: the forward KL falls 6-300× (seeds 1, 2, 3, 7:
     # 2.6-2.8 -> 0.009-0.26 nats)
     assert answers[0]["distill/divergence"] > 1.0
@@ -146,16 +145,7 @@ def test_seq_kd_learns_from_the_teachers_samples_and_needs_no_answers(tmp_path):
     teacher that writes '1's, so the logged completions are mostly '1's, which no answer of the addition
     task is; the divergence falls as it does on answers; rows without an answer column train."""
     teacher = habit_teacher(tmp_path)
-    seen = []
-    rows = _student(
-        tmp_path,
-        "seq_kd",
-        teacher,
-        on_event=lambda kind, step, data: seen.append(data) if kind == "completions" else None,
-        lmbda=0.0,
-        seq_kd=True,
-        log_completions_steps=1,
-    )
+    rows, seen = _offpolicy_student(tmp_path, "seq_kd", teacher, seq_kd=True)
     written = "".join(c for data in seen for c in data["completions"])
     # measured on seeds 1, 2, 3, 7: 0.99-1.0 of the teacher's characters are '1's; the divergence 0.54-0.57 ->
     # 0.001-0.005 nats
