@@ -137,3 +137,35 @@ def test_a_distillation_teacher_is_counted_in_memory_and_a_missing_one_is_fatal(
     missing = checkup(_config(tmp_path, ones_reward_ref, loss_type="opd", teacher_model="someone/teacher"))
     level, value, advice = _levels(missing, "config")["teacher_model"]
     assert missing.fatal and level == "fatal" and value == "someone/teacher" and "someone/teacher" in advice
+
+
+def test_a_teacher_train_would_refuse_is_fatal_before_any_loading_of_its_weights(tmp_path):
+    """What `train` refuses on loading the teacher, the doctor finds from its tokenizer and config:
+    another tokenizer (a countdown policy's characters) for opd, another output-layer size for gkd."""
+    other = train_grpo(
+        tiny_config(tmp_path, output_dir=str(tmp_path / "other"), max_steps=1, task="countdown")
+    )
+    report = checkup(
+        _config(
+            tmp_path, ones_reward_ref, loss_type="opd", teacher_model=str(other.output_dir / "checkpoint-1")
+        )
+    )
+    level, _, advice = _levels(report, "config")["teacher_model"]
+    assert report.fatal and level == "fatal" and "another tokenizer than the policy" in advice
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    same = (
+        train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "same"), max_steps=1)).output_dir
+        / "checkpoint-1"
+    )
+    padded = AutoModelForCausalLM.from_pretrained(same)
+    padded.resize_token_embeddings(padded.get_output_embeddings().weight.shape[0] + 8)
+    padded.save_pretrained(tmp_path / "padded")
+    AutoTokenizer.from_pretrained(same).save_pretrained(tmp_path / "padded")
+    for loss_type, fatal in (("gkd", True), ("opd", False)):
+        report = checkup(
+            _config(tmp_path, ones_reward_ref, loss_type=loss_type, teacher_model=str(tmp_path / "padded"))
+        )
+        assert report.fatal is fatal, loss_type
+        if fatal:
+            assert "output layer scores" in _levels(report, "config")["teacher_model"][2]

@@ -21,6 +21,7 @@ from .hf import (
     load_model_config,
     load_policy,
     load_reward_model,
+    load_tokenizer,
     quiet_saving,
     save_policy,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "build_reward_model",
     "encode_for_reward",
     "load_reward_model",
+    "load_tokenizer",
     "pad_left",
     "reward_scores",
     "MemoryForecast",

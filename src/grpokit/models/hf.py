@@ -277,7 +277,7 @@ def load_policy(
     A tokenizer without a pad token gets its eos token as pad (logged); prompts are left-padded.
     A LoRA checkpoint (adapters in `lora_adapter/`) comes back with its adapters merged.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     source = ModelSource.of(path, revision)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -288,17 +288,27 @@ def load_policy(
     directory = source.directory
     if directory is not None and (directory / ADAPTER_DIR / "adapter_config.json").is_file():
         model = merge_lora(model, directory)  # a LoRA checkpoint: merged on load
+    tokenizer = load_tokenizer(path, revision=revision, trust_remote_code=trust_remote_code)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return LoadedPolicy(model=model, tokenizer=tokenizer)
+
+
+def load_tokenizer(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """A model's tokenizer alone, as `load_policy` loads it: through the cache for a hub id, its eos
+    token as pad when it has no pad token (logged), left padding."""
+    from transformers import AutoTokenizer
+
+    source = ModelSource.of(path, revision)
     with source.readable():
         tokenizer = AutoTokenizer.from_pretrained(
             source.where, trust_remote_code=trust_remote_code, **source.kwargs()
         )
     _ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    return LoadedPolicy(model=model, tokenizer=tokenizer)
+    return tokenizer
 
 
 def load_model_config(

@@ -38,6 +38,7 @@ from ..models import (
     forecast_memory,
     largest_micro_batch,
     load_model_config,
+    load_tokenizer,
 )
 from ..ops import group_advantages
 from ..rewards import CallRules, reward_name, score_completions
@@ -51,6 +52,7 @@ from .grpo_setup import (
     probe_engine,
     resolve_data,
     sampling_params,
+    teacher_tokenizer_refusal,
     tiny_context,
     warm_start,
 )
@@ -127,9 +129,12 @@ def checkup(
         return report
     try:
         teacher = teacher_shape(plan)
+        refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher)
     except (OSError, ValueError) as error:  # a teacher not in the cache offline, a bad directory
+        refusal = str(error).splitlines()[0]
+    if refusal is not None:
         assert plan.teacher is not None
-        report.add("config", "teacher_model", plan.teacher.model.name, "fatal", str(error).splitlines()[0])
+        report.add("config", "teacher_model", plan.teacher.model.name, "fatal", refusal)
         return report
     _data_section(report, plan, data, tokenizer)
     _rewards_section(report, plan, data)
@@ -154,6 +159,29 @@ class Shapes:
 
     policy: ModelShape
     teacher: ModelShape | None = None
+
+
+def teacher_refusal(
+    plan: GRPOPlan, tokenizer: Any, policy: ModelShape, teacher: ModelShape | None
+) -> str | None:
+    """What `train` would refuse in the teacher, found without loading its weights: another tokenizer,
+    or for loss_type=gkd an output layer of another size. None when it can teach (or there is none)."""
+    if plan.teacher is None or teacher is None:
+        return None
+    spec = plan.teacher.model
+    theirs = load_tokenizer(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    refusal = teacher_tokenizer_refusal(spec.name, tokenizer, theirs)
+    if (
+        refusal is None
+        and plan.trainee.step.loss.loss_type == "gkd"
+        and teacher.vocab_size != policy.vocab_size
+    ):
+        refusal = (
+            f"its output layer scores {teacher.vocab_size} tokens and the policy's {policy.vocab_size}: "
+            "loss_type=gkd compares whole next-token distributions; use loss_type=opd or a teacher of "
+            "that size"
+        )
+    return refusal
 
 
 def teacher_shape(plan: GRPOPlan) -> ModelShape | None:

@@ -509,6 +509,26 @@ def build_trainee(
     )
 
 
+def teacher_tokenizer_refusal(name: str, tokenizer: Any, teacher_tokenizer: Any) -> str | None:
+    """Why teacher `name` cannot teach a policy of `tokenizer` (its tokenizer differs: another
+    vocabulary, or other eos or pad ids), in one line; None when it can."""
+    mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    special = [
+        (a, getattr(tokenizer, a), getattr(teacher_tokenizer, a)) for a in ("eos_token_id", "pad_token_id")
+    ]
+    different = [f"{what} {ours} vs {its}" for what, ours, its in special if ours != its]
+    if mine == theirs and not different:
+        return None
+    detail = (
+        f"vocabularies of {len(mine)} and {len(theirs)} tokens" if mine != theirs else ", ".join(different)
+    )
+    return (
+        f"teacher_model={name!r} has another tokenizer than the policy ({detail}): on-policy "
+        "distillation compares the two models' log-probs of the same token ids, so the teacher must "
+        "share the policy's tokenizer; pick a teacher of the same family"
+    )
+
+
 def load_teacher(
     spec: TeacherSpec, tokenizer: Any, settings: EngineSettings, d: distributed.Dist
 ) -> PolicyEngine:
@@ -517,22 +537,9 @@ def load_teacher(
     tokenizer differs from the policy's is refused: on-policy distillation compares the two models'
     log-probs of the same token ids."""
     model, teacher_tokenizer = policy_and_tokenizer(spec.model, None, 0)
-    mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-    special = [
-        (a, getattr(tokenizer, a), getattr(teacher_tokenizer, a)) for a in ("eos_token_id", "pad_token_id")
-    ]
-    different = [f"{name} {ours} vs {its}" for name, ours, its in special if ours != its]
-    if mine != theirs or different:
-        detail = (
-            f"vocabularies of {len(mine)} and {len(theirs)} tokens"
-            if mine != theirs
-            else ", ".join(different)
-        )
-        raise ValueError(
-            f"teacher_model={spec.model.name!r} has another tokenizer than the policy ({detail}): on-policy "
-            "distillation compares the two models' log-probs of the same token ids, so the teacher must "
-            "share the policy's tokenizer; pick a teacher of the same family"
-        )
+    refusal = teacher_tokenizer_refusal(spec.model.name, tokenizer, teacher_tokenizer)
+    if refusal is not None:
+        raise ValueError(refusal)
     device = torch.device(spec.device) if spec.device is not None else d.device
     model = model.to(device=device, dtype=precision_of(settings).master).eval()
     model.requires_grad_(False)
