@@ -13,7 +13,7 @@ PLOTS = {
     "margin": ["margin", "eval/margin"],
     "rewards": ["chosen_rewards", "rejected_rewards", "eval/chosen_rewards", "eval/rejected_rewards"],
     "kl": ["kl"],
-    "entropy": ["entropy"],
+    "entropy": ["entropy", "entropy/target"],
     "length": ["completions/mean_length", "eval/completions/mean_length"],
     "loss": ["loss"],
     "clipping": ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"],
@@ -21,6 +21,11 @@ PLOTS = {
     "zero_spread": ["frac_reward_zero_std"],
     # the sampler's log-probs against the training forward's (what sampling_correction corrects)
     "logp_mismatch": ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"],
+    # loss_type=opd or gkd: how far the student is from its teacher (nats a token)
+    "distillation": ["distill/kl", "distill/divergence"],
+    # curriculum: the share of prompts in each pool; target_entropy: the bonus's coefficient
+    "curriculum": ["curriculum/active", "curriculum/solved", "curriculum/failed"],
+    "entropy_control": ["entropy/coef"],
 }
 SFT_PLOT = ("sft_loss", "sft/loss")  # the supervised warm start, from sft_metrics.jsonl, by its own steps
 

@@ -22,6 +22,7 @@ from grpokit.data.errors import DataError
 from grpokit.engine import EngineSpec, PolicyEngine
 from grpokit.models import build_policy, char_tokenizer
 from grpokit.ops import generalized_jsd
+from grpokit.report import write_report
 from grpokit.rollout import SamplingParams
 from grpokit.train.grpo import train_grpo
 from grpokit.train.grpo_step import gkd_loss, learns_on_policy
@@ -128,6 +129,10 @@ def test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answer
     assert own[0]["distill/divergence"] > 0.2 and own[-1]["distill/divergence"] < 0.02
     assert own[-1]["rewards/ones_reward/mean"] > 0.8
     assert all(r["distill/on_policy"] == 1.0 for r in own)
+    page = write_report(tmp_path / "own").read_text()  # the distance to the teacher, plotted
+    assert (
+        "distillation.png" in page and (tmp_path / "own" / "report" / "distillation.png").stat().st_size > 0
+    )
     answers, seen = _offpolicy_student(tmp_path, "answers", teacher, gkd_beta=0.0)
     # the teacher's distributions over the dataset's answers: the forward KL falls 6-300× (seeds 1, 2, 3, 7:
     # 2.6-2.8 -> 0.009-0.26 nats)
