@@ -256,7 +256,8 @@ def test_a_distillation_teacher_adds_its_weights_its_pass_and_gkds_held_states()
         opd.reference_pass
         == alone.sampling - alone.kv_cache - alone.decode_logits + opd.teacher + teacher_pass
     )
-    assert gkd.teacher_states == 8 * 7 * H * 4  # B·T·H_T float32
+    chunk = 10 * (2 * 7) * V * 4  # ten float32 buffers of one chunk: the micro-batch's 2·7 positions
+    assert gkd.teacher_states == 8 * 7 * H * 4 + chunk  # B·T·H_T float32, and the loss's chunk
     assert gkd.update == opd.update + gkd.teacher_states and gkd.sampling == opd.sampling
     # the micro-batch search counts the teacher too
     budget = forecast_memory(policy, replace(step, micro_batch_size=8)).total

@@ -182,3 +182,10 @@ def test_chunked_from_logits_and_with_no_position():
     assert z_s.grad is not None and z_s.grad.abs().sum() > 0
     empty = chunked_generalized_jsd(HeadStates(z_s[:0]), HeadStates(z_t[:0]), ids[:0], beta=0.5)
     assert empty.per_token.shape == (0,) and empty.teacher_logps.shape == (0,)
+    # a micro-batch with no counted token (all truncated and masked): its loss, 0, still back-propagates,
+    # every input's gradient 0 (a backward on one rank and not another would hang data parallelism)
+    heads = HeadStates(student.states, student.weight, student.bias)
+    none = chunked_generalized_jsd(heads.at(torch.zeros(11, dtype=torch.bool)), HeadStates(z_t[:0]), beta=0.5)
+    none.per_token.sum().backward()
+    for t in (student.states, student.weight, student.bias):
+        assert t.grad is not None and (t.grad == 0).all()

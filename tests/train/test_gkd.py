@@ -216,6 +216,10 @@ def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path)
             "sampling_correction",
         ),
         ({"loss_type": "gkd", "teacher_model": "x", "tools": ["calculator"]}, "set lmbda=1"),
+        ({"loss_type": "gkd", "teacher_model": "x", "top_entropy_quantile": 0.5}, "no policy-gradient"),
+        ({"loss_type": "gkd", "teacher_model": "x", "epsilon_high": 0.28}, "no policy-gradient"),
+        ({"loss_type": "gkd", "teacher_model": "x", "seq_kd": True, "lmbda": 1.0}, "never drawn"),
+        ({"loss_type": "gkd", "teacher_model": "x", "answer_format": "gsm8k"}, "a bare number"),
     ],
 )
 def test_bad_gkd_options_are_refused(overrides, says):
@@ -245,4 +249,19 @@ def test_missing_answers_and_another_head_size_are_refused_in_one_line(tmp_path,
     ]
     code = main(["train", *args, "max_steps=1", "progress=false", "num_eval_prompts=4"])
     err = capsys.readouterr().err
-    assert code == 2 and "output layers must be the same size" in err and "Traceback" not in err
+    assert code == 2 and "output layer scores" in err and "Traceback" not in err
+    assert not (tmp_path / "b" / "config.yaml").exists()  # refused before the run directory was prepared
+
+
+def test_a_teacher_without_hidden_states_and_a_plain_head_is_refused_for_gkd(tmp_path, capsys):
+    """fused_logps=false: the teacher's pass could only keep whole distributions, [B, T, V]; refused in
+    one line, where opd (its log-probs of the written tokens only) trains."""
+    teacher = habit_teacher(tmp_path)
+    common = [f"teacher_model={teacher}", "fused_logps=false", "max_steps=1", "progress=false", "sft_steps=0"]
+    code = main(
+        ["train", f"output_dir={tmp_path}/gkd", "loss_type=gkd", "lmbda=1", *common, "num_eval_prompts=4"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "no hidden states and plain LM head" in err and "Traceback" not in err
+    code = main(["train", f"output_dir={tmp_path}/opd", "loss_type=opd", *common, "num_eval_prompts=4"])
+    assert code == 0

@@ -720,6 +720,23 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 "the divergence to the teacher already sets the student's entropy",
             ),
         }
+        surrogate = "its loss is no policy-gradient surrogate, which this shapes"
+        pointless |= {
+            "top_entropy_quantile": (self.top_entropy_quantile != 1.0, surrogate),
+            "importance_sampling_level": (self.importance_sampling_level != "token", surrogate),
+            "epsilon_high": (self.epsilon_high is not None, surrogate),
+            "delta": (self.delta is not None, surrogate),
+            "seq_kd": (
+                self.seq_kd and self.lmbda >= 1.0,
+                "with lmbda=1 every step is on the student's own samples and the teacher's are never drawn",
+            ),
+            "answer_format": (
+                self.answer_format != "raw" and self.lmbda < 1.0 and not self.seq_kd,
+                f"answer_format={self.answer_format} keeps only the final answer in answer_column, so the "
+                "off-policy steps would learn a bare number; set seq_kd=true (the teacher's samples) or "
+                "lmbda=1",
+            ),
+        }
         for name, (bad, why) in pointless.items():
             if bad:
                 raise ValueError(f"{name} with loss_type=gkd is refused: {why}")

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..ops.divergence import CHUNK_LOGITS
 from ..ops.linear_logps import chunk_rows
 from .backend import LeanBackend, backend_of
 from .lean_llama import packing_pays
@@ -172,7 +173,9 @@ class MemoryForecast:
     cast_weights: int  # under autocast, compute-dtype copies of the weights the forward multiplies by
     frozen_pass: int  # a gradient-free pass's transients over one micro-batch (0 without one)
     teacher: int  # a distillation teacher's weights, N_T·m (0 without one)
-    teacher_states: int  # gkd: its hidden states for the batch, B·T·H_T·m, held through the update
+    # gkd: its hidden states for the batch, B·T·H_T·m, held through the update, and the loss's chunk of
+    # both models' logits and their temporaries (about ten float32 buffers of one chunk)
+    teacher_states: int
     baseline: int  # the process's own, as the caller measured it
     sampling: int
     reference_pass: int
@@ -344,6 +347,11 @@ def frozen_pass_bytes(model: ModelShape, step: StepShape) -> int:
     return layer + mask + tokens * H * step.master_bytes + 2 * chunk
 
 
+# gkd's loss chunk (`ops.chunked_generalized_jsd`): both models' logits, their log-softmaxes, the
+# mixture and the products, each [positions, V] float32
+GKD_CHUNK_BUFFERS = 10
+
+
 def forecast_memory(
     model: ModelShape, step: StepShape, baseline_bytes: int = 0, teacher: ModelShape | None = None
 ) -> MemoryForecast:
@@ -380,6 +388,8 @@ def forecast_memory(
     held_states = 0
     if teacher is not None and step.teacher_states:  # [B, T, H_T] in the head's (stored) dtype
         held_states = step.rows * step.completion_length * teacher.hidden_size * m
+        positions = min(max(1, CHUNK_LOGITS // V), step.micro_batch_size * step.completion_length)
+        held_states += GKD_CHUNK_BUFFERS * positions * V * FLOAT32
     persistent = weights + reference + gradients + optimizer + decode_weights + teacher_weights
     if step.static_decode:  # the static loop's KV buffers outlive the rollout
         persistent += kv_cache

@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 # V = 152k (110 positions). Each chunk also reads both heads' weights: for two Qwen2.5-0.5B-sized heads in
 # bfloat16, 0.54 GB, about 0.16 ms at an H100's 3.35 TB/s, so about 25 ms per pass over 16k tokens
 # (counted, not measured); the chunk's products take a third of that.
-_CHUNK_LOGITS = 1 << 24
+CHUNK_LOGITS = 1 << 24
 
 
 def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -148,7 +148,7 @@ def chunked_generalized_jsd(
     if teacher.states.shape[0] != N:
         raise ValueError(f"{N} student positions against {teacher.states.shape[0]} of the teacher.")
     vocab = student.weight.shape[0] if student.weight is not None else student.states.shape[-1]
-    rows = chunk_rows or max(1, _CHUNK_LOGITS // max(vocab, 1))
+    rows = chunk_rows or max(1, CHUNK_LOGITS // max(vocab, 1))
     differentiable = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (student.states, student.weight, student.bias)
     )
@@ -162,6 +162,12 @@ def chunked_generalized_jsd(
     if not parts:  # no position: empty results of the accumulation dtype
         dtype = torch.promote_types(student.states.dtype, torch.float32)
         empty = student.states.new_zeros(0, dtype=dtype)
-        return Divergence(empty) if ids is None else Divergence(empty, empty, empty, empty)
+        per_token = empty
+        if differentiable:  # still in the graph, each input's gradient 0: a backward (and DDP's) goes on
+            inputs = [
+                t for t in (student.states, student.weight, student.bias) if t is not None and t.requires_grad
+            ]
+            per_token = (sum(t.sum() for t in inputs) * 0).to(dtype).expand(0)  # [0]
+        return Divergence(per_token) if ids is None else Divergence(per_token, empty, empty, empty)
     joined = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))]  # [N] each
     return Divergence(*joined)

@@ -37,8 +37,6 @@ from ..models import (
     StepShape,
     forecast_memory,
     largest_micro_batch,
-    load_model_config,
-    load_tokenizer,
 )
 from ..ops import group_advantages
 from ..rewards import CallRules, reward_name, score_completions
@@ -52,7 +50,8 @@ from .grpo_setup import (
     probe_engine,
     resolve_data,
     sampling_params,
-    teacher_tokenizer_refusal,
+    teacher_refusal,
+    teacher_shape,
     tiny_context,
     warm_start,
 )
@@ -159,39 +158,6 @@ class Shapes:
 
     policy: ModelShape
     teacher: ModelShape | None = None
-
-
-def teacher_refusal(
-    plan: GRPOPlan, tokenizer: Any, policy: ModelShape, teacher: ModelShape | None
-) -> str | None:
-    """What `train` would refuse in the teacher, found without loading its weights: another tokenizer,
-    or for loss_type=gkd an output layer of another size. None when it can teach (or there is none)."""
-    if plan.teacher is None or teacher is None:
-        return None
-    spec = plan.teacher.model
-    theirs = load_tokenizer(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
-    refusal = teacher_tokenizer_refusal(spec.name, tokenizer, theirs)
-    if (
-        refusal is None
-        and plan.trainee.step.loss.loss_type == "gkd"
-        and teacher.vocab_size != policy.vocab_size
-    ):
-        refusal = (
-            f"its output layer scores {teacher.vocab_size} tokens and the policy's {policy.vocab_size}: "
-            "loss_type=gkd compares whole next-token distributions; use loss_type=opd or a teacher of "
-            "that size"
-        )
-    return refusal
-
-
-def teacher_shape(plan: GRPOPlan) -> ModelShape | None:
-    """loss_type=opd or gkd: the teacher's shape from its config alone (the doctor does not load it);
-    None without a teacher."""
-    if plan.teacher is None:
-        return None
-    spec = plan.teacher.model
-    config = load_model_config(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
-    return ModelShape.from_config(config)
 
 
 # ----------------------------------------------------------------------------- 1. config
@@ -420,6 +386,12 @@ def _memory_section(
         teacher_states=step.loss.loss_type == "gkd",
     )
     teacher = shapes.teacher
+    if (
+        plan.teacher is not None
+        and plan.teacher.device is not None
+        and torch.device(plan.teacher.device) != device
+    ):
+        teacher = None  # teacher_device elsewhere: its weights and pass are not this device's
     # a GPU's default decode loop (CUDA graphs) keeps compute-dtype weight copies and its KV cache
     on_gpu = replace(step_shape, static_decode=spec.engine.decode_loop != "eager")
     here = on_gpu if device.type == "cuda" else step_shape

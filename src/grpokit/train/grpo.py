@@ -20,7 +20,7 @@ from ..config import GRPOConfig
 from ..config.applied import Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
 from ..config.resume import resume_changes
-from ..models import check_lora_targets, memory_metrics, require_peft
+from ..models import ModelShape, check_lora_targets, memory_metrics, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
 from . import distributed
@@ -42,6 +42,8 @@ from .grpo_setup import (
     resolve_data,
     restore,
     save,
+    teacher_refusal,
+    teacher_shape,
     tiny_context,
     warm_start,
 )
@@ -157,6 +159,10 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     )
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
     check_gkd_answers(spec.step, data)  # gkd's off-policy steps: an answer in every row
+    # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
+    refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
+    if refusal is not None:
+        raise ValueError(refusal)
     if plan.lora is not None and plan.lora.target_modules:
         check_lora_targets(model, list(plan.lora.target_modules))
     prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config

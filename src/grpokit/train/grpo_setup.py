@@ -17,6 +17,7 @@ from ..config.plan import (
     EngineSettings,
     EpisodeSpec,
     Evaluation,
+    GRPOPlan,
     ModelSpec,
     RewardSpec,
     SamplingSpec,
@@ -44,7 +45,15 @@ from ..data import (
 )
 from ..engine import EngineSpec, PolicyEngine, Wrapping
 from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
-from ..models import Precision, enable_fast_matmul, make_reference, place
+from ..models import (
+    ModelShape,
+    Precision,
+    enable_fast_matmul,
+    load_model_config,
+    load_tokenizer,
+    make_reference,
+    place,
+)
 from ..rollout import SamplingParams
 from . import distributed
 from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
@@ -347,7 +356,14 @@ def check_gkd_answers(step: StepSpec, data: RunData) -> None:
 def check_same_vocabulary(policy: torch.nn.Module, teacher: PolicyEngine, teacher_name: str) -> None:
     """loss_type=gkd compares whole next-token distributions: the two heads must have one row per token
     of the same vocabulary (tokenizers equal is checked on loading; heads may still be padded apart,
-    as Qwen2.5's 0.5B–3B and 7B are)."""
+    as Qwen2.5's 0.5B–3B and 7B are), and the teacher's must be a plain linear head over its hidden
+    states, so that its pass keeps [B, T, H] states and never [B, T, V] logits."""
+    if not teacher.fused:
+        raise ValueError(
+            f"teacher_model={teacher_name!r} gives loss_type=gkd no hidden states and plain LM head to form "
+            "its logits from in chunks (fused_logps=false, or a head that rescales its logits), so its pass "
+            "would hold every position's whole distribution; use loss_type=opd, or fused_logps=true"
+        )
     ours = policy.get_output_embeddings().weight.shape[0]
     theirs = teacher.module.get_output_embeddings().weight.shape[0]
     if ours != theirs:
@@ -527,6 +543,40 @@ def teacher_tokenizer_refusal(name: str, tokenizer: Any, teacher_tokenizer: Any)
         "distillation compares the two models' log-probs of the same token ids, so the teacher must "
         "share the policy's tokenizer; pick a teacher of the same family"
     )
+
+
+def teacher_refusal(
+    plan: GRPOPlan, tokenizer: Any, policy: ModelShape, teacher: ModelShape | None
+) -> str | None:
+    """What `train` would refuse in the teacher, found without loading its weights: another tokenizer,
+    or for loss_type=gkd an output layer of another size. None when it can teach (or there is none)."""
+    if plan.teacher is None or teacher is None:
+        return None
+    spec = plan.teacher.model
+    theirs = load_tokenizer(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    refusal = teacher_tokenizer_refusal(spec.name, tokenizer, theirs)
+    if (
+        refusal is None
+        and plan.trainee.step.loss.loss_type == "gkd"
+        and teacher.vocab_size != policy.vocab_size
+    ):
+        refusal = (
+            f"teacher_model={spec.name!r}: its output layer scores {teacher.vocab_size} tokens and the "
+            f"policy's {policy.vocab_size}: "
+            "loss_type=gkd compares whole next-token distributions; use loss_type=opd or a teacher of "
+            "that size"
+        )
+    return refusal
+
+
+def teacher_shape(plan: GRPOPlan) -> ModelShape | None:
+    """loss_type=opd or gkd: the teacher's shape from its config alone (not loading it);
+    None without a teacher."""
+    if plan.teacher is None:
+        return None
+    spec = plan.teacher.model
+    config = load_model_config(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    return ModelShape.from_config(config)
 
 
 def load_teacher(
