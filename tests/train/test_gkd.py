@@ -265,3 +265,45 @@ def test_a_teacher_without_hidden_states_and_a_plain_head_is_refused_for_gkd(tmp
     assert code == 2 and "no hidden states and plain LM head" in err and "Traceback" not in err
     code = main(["train", f"output_dir={tmp_path}/opd", "loss_type=opd", *common, "num_eval_prompts=4"])
     assert code == 0
+
+
+def test_an_update_reports_token_means_when_the_last_micro_batch_is_shorter():
+    """An off-policy batch holds P rows, which micro_batch_size need not divide: the update's metrics
+    are the token means over the whole batch, not a mean of the micro-batches' means."""
+    from grpokit.config.plan import grpo_plan
+    from grpokit.ops import HeadStates
+    from grpokit.train import distributed
+    from grpokit.train.grpo_setup import RunData, build_trainee
+    from grpokit.train.grpo_step import FrozenLogps, optimizer_step
+
+    cfg = GRPOConfig(
+        device="cpu",
+        loss_type="gkd",
+        teacher_model="teacher",  # (not loaded: its logits are given)
+        prompts_per_step=2,
+        num_generations=4,
+        micro_batch_size=4,
+        max_completion_length=4,
+        fused_logps=False,
+        temperature=0.8,
+    )
+    model = build_policy(
+        hidden_size=32, num_layers=2, num_heads=4, vocab_size=40, seed=1, dropout=0.0
+    ).double()
+    data = RunData([], [], [lambda *a, **k: []], None, None, None, 4)
+    trainee = build_trainee(grpo_plan(cfg).trainee, model, TOKENIZER, data, distributed.Dist())
+    batch = _batch(40)  # 6 rows: micro-batches of 4 and 2, one row ending early
+    mask = batch.completion_mask
+    teacher = torch.randn(6, 4, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
+    attention = torch.cat([batch.prompt_mask, mask], 1).long()
+    with torch.no_grad():
+        z_s = model(input_ids=ids, attention_mask=attention).logits[:, -5:-1]  # [6, 4, V]
+    expected = generalized_jsd(z_s, teacher, beta=0.5, temperature=0.8)[mask].mean()
+    frozen = FrozenLogps(old=None, ref=None, weights=None, teacher_states=HeadStates(teacher))
+    metrics = optimizer_step(
+        trainee.engine, trainee.update, batch, frozen, trainee.params, distributed.Dist()
+    )
+    torch.testing.assert_close(torch.as_tensor(metrics["distill/divergence"]), expected, rtol=1e-10, atol=0)
+    # the loss is the same token mean (it is the objective the gradient descends)
+    torch.testing.assert_close(torch.as_tensor(metrics["loss"]).double(), expected, rtol=1e-10, atol=0)

@@ -676,10 +676,14 @@ def optimizer_step(
             out, logps = policy_loss(engine, batch, rows, frozen, params, num_items, entropy_coef)
         (out.loss * factor).backward()
         # the objective is the sum of what was back-propagated (before the rank scale); metrics are
-        # micro-batch means
+        # micro-batch means, averaged; gkd's are token means, so weighed by the micro-batch's tokens
+        # (its last micro-batch may be shorter)
         totals["loss"] = totals.get("loss", 0.0) + out.loss.detach() * factor / scale
+        weight = 1.0 / n_micro
+        if frozen.teacher_states is not None:
+            weight = batch.completion_mask[rows].sum().double() / batch.completion_mask.sum().clamp(min=1)
         for key, value in out.metrics.items():
-            totals[key] = totals.get(key, 0.0) + value / n_micro
+            totals[key] = totals.get(key, 0.0) + value * weight
         if look is not None:
             look.add(logps, batch, rows)
             weight = (
