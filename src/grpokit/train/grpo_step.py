@@ -679,11 +679,11 @@ def optimizer_step(
         # micro-batch means, averaged; gkd's are token means, so weighed by the micro-batch's tokens
         # (its last micro-batch may be shorter)
         totals["loss"] = totals.get("loss", 0.0) + out.loss.detach() * factor / scale
-        weight = 1.0 / n_micro
+        share = 1.0 / n_micro  # (not `weight`: the normaliser's total weight, below)
         if frozen.teacher_states is not None:
-            weight = batch.completion_mask[rows].sum().double() / batch.completion_mask.sum().clamp(min=1)
+            share = batch.completion_mask[rows].sum().double() / batch.completion_mask.sum().clamp(min=1)
         for key, value in out.metrics.items():
-            totals[key] = totals.get(key, 0.0) + value * weight
+            totals[key] = totals.get(key, 0.0) + value * share
         if look is not None:
             look.add(logps, batch, rows)
             weight = (
