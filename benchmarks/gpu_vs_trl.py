@@ -12,9 +12,9 @@ its own), one after the other.
   is one generation of 64 completions per optimizer step), beta 0.04, loss dapo, lr 1e-6 (linear
   schedule, TRL's default), num_iterations 1, bf16 compute with float32 weights on both sides
   (grpokit `dtype: bfloat16` with its default `master_weights: float32`; TRL `bf16=True` on a model
-  loaded in float32, its default), no gradient checkpointing, TRL generating with transformers'
-  `generate` (no vLLM). The reward is the share of characters with an even code point: cheap,
-  and never the same for all 8 completions of a prompt.
+  loaded in float32, its default), no gradient checkpointing (`--gradient-checkpointing`: in both),
+  TRL generating with transformers' `generate` (no vLLM). The reward is the share of characters
+  with an even code point: cheap, and never the same for all 8 completions of a prompt.
 * Equal lengths: EOS can never be drawn. One hidden dimension carries a constant (its embedding
   column is c > 0 for every token and no layer writes to it: row 0 of every o_proj and down_proj
   is zero), and EOS's (tied) embedding holds -K there, so EOS's logit lies hundreds below every
@@ -294,7 +294,7 @@ def run_grpokit(args: argparse.Namespace, rows: list[dict[str, str]], out: Path)
         micro_batch_size=micro,
         max_completion_length=T,
         max_steps=args.steps,
-        gradient_checkpointing=False,
+        gradient_checkpointing=args.gradient_checkpointing,
         lr_scheduler_type="linear",
         eval_steps=0,
         save_steps=0,
@@ -348,7 +348,7 @@ def run_trl(args: argparse.Namespace, rows: list[dict[str, str]], out: Path) -> 
         bf16=args.dtype == "bfloat16",
         fp16=args.dtype == "float16",
         use_cpu=not args.device.startswith("cuda"),
-        gradient_checkpointing=False,
+        gradient_checkpointing=args.gradient_checkpointing,
         use_vllm=False,
         lr_scheduler_type="linear",
         report_to=[],
@@ -425,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", help=argparse.SUPPRESS)
     parser.add_argument("--shape", choices=sorted(SHAPES), help=argparse.SUPPRESS)
     parser.add_argument("--work", choices=sorted(WORK), default=None, help="P x G x T (default 8x8x256)")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="activation checkpointing in both trainers (grpokit: each layer of its lean forward; TRL: "
+        "transformers' own)",
+    )
     args = parser.parse_args(argv)
     args.shape = args.shape or ("smoke" if args.smoke else "qwen2.5-0.5b")
     args.work = args.work or ("smoke" if args.smoke else "8x8x256")
@@ -452,7 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/gpu_vs_trl.py", *given]),
         "date": time.strftime("%Y-%m-%d"),
         "work": f"{P} prompts x {G} completions x {T} tokens, prompts of {prompt_chars} tokens",
-        "settings": HYPER | {"micro_batch": micro, "dtype": args.dtype, "steps": args.steps},
+        "settings": HYPER
+        | {
+            "micro_batch": micro,
+            "dtype": args.dtype,
+            "steps": args.steps,
+            "gradient_checkpointing": args.gradient_checkpointing,
+        },
         "warmup_steps": args.warmup,
     }
     failed = []
@@ -469,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, __file__, "--child", name, "--start", str(start), "--shape", args.shape]
             cmd += ["--device", args.device, "--dtype", args.dtype, "--steps", str(args.steps)]
             cmd += ["--warmup", str(args.warmup), "--seed", str(args.seed), "--work", args.work]
+            cmd += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
             began = time.perf_counter()
             done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -489,12 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     return report(args, result, T)
 
 
+def suffix(args: argparse.Namespace) -> str:
+    """The default result file's suffix: what sets the run apart from the plain comparison."""
+    return "_checkpointing" if args.gradient_checkpointing else ""
+
+
 def report(args: argparse.Namespace, result: dict[str, Any], T: int) -> int:
     """Ratios and goals from both children's results; written to --out (or the default) and printed."""
     ours, trl = result["grpokit"], result["trl"]
     result["machine"] = ours.pop("machine")
     if trl.get("out_of_memory"):  # no ratio to take: TRL could not run this work
-        out = args.out or f"benchmarks/results/gpu_vs_trl_{args.work}.json"
+        out = args.out or f"benchmarks/results/gpu_vs_trl_{args.work}{suffix(args)}.json"
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2))
         print(json.dumps(result, indent=2))
@@ -517,7 +535,9 @@ def report(args: argparse.Namespace, result: dict[str, Any], T: int) -> int:
         "|---|---|---|---|---|"
     )
     result["markdown_row"] = markdown_row(result)
-    out = args.out or (None if args.smoke else f"benchmarks/results/gpu_vs_trl_{args.work}.json")
+    out = args.out or (
+        None if args.smoke else f"benchmarks/results/gpu_vs_trl_{args.work}{suffix(args)}.json"
+    )
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2))

@@ -24,3 +24,29 @@ def random_batch(
         "adv": torch.randn(B, generator=gen, dtype=torch.float64),
         "mask": mask,
     }
+
+
+def small_llama(
+    shape: tuple[int, int, int, int, int, int], *, tied: bool = False, bias: bool = False, seed: int = 0
+) -> torch.nn.Module:
+    """A randomly initialised transformers Llama of `shape` = (V, H, layers, heads, kv heads,
+    intermediate), without dropout; `bias`: q/k/v/o biases, as Qwen2 has on q/k/v."""
+    from transformers import LlamaForCausalLM
+
+    from grpokit.models.hf import llama_config
+
+    V, H, layers, heads, kv_heads, intermediate = shape
+    config = llama_config(
+        H,
+        layers,
+        heads,
+        V,
+        2048,
+        intermediate,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tied,
+        attention_dropout=0.0,
+        attention_bias=bias,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)

@@ -84,14 +84,18 @@ def _gpu_vs_trl():
 
 
 @pytest.mark.slow
-def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu(tmp_path, checkpointing):
     """benchmarks/gpu_vs_trl.py --smoke: both trainers, each in its own process, on a tiny Llama with
     tied embeddings and 2 KV heads (V = 512) on the CPU; every completion has the full 16 tokens
-    (EOS cannot be drawn), and the result has both sides' times and memory."""
+    (EOS cannot be drawn), and the result has both sides' times and memory. With
+    --gradient-checkpointing, both trainers checkpoint."""
     module = _gpu_vs_trl()
     out = tmp_path / "result.json"
-    assert module.main(["--smoke", "--out", str(out)]) == 0
+    flags = ["--gradient-checkpointing"] if checkpointing else []
+    assert module.main(["--smoke", "--out", str(out), *flags]) == 0
     result = json.loads(out.read_text())
+    assert result["settings"]["gradient_checkpointing"] is checkpointing
     assert result["work"] == "2 prompts x 4 completions x 16 tokens, prompts of 8 tokens"
     assert result["model"]["vocab"] == 512 and result["model"]["shape"]["kv_heads"] == 2
     assert result["model"]["eos_logit_margin"] > module.FLOAT32_UNDERFLOW_MARGIN
@@ -266,3 +270,18 @@ def test_distillation_demo_runs_its_smoke_size(tmp_path):
     steps = [r for r in rows if "loss" in r]
     assert len(steps) == 2 and all(math.isfinite(r["distill/divergence"]) for r in steps)
     assert {r["distill/on_policy"] for r in steps} <= {0.0, 1.0}
+
+
+def test_checkpointing_benchmark_measures_what_the_forward_keeps(tmp_path):
+    """benchmarks/checkpointing.py --smoke: the bytes the training forward keeps, with and without
+    activation checkpointing, equal the forecast's to 1 KiB (token ids), and checkpointing keeps less."""
+    spec = importlib.util.spec_from_file_location("checkpointing_bench", SCRIPT.parent / "checkpointing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "result.json"
+    assert module.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for side in ("off", "on"):
+        assert abs(result[side]["kept_bytes"] - result[side]["forecast_kept_bytes"]) <= 1024, result[side]
+        assert result[side]["forward_backward_s"]["median"] > 0
+    assert result["on"]["gradient_checkpointing"] and result["kept_ratio"] < 0.5

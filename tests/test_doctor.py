@@ -7,6 +7,7 @@ the presets' time are in tests/test_main_job.py (slow)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -169,3 +170,42 @@ def test_a_teacher_train_would_refuse_is_fatal_before_any_loading_of_its_weights
         assert report.fatal is fatal, loss_type
         if fatal:
             assert "output layer scores" in _levels(report, "config")["teacher_model"][2]
+
+
+def test_memory_advice_offers_gradient_checkpointing_when_it_fits():
+    """At Qwen2.5-0.5B's shape on gpu_vs_trl's work (8 × 8 × 256, micro-batches of 16, bf16 on float32
+    weights, a reference, the CUDA-graph decode), the forecast peak is 16.6 GiB, of which 4.8 GiB are
+    the micro-batch's activations; checkpointing cuts them to 0.6 GiB, and the peak is then set by the
+    gradients autograd holds while the prompt's pass waits for its backward (1.9 GiB): 12.9 GiB. On a
+    14 GiB budget the advice names the micro-batch that fits and checkpointing with its peak; where
+    nothing fits, both are said not to."""
+    from grpokit.models import ModelShape, StepShape, forecast_memory
+    from grpokit.train.doctor import memory_fit
+
+    H, L, h, kv, inter, V = 896, 24, 14, 2, 4864, 151936
+    d = H // h
+    N = V * H + L * (2 * H * h * d + 2 * H * kv * d + 3 * H * inter + 2 * H) + H  # tied, no bias
+    shape = ModelShape(V, H, L, h, kv, inter, True, N)
+    step = StepShape(
+        rows=64,
+        micro_batch_size=16,
+        prompt_length=65,
+        completion_length=256,
+        reference=True,
+        compute_bytes=2,
+        master_bytes=4,
+        group_size=8,
+        static_decode=True,
+    )
+    gib = 2**30
+    plain = forecast_memory(shape, step).total
+    checkpointed = forecast_memory(shape, replace(step, gradient_checkpointing=True)).total
+    assert 16.5 * gib < plain < 16.7 * gib and 12.8 * gib < checkpointed < 13.0 * gib
+    fit = memory_fit(shape, step, 14 * gib, 0, None)
+    assert not fit.fits and fit.best is not None and fit.best < 16
+    assert fit.advice == f"use micro_batch_size={fit.best}, or gradient_checkpointing=true (peak 12.88 GiB)"
+    assert memory_fit(shape, step, 20 * gib, 0, None).advice == ""
+    none = memory_fit(shape, step, 9 * gib, 0, None)  # below the weights, gradients and AdamW state
+    assert none.best is None and "gradient_checkpointing=true does not fit either" in none.advice
+    on = memory_fit(shape, replace(step, gradient_checkpointing=True), 14 * gib, 0, None)
+    assert on.fits and on.advice == ""

@@ -25,26 +25,14 @@ from grpokit.models import (
 )
 from grpokit.models.memory_forecast import activation_bytes, forward_passes, head_bytes
 from grpokit.ops.linear_logps import chunk_rows
+from tests.helpers import small_llama
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "doctor_memory.py"
 V, H, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 300, 64, 2, 4, 2, 96
 
 
 def llama(tied: bool = False, kv_heads: int = KV_HEADS, layers: int = LAYERS) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=layers,
-        num_attention_heads=HEADS,
-        num_key_value_heads=kv_heads,
-        tie_word_embeddings=tied,
-        attention_dropout=0.0,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    return small_llama((V, H, layers, HEADS, kv_heads, INTERMEDIATE), tied=tied)
 
 
 # by hand: per layer q and o 64·64 each, k and v 64·(2 heads · 16) each, the MLP 3·64·96, two norms 2·64

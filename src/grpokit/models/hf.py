@@ -80,21 +80,21 @@ def llama_config(
     intermediate_size: int | None,
     **extra: Any,
 ) -> Any:
-    """The Llama shape `build_policy` and `build_reward_model` share (untied embeddings, MHA)."""
+    """The Llama shape `build_policy` and `build_reward_model` share (untied embeddings, MHA, unless
+    `extra` says otherwise: `num_key_value_heads`, `tie_word_embeddings`, any other LlamaConfig field)."""
     from transformers import LlamaConfig
 
     if hidden_size % num_heads != 0:
         raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}.")
+    fields = {"num_key_value_heads": num_heads, "tie_word_embeddings": False} | extra
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
         max_position_embeddings=max_seq_len,
-        tie_word_embeddings=False,
-        **extra,
+        **fields,
     )
 
 

@@ -12,7 +12,10 @@ layers injected by peft included) in the order transformers does, with
 * `scaled_dot_product_attention` with grouped-query attention handled by the kernel, and an
   additive mask made once per pass;
 * for GRPO's groups (`shared_prefix`), the prompt and its G completions packed into one row with a
-  block mask when that is cheaper than running the prompt separately.
+  block mask when that is cheaper than running the prompt separately;
+* with activation checkpointing on (`gradient_checkpointing_enable`), each layer checkpointed in
+  every pass that records gradients: autograd keeps a layer's input and runs the layer again in
+  the backward, with the same arithmetic, so the gradients are the same.
 
 It covers `LlamaForCausalLM` configurations without dropout, logit post-processing or rope
 variants other than the default; `lean_decoder` returns None for anything else, and callers use
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 @dataclass
@@ -67,15 +71,7 @@ def _supported(inner: Any) -> bool:
         and getattr(config, "hidden_act", "silu") == "silu"
         and int(getattr(config, "pretraining_tp", 1) or 1) == 1
         and rope.get("rope_type", "default") == "default"
-        and not _checkpointing(inner)
     )
-
-
-def _checkpointing(model: Any) -> bool:
-    """Whether activation checkpointing is on (the lean forward does not checkpoint). Read from the
-    decoder's flag, which `gradient_checkpointing_enable` sets, rather than transformers' property
-    that walks every module."""
-    return bool(getattr(getattr(model, "model", None), "gradient_checkpointing", False))
 
 
 class LeanLlamaDecoder:
@@ -125,6 +121,11 @@ class LeanLlamaDecoder:
     def device(self) -> torch.device:
         """Where the model's parameters are: inputs are moved here, and what is made here lives here."""
         return self.llama.embed_tokens.weight.device
+
+    def checkpoints(self) -> bool:
+        """Whether a pass checkpoints its layers: activation checkpointing is on (the decoder's flag,
+        which transformers' `gradient_checkpointing_enable` sets) and the pass records gradients."""
+        return bool(getattr(self.llama, "gradient_checkpointing", False)) and torch.is_grad_enabled()
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor | None = None) -> KVCache:
         """An empty cache on the model's device, in the dtype the key and value projections produce:
@@ -270,7 +271,7 @@ class LeanLlamaDecoder:
             return out.transpose(1, 2).reshape(B * W, h, d).index_select(0, pack.dest).transpose(0, 1)[None]
 
         hidden = llama_layers(
-            self.layers, self.shape, hidden, cos[:, None], sin[:, None], attend
+            self.layers, self.shape, hidden, cos[:, None], sin[:, None], attend, self.checkpoints()
         )  # [1, N, H]
         hidden = _rms_norm(self.llama.norm.weight, self.llama.norm.variance_epsilon, hidden)
         states = hidden.new_zeros(B * (T - 1), hidden.shape[-1]).index_copy(0, pack.flat, hidden[0])
@@ -331,7 +332,7 @@ class LeanLlamaDecoder:
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if keep_kv:
+            if keep_kv and len(kept) == i:  # (a checkpointed layer run again in the backward: kept already)
                 kept.append((k, v))
             if cache is not None:
                 layer_keys, layer_values = cache.layers[i]  # [b, kv, capacity, d] each
@@ -344,7 +345,8 @@ class LeanLlamaDecoder:
                 q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.num_kv_heads != self.num_heads
             )  # [b, h, L, d]
 
-        hidden = llama_layers(self.layers, self.shape, hidden, cos[:, None], sin[:, None], attend)
+        checkpoint = cache is None and self.checkpoints()  # (decoding writes a cache in place: never)
+        hidden = llama_layers(self.layers, self.shape, hidden, cos[:, None], sin[:, None], attend, checkpoint)
         return _rms_norm(self.llama.norm.weight, self.llama.norm.variance_epsilon, hidden), kept
 
 
@@ -507,19 +509,33 @@ def llama_layers(
     cos: torch.Tensor,
     sin: torch.Tensor,
     attend: Any,
+    checkpoint: bool = False,
 ) -> torch.Tensor:
     """The Llama decoder layers, the one forward of every pass (training, prefill, the eager and the
     static decode step): `layers` are `ModuleLayer`s or `StackedLayer`s; `attend(i, q, k, v)` writes
-    layer i's keys and values where its caller keeps them and attends. hidden [b, L, H] -> [b, L, H]"""
+    layer i's keys and values where its caller keeps them and attends (with `checkpoint`, it is called
+    again for each layer in the backward). `checkpoint`: activation checkpointing per layer.
+    hidden [b, L, H] -> [b, L, H]"""
     h, kv, d = shape
     b, L, _ = hidden.shape
-    for i, layer in enumerate(layers):
+
+    def one(i: int, layer: Any, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = layer.qkv(layer.input_norm(hidden))  # [b, L, ·] each
         q, k, v = _heads(q, h, d), _heads(k, kv, d), _heads(v, kv, d)  # [b, heads, L, d]
         out = attend(i, _rope(q, cos, sin), _rope(k, cos, sin), v)  # [b, h, L, d]
         out = out.reshape(b, L, -1) if L == 1 else out.transpose(1, 2).reshape(b, L, -1)  # [b, L, h·d]
         hidden = hidden + layer.o(out)
-        hidden = hidden + layer.mlp(layer.post_norm(hidden))
+        return hidden + layer.mlp(layer.post_norm(hidden))
+
+    for i, layer in enumerate(layers):
+        if checkpoint:
+            # autograd keeps the layer's input only and runs the layer again in the backward (no random
+            # operation in a layer: `_supported` refuses attention dropout, so no RNG state is kept)
+            hidden = torch.utils.checkpoint.checkpoint(
+                one, i, layer, hidden, use_reentrant=False, preserve_rng_state=False
+            )
+        else:
+            hidden = one(i, layer, hidden)
     return hidden
 
 

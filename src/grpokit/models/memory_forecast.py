@@ -139,7 +139,7 @@ class StepShape:
     compute_bytes: int = 4  # c: the compute dtype (float32 4, bfloat16 2)
     master_bytes: int = 4  # m: the stored weights and their AdamW state (float32 4)
     fused_logps: bool = True  # log-probs from hidden states through the head in chunks (ops.linear_logps)
-    gradient_checkpointing: bool = False  # transformers' forward, keeping each layer's input only
+    gradient_checkpointing: bool = False  # each layer keeps its input only and is run again in the backward
     group_size: int = 1  # G: rows come in groups sharing a prompt (the lean forward runs it once)
     static_decode: bool = False  # the static decode loop (CUDA graphs on a GPU): weight copies and KV kept
     teacher_states: bool = False  # loss_type=gkd: the teacher's last hidden states kept through the update
@@ -224,8 +224,9 @@ def forward_passes(model: ModelShape, step: StepShape) -> tuple[ForwardPass, ...
 
 def lean_route(model: ModelShape, step: StepShape) -> bool:
     """Whether the training forward is lean_llama's: a lean-covered model, log-probs through the fused
-    head (the unfused route calls the model itself), no gradient checkpointing."""
-    return model.lean_forward and step.fused_logps and not step.gradient_checkpointing
+    head (the unfused route calls the model itself). With gradient checkpointing too: the lean forward
+    checkpoints its layers."""
+    return model.lean_forward and step.fused_logps
 
 
 def layer_saved_per_token(model: ModelShape, lean: bool) -> int:
@@ -246,6 +247,19 @@ def layer_saved_per_token(model: ModelShape, lean: bool) -> int:
     return 2 * norm + 2 * q + 4 * I
 
 
+def layer_bytes(model: ModelShape, step: StepShape, p: ForwardPass, lean: bool) -> int:
+    """What one decoder layer saves for the backward in pass `p` (`pass_bytes` has the terms); with
+    gradient checkpointing, what exists only while that layer is run again in the backward."""
+    c, h = step.compute_bytes, model.num_heads
+    saved = p.tokens * (layer_saved_per_token(model, lean) * c + (h + 2) * FLOAT32)
+    saved += p.rows * p.keys * 2 * model.num_kv_heads * model.d * c
+    if model.attention_dropout:
+        saved += p.rows * h * p.queries * p.keys * (2 * c + 1)
+    if not lean:  # transformers' attention keeps a mask of its own in every layer
+        saved += p.rows * p.queries * p.keys * step.master_bytes
+    return saved
+
+
 def pass_bytes(model: ModelShape, step: StepShape, p: ForwardPass, lean: bool) -> int:
     """What one forward pass saves for the backward, head excluded:
 
@@ -259,19 +273,18 @@ def pass_bytes(model: ModelShape, step: StepShape, p: ForwardPass, lean: bool) -
     * once per pass: the rotary cos and sin (2·d, m bytes, per token; in transformers' per position,
       shared by the rows), the token ids (int64);
     * the final norm: its normalised input (H, and its input too in transformers'), and its root;
-    * with gradient checkpointing (transformers' forward): each layer's input (H per token) and one
-      layer's activations while it is recomputed, instead of every layer's."""
+    * with gradient checkpointing: each layer's input (H per token, m bytes: the residual stream
+      stays in the stored dtype under autocast), the keys and values of earlier positions a pass
+      attends to (the prompt's, repeated in front of each row's: every layer's, rows·(keys −
+      queries)·2·kv·d·c), and one layer's activations while it is recomputed, instead of every
+      layer's."""
     c, m = step.compute_bytes, step.master_bytes
-    H, h = model.hidden_size, model.num_heads
-    per_layer = p.tokens * (layer_saved_per_token(model, lean) * c + (h + 2) * FLOAT32)
-    per_layer += p.rows * p.keys * 2 * model.num_kv_heads * model.d * c
-    if model.attention_dropout:
-        per_layer += p.rows * h * p.queries * p.keys * (2 * c + 1)
+    H = model.hidden_size
+    per_layer = layer_bytes(model, step, p, lean)
     mask = p.rows * p.queries * p.keys * m
-    if not lean:  # transformers' attention keeps a mask of its own in every layer
-        per_layer += mask
-    if step.gradient_checkpointing:
-        layers = model.num_layers * p.tokens * H * c + per_layer  # layer inputs, one layer recomputed
+    if step.gradient_checkpointing:  # layer inputs and earlier keys held, one layer recomputed
+        earlier = p.rows * (p.keys - p.queries) * 2 * model.num_kv_heads * model.d * c
+        layers = model.num_layers * (p.tokens * H * m + earlier) + per_layer
     else:
         layers = model.num_layers * per_layer
     # the lean mask, the rotary cos and sin (lean: looked up per token; transformers': per position,
@@ -283,12 +296,18 @@ def pass_bytes(model: ModelShape, step: StepShape, p: ForwardPass, lean: bool) -
 
 def activation_bytes(model: ModelShape, step: StepShape) -> int:
     """What the training forward over one micro-batch saves for the backward: its passes
-    (`pass_bytes`), and what the head keeps, per scored token (b·T): the hidden states it reads
-    (H, m bytes: cast to the head's dtype), the token id (int64), the log-sum-exp and the entropy
-    (float32); unfused, lm_head's input, the last T + 1 positions (H, c bytes), and the logits
-    (`head_bytes`)."""
+    (`pass_bytes`; with gradient checkpointing and the prompt in a pass of its own, the prompt's keys
+    and values, which the completions' pass reads), and what the head keeps, per scored token (b·T):
+    the hidden states it reads (H, m bytes: cast to the head's dtype), the token id (int64), the
+    log-sum-exp and the entropy (float32); unfused, lm_head's input, the last T + 1 positions (H, c
+    bytes), and the logits (`head_bytes`)."""
     lean = lean_route(model, step)
-    passes = sum(pass_bytes(model, step, p, lean) for p in forward_passes(model, step))
+    route = forward_passes(model, step)
+    passes = sum(pass_bytes(model, step, p, lean) for p in route)
+    if step.gradient_checkpointing and len(route) == 2:  # the prompt pass's keys and values, every layer's,
+        # held for the completions' pass (which holds them repeated too: `pass_bytes`)
+        key_value = 2 * model.num_kv_heads * model.d * step.compute_bytes  # per position
+        passes += model.num_layers * route[0].rows * route[0].keys * key_value
     tokens = step.micro_batch_size * step.completion_length
     if not step.fused_logps:  # lm_head saves its input: the last T + 1 positions, copied
         rows = step.micro_batch_size * (step.completion_length + 1)

@@ -411,21 +411,50 @@ def _memory_section(
     for label, limit, shape_of_step, floor, too_small in targets:
         if limit is None:
             continue
-        total = forecast_memory(shape, shape_of_step, floor, teacher).total
-        best = largest_micro_batch(shape, shape_of_step, limit, floor, teacher)
-        fits = total <= limit
-        if fits:
-            level, advice = "ok", ""
-        elif best:
-            level, advice = too_small, f"use micro_batch_size={best}"
-        else:
-            level = too_small
-            advice = (
-                "even micro_batch_size=1 does not fit: a smaller model, shorter completions, or more "
-                "devices (strategy=fsdp)"
-            )
-        fitting = f"; micro_batch_size up to {best} fits" if best and fits else ""
-        report.add("memory", f"peak on {label}", f"{_gib(total)} of {_gib(limit)}{fitting}", level, advice)
+        fit = memory_fit(shape, shape_of_step, limit, floor, teacher)
+        level = "ok" if fit.fits else too_small
+        fitting = f"; micro_batch_size up to {fit.best} fits" if fit.best and fit.fits else ""
+        report.add(
+            "memory", f"peak on {label}", f"{_gib(fit.total)} of {_gib(limit)}{fitting}", level, fit.advice
+        )
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Whether a step's forecast peak fits a budget, the largest micro-batch that does, and what to do
+    when it does not fit ("" when it does)."""
+
+    total: int
+    fits: bool
+    best: int | None
+    advice: str
+
+
+def memory_fit(
+    shape: ModelShape, step: StepShape, limit: int, floor: int, teacher: ModelShape | None
+) -> MemoryFit:
+    """The forecast peak of `step` against `limit` bytes; when it does not fit, the micro-batch that
+    does and, with activation checkpointing off, whether switching it on would fit (at this micro-batch
+    size, with the peak it would have)."""
+    total = forecast_memory(shape, step, floor, teacher).total
+    best = largest_micro_batch(shape, step, limit, floor, teacher)
+    if total <= limit:
+        return MemoryFit(total, True, best, "")
+    options = [f"use micro_batch_size={best}"] if best else []
+    if not step.gradient_checkpointing:
+        checkpointed = forecast_memory(
+            shape, replace(step, gradient_checkpointing=True), floor, teacher
+        ).total
+        if checkpointed <= limit:
+            options.append(f"gradient_checkpointing=true (peak {_gib(checkpointed)})")
+    if options:
+        return MemoryFit(total, False, best, ", or ".join(options))
+    advice = (
+        "even micro_batch_size=1 does not fit: a smaller model, shorter completions, or more devices "
+        "(strategy=fsdp)"
+        + ("" if step.gradient_checkpointing else "; gradient_checkpointing=true does not fit either")
+    )
+    return MemoryFit(total, False, None, advice)
 
 
 def _rss() -> int:
