@@ -47,13 +47,17 @@ def _work(P: int, G: int, lengths: list[int], Lp: int = 6, T: int = 7, seed: int
     return prefix, prefix_mask, suffix, suffix_mask
 
 
-def _grads_close(model, twin, rtol: float = 1e-6) -> None:
-    # float32 sums over another set of rows and another order: agreement to round-off, relative to
-    # each parameter's largest gradient (a wrong mask or position moves them by O(1))
+def _grads_close(model, twin, rtol: float = 1e-5, atol: float | None = None) -> None:
+    # float32 sums over another set of rows in another order: the two agree to round-off, within
+    # rtol of each parameter's largest gradient (and within `atol` where given). rtol is 1e-5, not 1e-6: a weight gradient sums ~B·T products of float32
+    # values (eps 1.2e-7), and the worst entry was 1.04e-6 of the largest on an AVX-512 machine,
+    # 7e-7 with ATEN_CPU_CAPABILITY=default. A wrong mask or position moves them by O(1).
     for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
         if b.grad is None:
             assert a.grad is None, name
             continue
+        if atol is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=atol, msg=name)
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=rtol * float(b.grad.abs().max()), msg=name)
 
 
@@ -142,7 +146,7 @@ def test_loss_and_gradients_of_every_loss_type_equal_the_padded_pass(loss_type, 
         out.loss.backward()
         results[packing] = out.loss.detach()
     torch.testing.assert_close(results["always"], results["never"], rtol=0, atol=1e-6)
-    _grads_close(model, twin)
+    _grads_close(model, twin, atol=1e-6)  # the loss's gradients are ~1e-2 here: 1e-6 is the bound
 
 
 def test_the_backend_packs_where_padding_pays_and_only_where_exact():
