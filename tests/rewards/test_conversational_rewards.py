@@ -74,3 +74,15 @@ def test_a_built_in_task_reward_reads_text_under_a_system_prompt():
     right = str(row["answer"]) if "answer" in row else None
     scores = score_completions([task.reward], chat, [right, "x"], columns=columns)
     assert scores.rewards_per_func.tolist() == [[1.0], [0.0]]
+
+
+def test_the_correctness_reward_reads_text_with_conversational_prompts():
+    """Evaluation without a reward of its own scores with `correctness_reward(is_correct)`: is_correct
+    takes the completion's text, also when the prompts are conversations (TRL would pass messages)."""
+    from grpokit.rewards import score_completions
+    from grpokit.train.grpo_setup import correctness_reward
+
+    right = correctness_reward(lambda completion, row: completion.strip() == row["answer"])
+    prompts = [[{"role": "user", "content": "3+4?"}]] * 2
+    scores = score_completions([right], prompts, [" 7", "8"], columns={"answer": ["7", "7"]})
+    assert scores.rewards.tolist() == [1.0, 0.0]

@@ -8,9 +8,12 @@ Pure functions over rows (dicts); nothing here loads a model.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .prompts import DataError, render_prompt
+
+if TYPE_CHECKING:
+    from ..envs import ChatTurns, EnvironmentSpec
 
 
 def _texts(value: Any) -> list[str]:
@@ -109,19 +112,23 @@ def sft_rows(
     tokenizer: Any,
     prompt_column: str = "prompt",
     answer_column: str = "answer",
-    demonstrations: bool = False,
-    tools: Sequence[dict[str, Any]] | None = None,
+    environment: EnvironmentSpec | None = None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}; with
-    `demonstrations` (multi-turn training), {"prompt", "segments"} from the row's "demonstration"
-    column: a transcript as [text, written_by_policy] pairs, only the policy's text being learned."""
-    if demonstrations:
+    an `environment` (multi-turn training), {"prompt", "segments"} from the row's "demonstration"
+    column: a transcript as [text, written_by_policy] pairs, only the policy's text being learned, the
+    prompt rendered with the environment's tools. Episodes through the chat template
+    (`environment.chat`) are laid out as a rollout lays them out: a policy turn followed by an
+    observation ends with the end-of-turn token (learned), and the observation, given as its
+    message's content, is the template's message and the generation prompt."""
+    if environment is not None:
         require_demonstrations(rows)
+        tools, turns = environment.tool_schemas, environment.chat_turns(tokenizer)
         return [
             {
                 "prompt": render_prompt(row[prompt_column], tokenizer, tools, template_kwargs),
-                "segments": [(str(text), bool(policy)) for text, policy in row["demonstration"]],
+                "segments": _chat_segments(row["demonstration"], turns),
             }
             for row in rows
         ]
@@ -132,6 +139,20 @@ def sft_rows(
         }
         for row in rows
     ]
+
+
+def _chat_segments(demonstration: Sequence[Any], turns: ChatTurns | None) -> list[tuple[str, bool]]:
+    segments = [(str(text), bool(policy)) for text, policy in demonstration]
+    if turns is None:
+        return segments
+    out = []
+    for k, (text, policy) in enumerate(segments):
+        observed = k + 1 < len(segments) and not segments[k + 1][1]
+        if policy:
+            out.append((text + turns.tokenizer.eos_token if observed else text, True))
+        else:
+            out.append((turns.observation_text(text), False))
+    return out
 
 
 def answer_checker(answer_column: str = "answer") -> Callable[[str, dict[str, Any]], bool]:

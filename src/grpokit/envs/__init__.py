@@ -3,6 +3,7 @@ plain functions as tools (`tool_environment`, `TOOL_CALL_FORMATS`, `tool_schema`
 This layer knows nothing of models or training."""
 
 from .builtin import BUILTIN_TOOLS, calc, evaluate_expression
+from .chat import ChatTemplateError, ChatTurns
 from .protocol import (
     Environment,
     EnvironmentFailure,
@@ -25,6 +26,8 @@ from .tools import (
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "ChatTemplateError",
+    "ChatTurns",
     "TOOL_CALL_FORMATS",
     "EnvStep",
     "Environment",

@@ -14,6 +14,13 @@ seed, the step, the prompt and the episode's place in its group, so a resumed ru
 episode exactly (as long as the environment is deterministic given it: a tool that times out depends
 on the clock), and an evaluation gives each held-out row the same seed whatever the batch size.
 `step` may run on a worker thread, concurrently with other episodes' steps (each its own object).
+With conversational prompts (message lists through the chat template), each observation joins the
+transcript as a message of the environment's `observation_role` ("user" unless the factory has an
+`observation_role` attribute; "tool" for tools; None keeps plain text inside the assistant's turn)
+through the model's chat template (`envs.chat`), after the policy's end-of-turn token, and the next
+policy turn opens with the assistant's generation prompt; the rollout's completion text is then the
+last policy turn (the answer), and each episode's messages go to conversational reward functions as
+TRL passes them. `reset`'s first text opens the assistant's first turn as plain text.
 `reward` is None when the turn earns nothing; an episode's environment reward is the sum of the
 rewards it returned (None if it never returned one). An environment may also have
 `metrics() -> dict[str, float]` (counts, such as tool calls and tool errors; the same keys every
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
+
+from .chat import ChatTurns
 
 
 class Environment(Protocol):
@@ -59,12 +68,37 @@ class EnvironmentSpec:
     # closing marker); None: the whole transcript. Accuracy against an answer column judges that text
     answer_after: str | None = None
     markers: tuple[str, ...] = ()  # the texts its transcripts are built of (a tiny tokenizer needs them)
+    # with conversational prompts, the role of an observation's message through the chat template
+    # (envs.chat); None: observations are plain text appended inside the assistant's turn
+    observation_role: str | None = "user"
+    chat_variant: EnvironmentSpec | None = (
+        None  # what runs instead with conversational prompts (tools: bare results)
+    )
+    chat: bool = False  # episodes continue through the chat template (`for_chat`)
+    chat_template_kwargs: dict[str, Any] | None = None  # what the template is rendered with (chat)
 
     def final_answer(self, transcript: str) -> str:
         """The text after the last `answer_after` marker (the whole transcript without one), stripped."""
         if self.answer_after is None:
             return transcript.strip()
         return transcript.rpartition(self.answer_after)[2].strip()
+
+    def for_chat(self, template_kwargs: dict[str, Any] | None = None) -> EnvironmentSpec:
+        """The spec episodes of conversational prompts run: observations as messages of
+        `observation_role` through the chat template, the final answer the last policy turn (the
+        rollout's completion text). Unchanged when `observation_role` is None (plain-text observations)."""
+        if self.chat or self.observation_role is None:
+            return self
+        base = self.chat_variant or self
+        return replace(
+            base, chat=True, chat_variant=None, answer_after=None, chat_template_kwargs=template_kwargs
+        )
+
+    def chat_turns(self, tokenizer: Any) -> ChatTurns | None:
+        """How episodes continue through `tokenizer`'s chat template (None: plain-text observations)."""
+        if not self.chat or self.observation_role is None:
+            return None
+        return ChatTurns.of(tokenizer, self.observation_role, self.chat_template_kwargs)
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:

@@ -3,8 +3,10 @@
 A tool is an ordinary function; its name, signature and docstring describe it (`tool_schema` gives
 the JSON schema that chat templates take as `tools=`). The policy calls one by writing a call in the
 format of a `ToolCallFormat` (the table `TOOL_CALL_FORMATS`); `ToolEnvironment` runs it and answers
-with the result between the format's response markers. A turn without a call is the final answer and
-ends the episode. Nothing the policy writes crashes the run:
+with the result between the format's response markers. With conversational prompts (a chat model)
+the policy's turn ends at its EOS rather than at the call's closing marker, and the result, bare, is
+a "tool" message of the model's chat template (`envs.chat`), which adds what markers it uses. A turn
+without a call is the final answer and ends the episode. Nothing the policy writes crashes the run:
 
 * a malformed call (no closing marker, bad syntax, unknown tool, wrong arguments) is answered with an
   error observation saying what is wrong and how a call is written;
@@ -181,18 +183,23 @@ class ToolEnvironment:
     """One episode of tool use (see the module docstring). A fresh one per episode."""
 
     def __init__(
-        self, tools: Sequence[Callable[..., Any]], fmt: ToolCallFormat, timeout: float = 5.0
+        self,
+        tools: Sequence[Callable[..., Any]],
+        fmt: ToolCallFormat,
+        timeout: float = 5.0,
+        bare: bool = False,
     ) -> None:
         self.tools = {t.__name__: t for t in tools}
         self.fmt = fmt
         self.timeout = timeout
+        self.bare = bare  # results without the response markers (a chat template's tool message wraps them)
         self.counts = {"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0, "malformed_calls": 0}
 
     def reset(self, row: dict[str, Any]) -> str:
         return ""
 
     def _answer(self, text: str) -> str:
-        return f"{self.fmt.response_start}{text}{self.fmt.response_end}"
+        return text if self.bare else f"{self.fmt.response_start}{text}{self.fmt.response_end}"
 
     def _malformed(self, why: str) -> tuple[str, None, bool]:
         self.counts["malformed_calls"] += 1
@@ -247,12 +254,25 @@ def tool_environment(
         raise ValueError(f"tool_timeout must be > 0 seconds, got {timeout}.")
     style = TOOL_CALL_FORMATS[fmt]
     tools = list(tools)
+    name = f"tools [{', '.join(map(str, names))}]"
+    schemas = tuple(tool_schema(t) for t in tools)
+    # with conversational prompts: the policy ends a call with its EOS, as a chat model does, and the
+    # result is a "tool" message of the chat template, which writes the response markers if any
+    chat = EnvironmentSpec(
+        factory=lambda: ToolEnvironment(tools, style, timeout, bare=True),
+        max_turns=max_turns,
+        name=name,
+        tool_schemas=schemas,
+        observation_role="tool",
+    )
     return EnvironmentSpec(
         factory=lambda: ToolEnvironment(tools, style, timeout),
         max_turns=max_turns,
         stop_strings=(style.call_end,),
-        name=f"tools [{', '.join(map(str, names))}]",
-        tool_schemas=tuple(tool_schema(t) for t in tools),
+        name=name,
+        tool_schemas=schemas,
         answer_after=style.response_end,
         markers=(style.call_start, style.call_end, style.response_start, style.response_end, "error: "),
+        observation_role="tool",
+        chat_variant=chat,
     )

@@ -328,6 +328,19 @@ def _conversational(prompts: Sequence[Any]) -> bool:
     return isinstance(first, list) and all(isinstance(m, dict) and "role" in m for m in first)
 
 
+def _texts_and_conversations(completions: Sequence[Any]) -> tuple[list[str], list[list[dict]] | None]:
+    """Completions as text, and as messages when given as episodes' messages (the text of an episode is
+    its last policy turn, its answer); None when given as text."""
+    if all(isinstance(c, str) for c in completions):
+        return list(completions), None
+    conversations = [[dict(m) for m in c] for c in completions]
+    last = (
+        next((str(m.get("content", "")) for m in reversed(c) if m.get("role") == "assistant"), "")
+        for c in conversations
+    )
+    return list(last), conversations
+
+
 def score_completions(
     reward_funcs: Sequence[Callable[..., Any]],
     prompts: Sequence[Any],
@@ -345,6 +358,9 @@ def score_completions(
     `rules` (`CallRules`: what a failure, a hang or a stop request does). `prompts` are the rows' own:
     text, or conversations (message lists); with conversations a function gets each completion as
     TRL passes it, [{"role": "assistant", "content": text}], unless it reads text (`takes_text`).
+    A completion may itself be given as messages (a multi-turn episode through the chat template: the
+    policy's turns and the observations); functions then get those messages, as TRL gives a
+    tool-calling episode, or, reading text, the last policy turn.
     """
     if not reward_funcs:
         raise ValueError("no reward functions: give at least one.")
@@ -358,6 +374,7 @@ def score_completions(
         raise ValueError(
             f"{len(weights)} reward weights for {len(reward_funcs)} reward functions; give one each."
         )
+    completions, conversations = _texts_and_conversations(completions)
     kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions)}
     if completion_ids is not None:
         kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
@@ -369,9 +386,9 @@ def score_completions(
         kwargs[key] = list(values)
     # TRL's contract: with conversational prompts, a completion is [{"role": "assistant", "content": text}]
     # (grpokit's own functions, marked `takes_text`, read the text)
-    as_turns = (
-        [[{"role": "assistant", "content": c}] for c in completions] if _conversational(prompts) else None
-    )
+    as_turns = None  # TRL's contract, below
+    if _conversational(prompts):
+        as_turns = conversations or [[{"role": "assistant", "content": c}] for c in completions]
     table, failed = [], 0
     for fn in reward_funcs:
         limits = _Limits.start(rules.timeout, rules.should_stop)  # each function: the whole timeout

@@ -8,7 +8,8 @@ step, not another loop.
         draw a token for every row, record it and its log-prob            (processing.draw_and_record)
         until every row has ended its turn: feed the token, draw the next (backend.append, or the
                                                                            static step over buffers)
-    the environment answers each turn; its tokens join the transcript, untrained
+    the environment answers each turn; its tokens join the transcript, untrained (with a chat
+    model, as a message through its chat template: envs.chat)
 
 What a row writes goes to its `Tape` (tokens, sampling log-probs, which tokens the policy drew); the
 Rollout is read off the tape. A row's turn ends at an end-of-sequence token, a stop string (matched on
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..envs import EnvironmentSpec, episode_metrics, reset_episode, step_episode
+from ..envs import ChatTurns, EnvironmentSpec, episode_metrics, reset_episode, step_episode
 from ..models.reward_model import pad_left
 from .processing import DrawParams, Rows, Tape, draw_and_record
 from .static_decode import DecodeState, StaticSteps, buckets_of, static_shape
@@ -129,6 +130,7 @@ class _Episodes:
     running: list[bool]
     truncated: list[bool]
     pending: list[list[int]]  # tokens in the transcript, not yet in the cache (fed at the next turn)
+    messages: list[list[dict[str, str]]]  # the policy's turns and the observations, as chat messages
 
 
 def decode_turn(run: Any, T: int, check_every: int, after_draw: Callable[[], None] | None = None) -> int:
@@ -329,6 +331,8 @@ class Decoder:
         self.control = control or LoopControl()
         self.loop = loop
         self.eos_token_ids, self.pad_token_id = eos_and_pad(backend.model, tokenizer)
+        # conversational prompts: observations continue the episode through the chat template
+        self.turns: ChatTurns | None = environment.chat_turns(tokenizer) if environment is not None else None
         self._static: StaticSteps | None = None
 
     def static_steps(self, params: SamplingParams) -> StaticSteps | None:
@@ -397,10 +401,7 @@ class Decoder:
             completion_mask=mask,
             truncated=drawn.truncated,
             sampling_logps=torch.where(mask, drawn.logps, 0.0),
-            completions=[  # decoded up to its length (multi-turn: the whole transcript)
-                self.tokenizer.decode(ids[:n], skip_special_tokens=True)
-                for ids, n in zip(drawn.tokens.tolist(), drawn.lengths.tolist(), strict=True)
-            ],
+            completions=self._texts(drawn, episodes),
             num_generations=G,
             num_truncated_prompts=num_truncated,
             completion_attention=real if episodes is not None else None,
@@ -411,7 +412,22 @@ class Decoder:
             ),
             num_turns=None if episodes is None else torch.tensor(episodes.turns),
             env_metrics=metrics,
+            messages=episodes.messages if episodes is not None and self.turns is not None else None,
         )
+
+    def _texts(self, drawn: _Drawn, episodes: _Episodes | None) -> list[str]:
+        """Each row's completion text: decoded up to its length (multi-turn: the whole transcript), or,
+        when episodes continue through the chat template, the text of its last policy turn (its answer)."""
+        if episodes is not None and self.turns is not None:
+            last = (
+                next((m["content"] for m in reversed(ms) if m["role"] == "assistant"), "")
+                for ms in episodes.messages
+            )
+            return list(last)
+        return [
+            self.tokenizer.decode(ids[:n], skip_special_tokens=True)
+            for ids, n in zip(drawn.tokens.tolist(), drawn.lengths.tolist(), strict=True)
+        ]
 
     def demonstrate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Rollout:
         """The dataset's answers as the completions of their prompts, one row each (GKD's off-policy
@@ -495,7 +511,7 @@ class Decoder:
         G, spec = params.num_generations, self.environment
         assert spec is not None
         B = len(rows) * G
-        episodes = _Episodes([], [None] * B, [0] * B, [True] * B, [False] * B, [])
+        episodes = _Episodes([], [None] * B, [0] * B, [True] * B, [False] * B, [], [[] for _ in range(B)])
         for i in range(B):
             env, row = spec.factory(), rows[i // G]
             first = self._encode(reset_episode(env, row, episode_seed(params.seed, row, i % G), spec.name))
@@ -540,11 +556,13 @@ class Decoder:
         spec, T = self.environment, int(run.tape.limit)
         assert spec is not None
         columns, tokens = run.rows.column.tolist(), run.tape.tokens.tolist()
-        stepping = []
+        stepping, texts = [], {}
         for i, running in enumerate(episodes.running):
             if not running:
                 continue
             end = columns[i]
+            texts[i] = self.tokenizer.decode(tokens[i][starts[i] : end], skip_special_tokens=True)
+            episodes.messages[i].append({"role": "assistant", "content": texts[i]})
             episodes.turns[i] += 1
             episodes.running[i] = False  # unless the environment goes on, below
             episodes.pending[i] = [tokens[i][end - 1]]  # fed with the observation, if the episode goes on
@@ -553,23 +571,27 @@ class Decoder:
                 stepping.append(i)
             else:
                 episodes.truncated[i] = True  # cut by the token budget mid-turn
-        texts = [
-            self.tokenizer.decode(tokens[i][starts[i] : columns[i]], skip_special_tokens=True)
-            for i in stepping
-        ]
         observations: list[list[int]] = [[] for _ in columns]
-        for i, (observation, reward, done) in zip(
-            stepping, self._step_all(episodes, stepping, texts), strict=True
-        ):
+        answers = self._step_all(episodes, stepping, [texts[i] for i in stepping])
+        for i, (observation, reward, done) in zip(stepping, answers, strict=True):
             if reward is not None:
                 episodes.reward[i] = (episodes.reward[i] or 0.0) + reward
             if done or turn + 1 == spec.max_turns:
                 continue
-            obs = self._encode(observation)
+            if self.turns is None:
+                obs = self._encode(observation)
+            else:  # the observation's message and the next turn's opening, after the turn's end
+                obs = self.turns.observation_ids(
+                    observation, tokens[i][columns[i] - 1] == self.turns.end_of_turn
+                )
             room = T - columns[i] - 1  # the policy keeps one token at least
             if len(obs) > room:  # the observation does not fit the budget: the episode ends here
                 obs, episodes.truncated[i] = obs[: max(room, 0)], True
             observations[i] = obs
+            if obs:
+                episodes.messages[i].append(
+                    {"role": str(spec.observation_role or "user"), "content": observation}
+                )
             episodes.running[i] = not episodes.truncated[i]
             episodes.pending[i] = episodes.pending[i] + obs
         _write(run, observations)

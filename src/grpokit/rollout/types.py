@@ -64,6 +64,10 @@ class Rollout:
     env_rewards: torch.Tensor | None = None  # [B] float32 sum of the environment's rewards, NaN: none given
     num_turns: torch.Tensor | None = None  # [B] policy turns written
     env_metrics: dict[str, float] = field(default_factory=dict)  # summed counts (tool calls, errors...)
+    # episodes through the chat template (conversational prompts): each row's turns as messages,
+    # [{"role": "assistant" | the observation's role, "content": text}, ...]; completions then hold
+    # each row's last policy turn
+    messages: list[list[dict[str, str]]] | None = None
 
     @property
     def attention(self) -> torch.Tensor:

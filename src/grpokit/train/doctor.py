@@ -304,7 +304,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
     scores = score_completions(
         data.reward_funcs,
         repeated,
-        rollout.completions,
+        rollout.messages or rollout.completions,
         columns=columns,
         weights=spec.reward_weights,
         rules=CallRules(on_error="unscorable", timeout=spec.reward_timeout),

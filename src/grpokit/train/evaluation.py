@@ -63,7 +63,7 @@ def evaluate(
     scores = score_completions(
         task.reward_funcs,
         [r[settings.prompt_column] for r in rows],  # the rows' own prompts (text or conversations)
-        completions,
+        sampled.messages or completions,  # episodes through the chat template: their messages
         columns=columns,
         completion_ids=completion_ids,
         rules=CallRules(settings.on_reward_error, settings.reward_timeout, should_stop),  # type: ignore[arg-type]
@@ -104,6 +104,7 @@ class _Sampled:
     ids: list[list[int]]  # the policy's kept token ids of each
     env_rewards: list[float | None]  # multi-turn: what each episode's environment paid
     turns: list[int]  # multi-turn: policy turns of each episode
+    messages: list[list[dict[str, str]]]  # episodes through the chat template: each one's messages
 
 
 def _sample_in_chunks(
@@ -116,7 +117,7 @@ def _sample_in_chunks(
     """Completions of every prompt, sampling at most `batch_size` completions per call (whole groups:
     batch_size // G prompts, at least one); with rows, episodes started from them."""
     per_call = len(prompts) if batch_size is None else max(1, batch_size // params.num_generations)
-    out = _Sampled([], [], [], [])
+    out = _Sampled([], [], [], [], [])
     for start in range(0, len(prompts), per_call):
         chunk = slice(start, start + per_call)
         rollout: Rollout = engine.generate(prompts[chunk], params, None if rows is None else rows[chunk])
@@ -127,4 +128,6 @@ def _sample_in_chunks(
             out.env_rewards.extend(None if r != r else r for r in rollout.env_rewards.tolist())
         if rollout.num_turns is not None:
             out.turns.extend(rollout.num_turns.tolist())
+        if rollout.messages is not None:
+            out.messages.extend(rollout.messages)
     return out

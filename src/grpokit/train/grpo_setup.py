@@ -175,6 +175,7 @@ def correctness_reward(is_correct: Callable[[str, dict[str, Any]], bool]) -> Cal
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
         return [1.0 if is_correct(c, row) else 0.0 for c, row in zip(completions, rows, strict=True)]
 
+    correct.takes_text = True  # type: ignore[attr-defined]  # is_correct reads text, also with conversations
     return correct
 
 
@@ -262,6 +263,11 @@ def _rows(spec: DataSpec, task: Any, given: Given, evaluate_only: bool) -> tuple
     return train_rows, train_source, eval_rows, eval_source
 
 
+def _conversational(rows: list[dict[str, Any]], prompt_column: str) -> bool:
+    """Whether the prompts are conversations (message lists), which go through the chat template."""
+    return bool(rows) and isinstance(rows[0].get(prompt_column), list)
+
+
 def resolve_data(
     spec: DataSpec,
     episodes: EpisodeSpec,
@@ -283,6 +289,8 @@ def resolve_data(
         train_rows = with_system_prompt(train_rows, spec.prompt_column, spec.system_prompt)
         eval_rows = with_system_prompt(eval_rows, spec.prompt_column, spec.system_prompt)
     environment = given.environment or resolve_environment(episodes, task)
+    if environment is not None and _conversational(train_rows or eval_rows, spec.prompt_column):
+        environment = environment.for_chat(spec.chat_template_kwargs)  # turns through the chat template
     learned = train_rows[: spec.sft_examples]
     if spec.answers_for is not None and environment is not None:
         require_demonstrations(learned, train_source)  # say it now, not after loading
@@ -671,8 +679,7 @@ def warm_start(
             engine.tokenizer,
             spec.prompt_column,
             spec.answer_column,
-            demonstrations=data.environment is not None,  # whole episodes, the policy's turns learned
-            tools=data.environment.tool_schemas if data.environment is not None else None,
+            environment=data.environment,  # multi-turn: whole episodes, the policy's turns learned
             template_kwargs=data.chat_template_kwargs,
         ),
         spec.schedule,

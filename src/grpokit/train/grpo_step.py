@@ -207,7 +207,7 @@ def generate_and_score(
         scores = score_completions(
             reward_funcs,
             repeated,
-            rollout.completions,
+            rollout.messages or rollout.completions,  # episodes through the chat template: their messages
             columns=columns,
             completion_ids=[
                 ids[m].tolist()
