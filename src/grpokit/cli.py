@@ -682,11 +682,19 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .data import DataError
     from .rewards import RewardFunctionError
+    from .train.grpo_step import OutOfDeviceMemory
     from .train.run import TooManySkips
 
     try:
         return args.handler(args)
-    except (ConfigError, DataError, RewardFunctionError, TooManySkips, ValueError) as error:
+    except (
+        ConfigError,
+        DataError,
+        RewardFunctionError,
+        TooManySkips,
+        OutOfDeviceMemory,
+        ValueError,
+    ) as error:
         line = str(error)  # ValueError: a DeviceError (device=cuda without a GPU) among others
     except OSError as error:
         found = environment_error(error, args.command)

@@ -81,7 +81,11 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     # ------------------------------------------------------------ batch geometry
     "prompts_per_step": ("fixed", _FIXED_BATCH),
     "num_generations": ("fixed", _FIXED_BATCH),
-    "micro_batch_size": ("fixed", _FIXED_BATCH),
+    "micro_batch_size": (
+        "applied",
+        "memory and speed only: the normaliser weighs each micro-batch by "
+        "the whole batch, so the updates are the same to round-off",
+    ),
     "batch_size": ("fixed", _FIXED_BATCH),
     "max_prompt_length": ("fixed", _FIXED_BATCH),
     "max_completion_length": ("fixed", _FIXED_BATCH),

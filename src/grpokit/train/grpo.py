@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import GRPOConfig
 from ..config.applied import Preset, applied
-from ..config.plan import GRPOPlan, grpo_plan
+from ..config.plan import GRPOPlan, TraineeSpec, grpo_plan
 from ..config.resume import resume_changes
 from ..models import ModelShape, check_lora_targets, memory_metrics, require_peft
 from ..rewards import reward_name
@@ -47,7 +47,7 @@ from .grpo_setup import (
     tiny_context,
     warm_start,
 )
-from .grpo_step import grpo_step
+from .grpo_step import OutOfDeviceMemory, grpo_step
 from .hub_push import check_push, push_final
 from .metrics import InvariantWatch, check_reporters, warn
 from .optim import weights_finite
@@ -209,7 +209,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         alerts.resume(output_dir, run.start)
         if run.start == 0:
             alerts.evaluated(0, {f"eval/{k}": v for k, v in run.eval_before.items()})
-    abandoned: ScoringStopped | None = None
+    abandoned: ScoringStopped | OutOfDeviceMemory | None = None
     with run:  # the metrics writer is closed however the loop ends
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
@@ -217,8 +217,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             before = (rng_state(), trainee.prompts.state_dict())
             try:  # sample, score, advantages, old/reference log-probs, μ updates (train/grpo_step.py)
                 out = grpo_step(trainee, data.reward_funcs, step, d, should_stop=should_stop)
-            except ScoringStopped as stopped:  # a signal while a reward function ran: drop this step
-                abandoned = stopped
+            except (ScoringStopped, OutOfDeviceMemory) as stopped:  # a signal while a reward ran, or
+                abandoned = stopped  # the device out of memory: drop this step
                 set_rng_state(before[0])
                 trainee.prompts.load_state_dict(before[1])
                 break
@@ -256,6 +256,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 refuse_destroyed_weights(trainee.engine.train_module, d, run.skips + 1, step)
             if run.finish_step(step, skipped, checkpoint):
                 break
+    if isinstance(abandoned, OutOfDeviceMemory):
+        raise out_of_memory(run, step, abandoned, checkpoint, spec, plan.model.gradient_checkpointing)
     if abandoned is not None:
         return _abandoned(run, step, abandoned, on_event, checkpoint)
     result = run.result(TrainResult, step)
@@ -289,6 +291,54 @@ def _abandoned(
     signal = stop.signal or "a signal on another rank"
     emit("stopped", step - 1, {"signal": signal, "output_dir": str(output_dir)})
     return run.result(TrainResult, step - 1)
+
+
+def out_of_memory(
+    run: Run,
+    step: int,
+    oom: OutOfDeviceMemory,
+    checkpoint: Callable[[int], None],
+    spec: TraineeSpec,
+    checkpointing: bool,
+) -> OutOfDeviceMemory:
+    """The device ran out of memory in step `step`: the step is dropped as `_abandoned` drops one (the
+    loop has put back the RNG and prompt position) and, when none of its updates had been applied and
+    this is the only process, the state after step `step` − 1 is saved, so that resume=true with a
+    setting that needs less memory redoes step `step`. -> the error to raise: one line naming the
+    phase, what to change and where the run stands."""
+    output_dir, d = Path(run.output_dir), run.d
+    step_spec, sampling = spec.step, spec.sampling
+    if oom.phase == "sampling":  # every row's KV cache and the decode step's [B, V] buffers
+        rows = step_spec.prompts_per_step * sampling.num_generations
+        change = (
+            f"sampling holds all {rows} rows at once (prompts_per_step × num_generations) with "
+            "max_completion_length tokens each: lower either (a new run: both fix the batch geometry)"
+        )
+    else:
+        micro = step_spec.micro_batch_size
+        options = [f"micro_batch_size={micro // 2}"] if micro > 1 else []
+        if not checkpointing:
+            options.append("gradient_checkpointing=true")
+        change = (
+            " or ".join(options) + " (both apply on resume)"
+            if options
+            else "a shorter max_completion_length, LoRA (use_peft=true) or more devices (strategy=fsdp)"
+        )
+    if oom.updates or d.world_size > 1:  # weights moved in this step, or other ranks hold their part
+        where = "the latest checkpoint holds the run (resume=true continues from it)"
+    elif step - 1 == 0:
+        where = "no step had finished: the same command starts over"
+    else:
+        if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in list_checkpoints(output_dir):
+            checkpoint(step - 1)
+        where = f"{CHECKPOINT_PREFIX}{step - 1} holds the run up to step {step - 1}: resume=true continues it"
+    phase = {"sampling": "sampling", "reference": "the reference pass", "update": "the update"}[oom.phase]
+    return OutOfDeviceMemory(
+        f"out of device memory in {phase} of step {step} ({oom}); set {change}. {where}. "
+        "`grpokit doctor` forecasts a step's peak memory for a device (--gpu-memory).",
+        oom.phase,
+        oom.updates,
+    )
 
 
 def refuse_destroyed_weights(module: Any, d: distributed.Dist, skips: int, step: int) -> None:

@@ -21,6 +21,7 @@ Deliberate choices, where TRL differs or is silent:
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -762,6 +763,22 @@ class Trainee:
     teacher: PolicyEngine | None = None  # loss_type=opd: the teacher, scoring only
 
 
+class OutOfDeviceMemory(RuntimeError):  # noqa: N818 - named as torch's OutOfMemoryError
+    """The device ran out of memory during a step (torch.OutOfMemoryError): in which phase ("sampling",
+    "reference" for the frozen passes, "update"), and how many of the step's optimizer updates were
+    applied before it (0: the weights and optimizer are as after the step before)."""
+
+    def __init__(self, message: str, phase: str, updates: int) -> None:
+        super().__init__(message)
+        self.phase, self.updates = phase, updates
+
+
+@dataclass
+class _Progress:
+    phase: str = "sampling"
+    updates: int = 0  # optimizer updates of the step applied so far
+
+
 def grpo_step(
     trainee: Trainee,
     reward_funcs: Sequence[Callable[..., Any]],
@@ -772,8 +789,28 @@ def grpo_step(
     """Sample G completions for each of P prompts, score them, group-relative advantages, then μ
     optimizer steps on the batch; the reference moves toward the policy when its sync is due.
     `should_stop` (a stop signal) is looked at while reward functions run: True abandons the step
-    with `ScoringStopped`, the weights and optimizer untouched (scoring precedes every update)."""
-    d = d or distributed.Dist()
+    with `ScoringStopped`, the weights and optimizer untouched (scoring precedes every update).
+    Running out of device memory raises `OutOfDeviceMemory` once the step's tensors are released."""
+    progress = _Progress()
+    try:
+        return _grpo_step(trainee, reward_funcs, step, d or distributed.Dist(), should_stop, progress)
+    except torch.OutOfMemoryError as error:  # (raised below, once the frames holding tensors are gone)
+        message = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+        # inside the optimizer's step the weights may be half updated: count that update as applied
+        frames = traceback.walk_tb(error.__traceback__)
+        applying = any(frame.f_code.co_name == optim.apply_update.__name__ for frame, _ in frames)
+    trainee.update.optimizer.zero_grad(set_to_none=True)  # the micro-batches' partial gradients
+    raise OutOfDeviceMemory(message, progress.phase, progress.updates + applying)
+
+
+def _grpo_step(
+    trainee: Trainee,
+    reward_funcs: Sequence[Callable[..., Any]],
+    step: int,
+    d: distributed.Dist,
+    should_stop: Callable[[], bool] | None,
+    progress: _Progress,
+) -> StepResult:
     engine, update, params = trainee.engine, trainee.update, trainee.params
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
@@ -786,6 +823,7 @@ def grpo_step(
     if params.loss.loss_type == "gkd":
         metrics["distill/on_policy"] = float(on_policy)
     began = time.perf_counter()
+    progress.phase = "reference"
     batch = host_batch.to(engine.device)
     frozen, correction_metrics = frozen_passes(engine, batch, params, trainee.teacher)
     metrics |= correction_metrics
@@ -797,9 +835,11 @@ def grpo_step(
     look = FirstLook(frozen, step, mismatch=unfiltered and not measured and on_policy)
     control = trainee.entropy
     coef = control.coef if control is not None else 0.0
+    progress.phase = "update"
     for iteration in range(params.spec.num_iterations):
         this = Iteration(look if iteration == 0 else None, entropy_coef=coef)
         metrics |= optimizer_step(engine, update, batch, frozen, params, d, this)
+        progress.updates += 1
         skipped += metrics["skipped_update"]
         rolled_back += metrics["update_rolled_back"]
     if control is not None:  # the same coefficient on every rank: from the ranks' mean entropy

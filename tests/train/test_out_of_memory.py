@@ -1,0 +1,121 @@
+"""Running out of device memory (torch.OutOfMemoryError, a GPU user's most common fault) loses the current
+step only: the step is dropped, the state after the step before is saved when none of the step's
+updates had been applied, the user gets one line naming the phase, the setting to change and where the
+run stands, and resume=true with that setting continues the run (micro_batch_size applies on resume).
+The error is raised here on the CPU by the functions that would raise it on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import grpokit.train.grpo_step as grpo_step_module
+from grpokit.cli import main
+from grpokit.train.grpo import train_grpo
+from grpokit.train.grpo_step import OutOfDeviceMemory
+
+from .helpers import tiny_config, weights
+
+OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB"
+
+
+def _failing(monkeypatch, module, name: str, at_call: int) -> None:
+    """`module.name` raises torch.OutOfMemoryError on its `at_call`-th call (as a GPU allocator would)."""
+    original, calls = getattr(module, name), [0]
+
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at_call:
+            torch.empty(1)  # (something was being allocated)
+            raise torch.OutOfMemoryError(OOM + "\nmore lines of torch's advice")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+def _steps(run_dir) -> list[int]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if "loss" in r]
+
+
+def test_an_update_out_of_memory_saves_the_step_before_and_resume_redoes_it_exactly(tmp_path, monkeypatch):
+    straight = train_grpo(tiny_config(tmp_path / "a", max_steps=4))
+    cfg = tiny_config(tmp_path / "b", max_steps=4)
+    with monkeypatch.context() as patch:
+        _failing(patch, grpo_step_module, "optimizer_step", at_call=3)  # μ = 1: step 3's update
+        with pytest.raises(OutOfDeviceMemory) as caught:
+            train_grpo(cfg)
+    line = str(caught.value)
+    assert line.startswith(f"out of device memory in the update of step 3 ({OOM}); set ")
+    assert "micro_batch_size=4 or gradient_checkpointing=true (both apply on resume)" in line
+    assert "checkpoint-2 holds the run up to step 2: resume=true continues it" in line
+    assert "\n" not in line and "more lines" not in line
+    out = tmp_path / "b" / "run"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert _steps(out) == [1, 2]
+    resumed = train_grpo(tiny_config(tmp_path / "b", max_steps=4, resume=True))
+    assert _steps(out) == [1, 2, 3, 4]
+    for name, tensor in weights(straight.output_dir).items():  # the fault cost step 3, nothing else
+        assert torch.equal(tensor, weights(resumed.output_dir)[name]), name
+
+
+def test_a_smaller_micro_batch_applies_on_resume(tmp_path, monkeypatch):
+    """What the line advises: resume=true micro_batch_size=4 (from 8) is taken and said, not refused."""
+    cfg = tiny_config(tmp_path, max_steps=3)
+    with monkeypatch.context() as patch:
+        _failing(patch, grpo_step_module, "optimizer_step", at_call=3)
+        with pytest.raises(OutOfDeviceMemory):
+            train_grpo(cfg)
+    events = []
+    train_grpo(
+        tiny_config(tmp_path, max_steps=3, resume=True, micro_batch_size=4),
+        on_event=lambda kind, step, data: events.append((kind, data)),
+    )
+    notes = [d["message"] for k, d in events if k == "warning"]
+    assert any(n.startswith("micro_batch_size: 8 in the checkpoint, 4 now (applied") for n in notes), notes
+    assert _steps(tmp_path / "run") == [1, 2, 3]
+
+
+def test_sampling_out_of_memory_names_the_rollouts_settings(tmp_path, monkeypatch):
+    _failing(monkeypatch, grpo_step_module, "generate_and_score", at_call=2)
+    with pytest.raises(OutOfDeviceMemory, match=r"in sampling of step 2 .*all 16 rows at once.*"
+                       r"max_completion_length.*checkpoint-1 holds the run up to step 1"):  # fmt: skip
+        train_grpo(tiny_config(tmp_path, max_steps=3))
+    assert [p.name for p in (tmp_path / "run").glob("checkpoint-*")] == ["checkpoint-1"]
+
+
+def test_out_of_memory_inside_the_optimizers_step_saves_nothing_half_updated(tmp_path, monkeypatch):
+    """The weights may be half updated: no checkpoint of them; the latest saved one holds the run."""
+    original, calls = torch.optim.AdamW.step, [0]
+
+    def step(self, *args, **kwargs):  # the update is applied, then the allocator fails
+        calls[0] += 1
+        out = original(self, *args, **kwargs)
+        if calls[0] == 3:
+            raise torch.OutOfMemoryError(OOM)
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    with pytest.raises(OutOfDeviceMemory, match="the latest checkpoint holds the run"):
+        train_grpo(tiny_config(tmp_path, max_steps=4, save_steps=1))
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_at_step_one_nothing_is_saved_and_the_same_command_starts_over(tmp_path, monkeypatch):
+    _failing(monkeypatch, grpo_step_module, "optimizer_step", at_call=1)
+    with pytest.raises(OutOfDeviceMemory, match="no step had finished: the same command starts over"):
+        train_grpo(tiny_config(tmp_path, max_steps=2, micro_batch_size=1, gradient_checkpointing=True))
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_the_command_line_says_it_in_one_line(tmp_path, monkeypatch, capsys):
+    _failing(monkeypatch, grpo_step_module, "optimizer_step", at_call=2)
+    code = main(["train", "addition", f"output_dir={tmp_path / 'run'}", "max_steps=3", "sft_steps=0",
+                 "progress=false", "prompts_per_step=4", "num_generations=4", "micro_batch_size=16",
+                 "eval_steps=0", "device=cpu"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[0].startswith("grpokit train: error: out of device memory in the update of step 2")
+    assert "micro_batch_size=8" in err[0] and err[1] == "(run with --debug for the traceback)"
