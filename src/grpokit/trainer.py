@@ -167,6 +167,7 @@ def _environment(
             max_turns=cfg.max_turns,
             stop_strings=getattr(environment_factory, "stop_strings", ()),
             name=getattr(environment_factory, "__name__", "environment"),
+            observation_role=getattr(environment_factory, "observation_role", "user"),
         )
     return None
 

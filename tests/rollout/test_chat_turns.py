@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpokit.config import GRPOConfig
+from grpokit.data import DataError
 from grpokit.data.custom import sft_rows
 from grpokit.envs import ChatTemplateError, ChatTurns, EnvironmentSpec, calc, tool_environment
 from grpokit.models import backend_of, load_policy
@@ -37,6 +39,35 @@ def test_an_observation_is_the_templates_message_and_generation_prompt(hub_offli
     assert turns.observation_ids("42", turn_ended=False) == [tok.eos_token_id, *ids]  # the env closes it
 
 
+def _trl_template(name: str) -> str:
+    """A model family's real chat template, as TRL ships it (trl is the test suite's reference)."""
+    import importlib.resources
+
+    return (importlib.resources.files("trl") / "chat_templates" / f"{name}.jinja").read_text()
+
+
+# the families' own templates: Qwen renders a tool result as a user turn inside <tool_response>,
+# Qwen3 without thinking opens the next turn with an empty think block, Llama 3.1 names the role
+# ipython and quotes the content as JSON (by hand, from the templates)
+QWEN_TOOL = "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+LLAMA_TOOL = '<|start_header_id|>ipython<|end_header_id|>\n\n"42"<|eot_id|>'
+REAL = [
+    ("qwen2_5", QWEN, {}, QWEN_TOOL),
+    ("qwen3", QWEN, {}, QWEN_TOOL),
+    ("qwen3", QWEN, {"enable_thinking": False}, QWEN_TOOL + "<think>\n\n</think>\n\n"),
+    ("llama3_1", LLAMA, {}, LLAMA_TOOL + "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+]
+
+
+@pytest.mark.parametrize(("template", "repo", "kwargs", "wrapped"), REAL)
+def test_the_real_families_templates_continue_episodes_as_they_were_trained(
+    hub_offline, template, repo, kwargs, wrapped
+):
+    tok = load_policy(repo).tokenizer
+    tok.chat_template = _trl_template(template)
+    assert ChatTurns.of(tok, "tool", kwargs).observation_text("42") == wrapped
+
+
 def test_templates_that_cannot_continue_an_episode_are_one_line(hub_offline):
     tok = load_policy(QWEN).tokenizer
     refusing = tok.chat_template.replace(
@@ -50,6 +81,9 @@ def test_templates_that_cannot_continue_an_episode_are_one_line(hub_offline):
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"  # no EOS
     with pytest.raises(ChatTemplateError, match="does not close an assistant message with the EOS"):
         ChatTurns.of(tok, "user")
+    tok.chat_template = _trl_template("qwen2_5")  # renders no message of a role it does not know
+    with pytest.raises(ChatTemplateError, match="leaves out a 'ipython' message's content"):
+        ChatTurns.of(tok, "ipython")
 
 
 class Echo:
@@ -77,14 +111,17 @@ def _eos_likely(model, eos: int, scale: float = 5.0) -> None:
 
 @pytest.mark.parametrize("repo", [QWEN, LLAMA])
 def test_episodes_continue_through_the_template_with_exact_masks(hub_offline, repo):
-    """Every boundary, decoded: a policy turn (trained) ends with EOS or the stop string; the tokens
-    after it up to the next trained token are [EOS if the stop string ended it] + the template's
+    """Every boundary, decoded: a policy turn (trained) ends with one of the model's EOS ids (the
+    tokenizer's, or another of its generation config's) or the stop string; the tokens after it up to
+    the next trained token are [the end-of-turn token if the stop string ended it] + the template's
     message of what the environment said + the generation prompt, tokenised alone (untrained); the
     messages and the completion text (the last turn) are what was written and said."""
     loaded = load_policy(repo)
     model, tok = loaded.model, loaded.tokenizer
-    _eos_likely(model, tok.eos_token_id)
     eos_ids, _ = eos_and_pad(model, tok)
+    assert len(eos_ids) == 2  # the tokenizer's EOS and another of the generation config's
+    for eos in eos_ids:
+        _eos_likely(model, eos, scale=4.0)
     spec = EnvironmentSpec(
         Echo, max_turns=3, stop_strings=Echo.stop_strings, observation_role="tool"
     ).for_chat()
@@ -97,7 +134,7 @@ def test_episodes_continue_through_the_template_with_exact_masks(hub_offline, re
         [prompt, prompt], SamplingParams(num_generations=4, max_completion_length=80, seed=3), [{}, {}]
     )
     assert r.messages is not None and len(r.messages) == 8
-    boundaries = by_stop = 0
+    boundaries = by_stop = by_other_eos = 0
     for b in range(8):
         n = int(r.attention[b].sum())
         ids, mask = r.completion_ids[b, :n].tolist(), r.completion_mask[b, :n].tolist()
@@ -118,10 +155,13 @@ def test_episodes_continue_through_the_template_with_exact_masks(hub_offline, re
                 end += 1
             ended = turn[-1] in eos_ids
             assert ended or "9" in tok.decode(turn)  # a turn ends at EOS or its stop string...
-            said = messages[k]
-            assert said["role"] == "tool" and said["content"] == str(len(messages[k - 1]["content"]))
-            expected = turns.observation_ids(said["content"], turn_ended=turn[-1] == tok.eos_token_id)
+            said = str(len(messages[k - 1]["content"]))  # (what Echo answers)
+            expected = turns.observation_ids(said, turn_ended=ended)
             assert ids[t:end] == expected[: end - t]  # ...then exactly the template's tokens, untrained
+            if end - t < len(expected):  # cut by the budget: the episode ended, no message for it
+                assert end == n and k == len(messages)
+                break
+            assert messages[k] == {"role": "tool", "content": said}
             if end < n:  # the next turn opens after the whole generation prompt
                 assert end - t == len(expected)
                 assert tok.decode(ids[t:end]).endswith(
@@ -129,10 +169,11 @@ def test_episodes_continue_through_the_template_with_exact_masks(hub_offline, re
                 )
             boundaries += 1
             by_stop += not ended
+            by_other_eos += ended and turn[-1] != tok.eos_token_id
             k += 1
             t = end
         assert r.completions[b] == [m for m in messages if m["role"] == "assistant"][-1]["content"]
-    assert boundaries >= 4 and by_stop >= 1  # both kinds of boundary are exercised
+    assert boundaries >= 4 and by_stop >= 1 and by_other_eos >= 1  # every kind of boundary is exercised
 
 
 def test_tools_with_conversational_prompts_end_turns_at_eos_and_answer_bare():
@@ -151,6 +192,33 @@ def test_tools_with_conversational_prompts_end_turns_at_eos_and_answer_bare():
     assert spec.factory().step('<tool_call>calc("3+4")</tool_call>')[0] == "<tool_response>7</tool_response>"
     inline = EnvironmentSpec(Echo, observation_role=None)
     assert inline.for_chat() is inline  # plain-text observations: unchanged
+
+
+class Inline(Echo):
+    observation_role = None  # observations stay plain text inside the assistant's turn
+
+
+def test_an_environment_class_names_its_observations_role():
+    """`observation_role` on the class, as the CLI's `environment:` and GRPOTrainer's environment_factory
+    take it: "tool" as given, None kept as plain text with chat prompts, "user" without the attribute."""
+    from grpokit.config.plan import EpisodeSpec
+    from grpokit.train.grpo_setup import resolve_environment
+    from grpokit.trainer import _environment
+
+    ref = "tests.rollout.test_chat_turns:{}"
+    for name, role in (("Echo", "tool"), ("Inline", None), ("Quiet", "user")):
+        spec = resolve_environment(EpisodeSpec(environment=ref.format(name)), None)
+        assert spec.observation_role == role
+        assert spec.for_chat().chat is (role is not None)
+        assert _environment(GRPOConfig(), None, globals()[name]).observation_role == role
+
+
+class Quiet:
+    def reset(self, row):
+        return ""
+
+    def step(self, text):
+        return "", 0.0, True
 
 
 @pytest.mark.parametrize("repo", [QWEN, LLAMA])
@@ -176,6 +244,20 @@ def test_the_warm_start_lays_a_demonstration_out_as_a_rollout_does(hub_offline, 
     policy = [False] * len(prompt) + [True] * (len(enc(call)) + 1)
     policy += [False] * len(turns.observation_ids("7", True)) + [True] * (len(enc("7")) + 1)
     assert learn == policy
+
+
+@pytest.mark.parametrize("repo", [QWEN, LLAMA])
+def test_a_demonstration_opened_by_the_environment_keeps_that_text_plain(hub_offline, repo):
+    """A first segment of the environment's is reset's text, which a rollout writes as it is after the
+    generation prompt; two environment segments in a row cannot follow a chat model's turns."""
+    tok = load_policy(repo).tokenizer
+    environment = tool_environment([calc], "hermes").for_chat()
+    row = {"prompt": [{"role": "user", "content": "Guess"}], "demonstration": [["Go: ", False], ["5", True]]}
+    (laid,) = sft_rows([row], tok, environment=environment)
+    assert laid["segments"] == [("Go: ", False), ("5", True)]
+    row["demonstration"] = [["5", True], ["no", False], ["higher", False], ["7", True]]
+    with pytest.raises(DataError, match="two environment segments in a row \\('no', 'higher'\\)"):
+        sft_rows([row], tok, environment=environment)
 
 
 def test_conversational_rewards_get_the_episodes_messages():

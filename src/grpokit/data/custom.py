@@ -150,6 +150,13 @@ def _chat_segments(demonstration: Sequence[Any], turns: ChatTurns | None) -> lis
         observed = k + 1 < len(segments) and not segments[k + 1][1]
         if policy:
             out.append((text + turns.tokenizer.eos_token if observed else text, True))
+        elif not any(p for _, p in segments[:k]):  # before the first turn: reset's text, as it is
+            out.append((text, False))
+        elif not segments[k - 1][1]:
+            raise DataError(
+                f"a demonstration has two environment segments in a row ({segments[k - 1][0]!r}, "
+                f"{text!r}): with a chat model each observation follows a policy turn; join them into one"
+            )
         else:
             out.append((turns.observation_text(text), False))
     return out

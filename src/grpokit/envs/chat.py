@@ -52,8 +52,14 @@ class ChatTurns:
         kwargs = dict(template_kwargs or {})
         marked = _render(tokenizer, role, _MARK, kwargs)
         where = marked.find(_MARK)
-        cut = marked.rfind(eos, 0, max(where, 0))
-        if where < 0 or cut < 0:
+        if where < 0:
+            raise ChatTemplateError(
+                f"the chat template leaves out a {role!r} message's content (it does not know the role); "
+                "set the environment's observation_role to a role it renders, or None for plain-text "
+                "observations"
+            )
+        cut = marked.rfind(eos, 0, where)
+        if cut < 0:
             raise ChatTemplateError(
                 f"the chat template does not close an assistant message with the EOS token {eos!r} "
                 f"before a {role!r} message; multi-turn episodes need it (give the environment "

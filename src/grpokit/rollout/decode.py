@@ -580,18 +580,16 @@ class Decoder:
                 continue
             if self.turns is None:
                 obs = self._encode(observation)
-            else:  # the observation's message and the next turn's opening, after the turn's end
-                obs = self.turns.observation_ids(
-                    observation, tokens[i][columns[i] - 1] == self.turns.end_of_turn
-                )
+            else:  # the observation's message and the next turn's opening, after the turn's end (any
+                # of the model's EOS ids ends it, as the model wrote it: Llama 3.1's <|eom_id|> too)
+                ended = tokens[i][columns[i] - 1] in self.eos_token_ids
+                obs = self.turns.observation_ids(observation, ended)
             room = T - columns[i] - 1  # the policy keeps one token at least
             if len(obs) > room:  # the observation does not fit the budget: the episode ends here
                 obs, episodes.truncated[i] = obs[: max(room, 0)], True
             observations[i] = obs
-            if obs:
-                episodes.messages[i].append(
-                    {"role": str(spec.observation_role or "user"), "content": observation}
-                )
+            if obs and not episodes.truncated[i]:  # a message only for an observation written whole
+                episodes.messages[i].append({"role": str(spec.observation_role), "content": observation})
             episodes.running[i] = not episodes.truncated[i]
             episodes.pending[i] = episodes.pending[i] + obs
         _write(run, observations)

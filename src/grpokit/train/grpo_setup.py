@@ -113,6 +113,7 @@ def resolve_environment(spec: EpisodeSpec, task: Any) -> EnvironmentSpec | None:
             max_turns=spec.max_turns,
             stop_strings=tuple(getattr(factory, "stop_strings", ())),  # a class attribute, if any
             name=getattr(factory, "__name__", spec.environment),
+            observation_role=getattr(factory, "observation_role", "user"),  # None: plain-text observations
         )
     names = spec.tools if spec.tools is not None else list(task.tools if task is not None else ())
     if not names:
