@@ -265,6 +265,8 @@ ELSEWHERE = {
     "target_entropy": "test_entropy_control.py::test_a_run_that_would_collapse_is_held_near_its_target",
     "entropy_coef_lr": "test_entropy_control.py (the controller's rule, the band, resume)",
     "strict_invariants": "test_invariants.py::test_strict_invariants_stops_the_run_with_a_checkpoint",
+    "auto_find_batch_size": "test_out_of_memory.py::test_auto_find_batch_size_redoes_the_step_with_half_the_"
+    "micro_batch",
     "curriculum": "test_curriculum.py::test_the_curriculum_composes_with_dynamic_sampling (prompts set "
     "aside: fewer zero-spread groups and generation batches); test_a_run_with_the_curriculum_resumes_bitwise",
     "curriculum_patience": "test_curriculum.py::test_hand_built_rewards_move_prompts_between_pools_"

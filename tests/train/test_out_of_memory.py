@@ -40,6 +40,11 @@ def _steps(run_dir) -> list[int]:
     return [r["step"] for r in rows if "loss" in r]
 
 
+def _rewards(run_dir) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["reward"] for r in rows if "loss" in r]
+
+
 def test_an_update_out_of_memory_saves_the_step_before_and_resume_redoes_it_exactly(tmp_path, monkeypatch):
     straight = train_grpo(tiny_config(tmp_path / "a", max_steps=4))
     cfg = tiny_config(tmp_path / "b", max_steps=4)
@@ -49,7 +54,8 @@ def test_an_update_out_of_memory_saves_the_step_before_and_resume_redoes_it_exac
             train_grpo(cfg)
     line = str(caught.value)
     assert line.startswith(f"out of device memory in the update of step 3 ({OOM}); set ")
-    assert "micro_batch_size=4 or gradient_checkpointing=true (both apply on resume)" in line
+    fixes = "micro_batch_size=4 or gradient_checkpointing=true or auto_find_batch_size=true"
+    assert fixes + " (each applies on resume)" in line
     assert "checkpoint-2 holds the run up to step 2: resume=true continues it" in line
     assert "\n" not in line and "more lines" not in line
     out = tmp_path / "b" / "run"
@@ -119,3 +125,46 @@ def test_the_command_line_says_it_in_one_line(tmp_path, monkeypatch, capsys):
     assert code == 2
     assert err[0].startswith("grpokit train: error: out of device memory in the update of step 2")
     assert "micro_batch_size=8" in err[0] and err[1] == "(run with --debug for the traceback)"
+
+
+def test_auto_find_batch_size_redoes_the_step_with_half_the_micro_batch(tmp_path, monkeypatch):
+    """TRL's auto_find_batch_size: the update of step 2 runs out of memory at micro-batch 8 and 4, then
+    fits at 2; the step is redone as it was drawn (the same completions), so the run equals one at
+    micro-batch 8 throughout to round-off, and every step is logged once."""
+    straight = train_grpo(tiny_config(tmp_path / "a", max_steps=3, micro_batch_size=8))
+    sizes = []
+    original = grpo_step_module.optimizer_step
+
+    def update(engine, update, batch, frozen, params, d, look):
+        sizes.append(params.spec.micro_batch_size)
+        if len(sizes) in (2, 3):  # step 2's first two tries
+            torch.empty(1)
+            raise torch.OutOfMemoryError(OOM)
+        return original(engine, update, batch, frozen, params, d, look)
+
+    monkeypatch.setattr(grpo_step_module, "optimizer_step", update)
+    events = []
+    fitted = train_grpo(
+        tiny_config(tmp_path / "b", max_steps=3, micro_batch_size=8, auto_find_batch_size=True),
+        on_event=lambda kind, step, data: events.append((kind, step, data)),
+    )
+    assert sizes == [8, 8, 4, 2, 2]
+    said = [(step, d["message"]) for kind, step, d in events if kind == "warning"]
+    redone = (
+        "out of device memory in step 2 at micro_batch_size={}: the step is redone with micro_batch_size={} "
+    )
+    assert said == [
+        (2, redone.format(8, 4) + "(auto_find_batch_size)"),
+        (2, redone.format(4, 2) + "(auto_find_batch_size)"),
+    ]
+    assert _steps(tmp_path / "b" / "run") == [1, 2, 3]
+    assert _rewards(tmp_path / "b" / "run") == _rewards(tmp_path / "a" / "run")  # the same completions
+    a, b = weights(straight.output_dir), weights(fitted.output_dir)
+    for name in a:  # float32 sums over other micro-batches: round-off (a wrong redo moves them by lr)
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_auto_find_batch_size_does_not_redo_sampling(tmp_path, monkeypatch):
+    _failing(monkeypatch, grpo_step_module, "generate_and_score", at_call=2)
+    with pytest.raises(OutOfDeviceMemory, match="in sampling of step 2"):
+        train_grpo(tiny_config(tmp_path, max_steps=3, auto_find_batch_size=True))

@@ -254,6 +254,7 @@ class RunControl:
     max_consecutive_skips: int = 3
     log_completions_steps: int = 0
     strict_invariants: bool = False  # a broken invariant stops the run with a checkpoint
+    auto_find_batch_size: bool = False  # out of memory in a step's passes: redo it with half the micro-batch
     alert_thresholds: Mapping[str, float] = field(default_factory=dict)  # overrides of the defaults
     resume: bool = False
     overwrite: bool = False

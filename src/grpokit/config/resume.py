@@ -173,6 +173,7 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "hub_model_id": ("applied", "it names only where the final model is uploaded"),
     "hub_private_repo": ("applied", "it decides only the visibility of a repository the push creates"),
     "max_consecutive_skips": ("applied", _APPLIED),
+    "auto_find_batch_size": ("applied", "it decides only how a step that runs out of memory is redone"),
     "strict_invariants": ("applied", "it decides only whether a broken invariant stops the run"),
     "alert_thresholds": ("applied", "they decide only when a warning is given"),
     "reward_timeout": ("applied", _APPLIED),

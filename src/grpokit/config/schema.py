@@ -308,6 +308,12 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     log_completions_steps: int = Field(
         50, ge=0, description="print a table of sample completions every N steps"
     )
+    auto_find_batch_size: bool = Field(
+        False,
+        description="when the device runs out of memory in a step's reference pass or update, redo the "
+        "step with micro_batch_size halved (TRL's name: a batch that fits, by exponential decay); one "
+        "process only",
+    )
     strict_invariants: bool = Field(
         False,
         description="stop (with a checkpoint of the step) when a runtime invariant breaks, instead of "

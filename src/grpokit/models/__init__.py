@@ -11,7 +11,15 @@ from .backend import (
     lm_head_of,
     whole_groups,
 )
-from .device import Precision, enable_fast_matmul, memory_metrics, model_device, place, resolve_device
+from .device import (
+    Precision,
+    enable_fast_matmul,
+    memory_metrics,
+    model_device,
+    place,
+    release_cached_memory,
+    resolve_device,
+)
 from .hf import (
     LoadedPolicy,
     build_policy,
@@ -55,6 +63,7 @@ __all__ = [
     "Precision",
     "enable_fast_matmul",
     "memory_metrics",
+    "release_cached_memory",
     "model_device",
     "resolve_device",
     "KVCache",

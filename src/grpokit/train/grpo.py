@@ -18,9 +18,9 @@ from typing import Any
 
 from ..config import GRPOConfig
 from ..config.applied import Preset, applied
-from ..config.plan import GRPOPlan, TraineeSpec, grpo_plan
+from ..config.plan import GRPOPlan, RunControl, grpo_plan
 from ..config.resume import resume_changes
-from ..models import ModelShape, check_lora_targets, memory_metrics, require_peft
+from ..models import ModelShape, check_lora_targets, memory_metrics, release_cached_memory, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
 from . import distributed
@@ -47,7 +47,7 @@ from .grpo_setup import (
     tiny_context,
     warm_start,
 )
-from .grpo_step import OutOfDeviceMemory, grpo_step
+from .grpo_step import OutOfDeviceMemory, StepParams, StepResult, Trainee, grpo_step
 from .hub_push import check_push, push_final
 from .metrics import InvariantWatch, check_reporters, warn
 from .optim import weights_finite
@@ -213,14 +213,10 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     with run:  # the metrics writer is closed however the loop ends
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
-            # what a checkpoint of the previous step holds beyond the (unchanged) weights and optimizer
-            before = (rng_state(), trainee.prompts.state_dict())
-            try:  # sample, score, advantages, old/reference log-probs, μ updates (train/grpo_step.py)
-                out = grpo_step(trainee, data.reward_funcs, step, d, should_stop=should_stop)
-            except (ScoringStopped, OutOfDeviceMemory) as stopped:  # a signal while a reward ran, or
-                abandoned = stopped  # the device out of memory: drop this step
-                set_rng_state(before[0])
-                trainee.prompts.load_state_dict(before[1])
+            # sample, score, advantages, old/reference log-probs, μ updates (train/grpo_step.py)
+            out, trainee = fitted_step(trainee, data.reward_funcs, step, d, should_stop, control, on_event)
+            if isinstance(out, Exception):  # a signal while a reward ran, or out of memory: dropped
+                abandoned = out
                 break
             seconds = time.perf_counter() - began
             tokens = out.batch.completion_mask.sum().item()
@@ -257,7 +253,9 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             if run.finish_step(step, skipped, checkpoint):
                 break
     if isinstance(abandoned, OutOfDeviceMemory):
-        raise out_of_memory(run, step, abandoned, checkpoint, spec, plan.model.gradient_checkpointing)
+        raise out_of_memory(
+            run, step, abandoned, checkpoint, trainee.params, plan.model.gradient_checkpointing
+        )
     if abandoned is not None:
         return _abandoned(run, step, abandoned, on_event, checkpoint)
     result = run.result(TrainResult, step)
@@ -293,12 +291,54 @@ def _abandoned(
     return run.result(TrainResult, step - 1)
 
 
+def fitted_step(
+    trainee: Trainee,
+    reward_funcs: Sequence[Callable[..., Any]],
+    step: int,
+    d: distributed.Dist,
+    should_stop: Callable[[], bool] | None,
+    control: RunControl,
+    on_event: Callable[[str, int, dict[str, Any]], None] | None,
+) -> tuple[StepResult | ScoringStopped | OutOfDeviceMemory, Trainee]:
+    """Step `step` (`grpo_step`), and the trainee it ran with. A step abandoned (a stop signal while a
+    reward function ran, or the device out of memory) has put back the RNG and prompt position of
+    before it and returns its exception; with auto_find_batch_size, a step that ran out of memory in
+    its reference pass or update before any of its updates is redone, as it was drawn, with the
+    micro-batch halved (to a divisor of the rows) until it fits or is 1 (one process: ranks could not
+    agree on a redo)."""
+    before = (rng_state(), trainee.prompts.state_dict())  # what the step drew from, beyond the weights
+    while True:
+        try:
+            return grpo_step(trainee, reward_funcs, step, d, should_stop=should_stop), trainee
+        except (ScoringStopped, OutOfDeviceMemory) as stopped:
+            set_rng_state(before[0])
+            trainee.prompts.load_state_dict(before[1])
+            abandoned = stopped
+        spec = trainee.params.spec
+        rows = trainee.params.prompts_per_rank * trainee.params.sampling.num_generations
+        smaller = max(k for k in range(1, max(1, spec.micro_batch_size // 2) + 1) if rows % k == 0)
+        redo = isinstance(abandoned, OutOfDeviceMemory) and abandoned.phase != "sampling"
+        if not (redo and control.auto_find_batch_size and abandoned.updates == 0 and d.world_size == 1):
+            return abandoned, trainee
+        if spec.micro_batch_size == 1:
+            return abandoned, trainee
+        warn(
+            on_event,
+            step,
+            f"out of device memory in step {step} at micro_batch_size={spec.micro_batch_size}: the step is "
+            f"redone with micro_batch_size={smaller} (auto_find_batch_size)",
+        )
+        release_cached_memory(d.device)
+        params = replace(trainee.params, spec=replace(spec, micro_batch_size=smaller))
+        trainee = replace(trainee, params=params)
+
+
 def out_of_memory(
     run: Run,
     step: int,
     oom: OutOfDeviceMemory,
     checkpoint: Callable[[int], None],
-    spec: TraineeSpec,
+    params: StepParams,
     checkpointing: bool,
 ) -> OutOfDeviceMemory:
     """The device ran out of memory in step `step`: the step is dropped as `_abandoned` drops one (the
@@ -307,20 +347,21 @@ def out_of_memory(
     setting that needs less memory redoes step `step`. -> the error to raise: one line naming the
     phase, what to change and where the run stands."""
     output_dir, d = Path(run.output_dir), run.d
-    step_spec, sampling = spec.step, spec.sampling
     if oom.phase == "sampling":  # every row's KV cache and the decode step's [B, V] buffers
-        rows = step_spec.prompts_per_step * sampling.num_generations
+        rows = params.spec.prompts_per_step * params.sampling.num_generations
         change = (
             f"sampling holds all {rows} rows at once (prompts_per_step × num_generations) with "
             "max_completion_length tokens each: lower either (a new run: both fix the batch geometry)"
         )
     else:
-        micro = step_spec.micro_batch_size
+        micro = params.spec.micro_batch_size  # (as the step ran it: auto_find_batch_size may have halved it)
         options = [f"micro_batch_size={micro // 2}"] if micro > 1 else []
         if not checkpointing:
             options.append("gradient_checkpointing=true")
+        if micro > 1 and not run.control.auto_find_batch_size:
+            options.append("auto_find_batch_size=true")
         change = (
-            " or ".join(options) + " (both apply on resume)"
+            " or ".join(options) + " (each applies on resume)"
             if options
             else "a shorter max_completion_length, LoRA (use_peft=true) or more devices (strategy=fsdp)"
         )
