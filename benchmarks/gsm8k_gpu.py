@@ -16,9 +16,10 @@ random model earns no GSM8K reward: this measures the recipe's cost, not its acc
     python benchmarks/gsm8k_gpu.py --smoke     # the tiny Qwen shape on the CPU, 2 steps (the suite)
 
 A random model writes all 1024 completion tokens, the preset's worst case: at micro_batch_size 32
-that is about 49k tokens of activations per micro-batch (roughly 60 GB for this shape without
-activation checkpointing, by a count of what each layer keeps), so on an 80 GB card this run is
-also the preset's memory check; `micro_batch_size=8` is the override to compare.
+that is about 49k tokens of activations per micro-batch (66 GiB at the peak by the memory forecast,
+without activation checkpointing), so on an 80 GB card this run is also the preset's memory check.
+The preset sets auto_find_batch_size: a step whose update runs out of memory is redone with the
+micro-batch halved, said in a warning on stderr; `micro_batch_size=8` is the override to compare.
 """
 
 from __future__ import annotations
