@@ -284,3 +284,22 @@ def test_conversational_rewards_get_the_episodes_messages():
     assert seen["completions"] == messages
     assert text == ["7", "8"]  # a function reading text reads each episode's last turn
     assert scores.rewards.tolist() == [3.0, 1.0]
+
+
+def test_a_template_that_cannot_continue_episodes_stops_the_run_before_any_work(hub_offline, tmp_path):
+    """Refused with the run's other input checks, before the output directory is prepared."""
+    from grpokit.train.grpo import train_grpo
+
+    loaded = load_policy(QWEN)
+    loaded.tokenizer.chat_template = _trl_template("qwen2_5")  # renders no "ipython" message
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+1?"}], "answer": str(a + 1)} for a in range(8)]
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path / "run"), task=None, prompts_per_step=2, num_generations=2, max_steps=1,
+        max_completion_length=8, progress=False, sft_steps=0, reward_funcs=["exact_answer"],
+    )  # fmt: skip
+    environment = EnvironmentSpec(Quiet, observation_role="ipython")
+    with pytest.raises(ChatTemplateError, match="leaves out a 'ipython' message"):
+        train_grpo(
+            cfg, model=loaded.model, tokenizer=loaded.tokenizer, train_rows=rows, environment=environment
+        )
+    assert not (tmp_path / "run" / "config.yaml").exists()

@@ -151,6 +151,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, context)
     columns = plan.data.prompt_column, plan.data.answer_column
     check_context(columns[0], model, tokenizer, data)
+    if data.environment is not None:  # a chat template that cannot continue episodes: said before any work
+        data.environment.chat_turns(tokenizer)
     check_known_characters(  # a character tokenizer would read an unknown character as <unk>
         tokenizer,
         plan.model.name,
