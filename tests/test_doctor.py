@@ -209,3 +209,21 @@ def test_memory_advice_offers_gradient_checkpointing_when_it_fits():
     assert none.best is None and "gradient_checkpointing=true does not fit either" in none.advice
     on = memory_fit(shape, replace(step, gradient_checkpointing=True), 14 * gib, 0, None)
     assert on.fits and on.advice == ""
+
+
+def test_episodes_whose_policy_never_calls_its_tool_are_flagged(tmp_path):
+    """A random character-level policy never writes the 11-character "<tool_call>": the episodes'
+    finding warns, naming the warm start; it reports the turns and the tool's counts per episode."""
+    import json
+
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 30) for b in range(10, 20)]
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = tiny_config(
+        tmp_path, task=None, dataset=str(data), tools=["calc"], tool_call_format="hermes", sft_steps=0,
+        max_completion_length=24, reward_funcs=["exact_answer"],
+    )  # fmt: skip
+    level, value, advice = _levels(checkup(cfg), "sampling")["episodes"]
+    assert level == "warn" and "sft_steps" in advice
+    counts = "0.00 tool_calls, 0.00 tool_errors, 0.00 tool_timeouts, 0.00 malformed_calls"
+    assert value == f"1.00 turns, {counts} per episode (16 episodes)"

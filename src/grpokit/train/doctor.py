@@ -285,6 +285,27 @@ def _rewards_section(report: Checkup, plan: GRPOPlan, data: Any) -> None:
 # ----------------------------------------------------------------------------- 4. sampling, 6. time
 
 
+def _episodes_finding(report: Checkup, rollout: Any) -> None:
+    """Multi-turn episodes: turns and the environment's counts per episode; a tool environment whose
+    policy never wrote a call (well formed or not) is flagged, since GRPO only reinforces calls it sees."""
+    episodes = rollout.num_turns.numel()
+    per_episode = {name: value / episodes for name, value in rollout.env_metrics.items()}
+    counts = "".join(f", {value:.2f} {name}" for name, value in per_episode.items())
+    silent = (
+        "tool_calls" in per_episode and per_episode["tool_calls"] + per_episode.get("malformed_calls", 0) == 0
+    )
+    report.add(
+        "sampling",
+        "episodes",
+        f"{float(rollout.num_turns.float().mean()):.2f} turns{counts} per episode ({episodes} episodes)",
+        "warn" if silent else "ok",
+        "the policy never wrote a tool call, so GRPO has no call to reinforce: warm start on worked "
+        "episodes (sft_steps, a demonstration column), or describe the tools in the prompt"
+        if silent
+        else "",
+    )
+
+
 def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, groups: int | None) -> None:
     P, spec = plan.trainee.step.prompts_per_step, plan.trainee.step
     K = min(groups or min(P, 64), len(data.train_rows))
@@ -336,6 +357,8 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
         "mean completion length",
         f"{report.mean_length:.1f} tokens (reward {float(torch.nanmean(scores.rewards)):.3g})",
     )
+    if rollout.num_turns is not None:
+        _episodes_finding(report, rollout)
     # time: sampling scales with the rows, the update is ~3 forwards (forward and backward) per iteration
     engine.frozen_logps(rollout, spec.micro_batch_size)  # warm-up
     began = time.perf_counter()
