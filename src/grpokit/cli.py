@@ -679,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         return args.handler(args)
+    import torch
+
     from .config import ConfigError
     from .data import DataError
     from .rewards import RewardFunctionError
@@ -696,6 +698,12 @@ def main(argv: list[str] | None = None) -> int:
         ValueError,
     ) as error:
         line = str(error)  # ValueError: a DeviceError (device=cuda without a GPU) among others
+    except torch.OutOfMemoryError as error:  # outside a training step (warm start, a reward model...)
+        first = (str(error).strip().splitlines() or ["out of memory"])[0]
+        line = (
+            f"out of device memory ({first}); lower micro_batch_size (rows per forward and backward, and "
+            "per evaluation call) or set gradient_checkpointing=true; `grpokit doctor` forecasts the peak"
+        )
     except OSError as error:
         found = environment_error(error, args.command)
         if found is None:

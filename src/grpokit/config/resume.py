@@ -83,8 +83,9 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "num_generations": ("fixed", _FIXED_BATCH),
     "micro_batch_size": (
         "applied",
-        "memory and speed only: the normaliser weighs each micro-batch by "
-        "the whole batch, so the updates are the same to round-off",
+        "memory and speed: the loss's normaliser weighs each micro-batch by the whole batch (the same "
+        "updates to round-off), except what is taken per micro-batch: loss_type=bnpo's token mean, "
+        "top_entropy_quantile's threshold, target_entropy's measured entropy, dropout's masks",
     ),
     "batch_size": ("fixed", _FIXED_BATCH),
     "max_prompt_length": ("fixed", _FIXED_BATCH),

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..config import GRPOConfig
 from ..config.applied import Preset, applied
 from ..config.plan import GRPOPlan, RunControl, grpo_plan
@@ -47,7 +49,7 @@ from .grpo_setup import (
     tiny_context,
     warm_start,
 )
-from .grpo_step import OutOfDeviceMemory, StepParams, StepResult, Trainee, grpo_step
+from .grpo_step import OutOfDeviceMemory, StepParams, StepProgress, StepResult, Trainee, grpo_step
 from .hub_push import check_push, push_final
 from .metrics import InvariantWatch, check_reporters, warn
 from .optim import weights_finite
@@ -212,6 +214,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         if run.start == 0:
             alerts.evaluated(0, {f"eval/{k}": v for k, v in run.eval_before.items()})
     abandoned: ScoringStopped | OutOfDeviceMemory | None = None
+    evaluation_oom: str | None = None
     with run:  # the metrics writer is closed however the loop ends
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
@@ -243,6 +246,10 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 evaluated = None
                 if d.is_main:
                     warn(on_event, step, f"evaluation at step {step} abandoned: {stopped}")
+            except torch.OutOfMemoryError as error:  # the update is done: finish_step saves it and stops
+                evaluated, evaluation_oom = None, (str(error).strip().splitlines() or ["out of memory"])[0]
+                stop.signal = stop.signal or "out of device memory in evaluation"
+                release_cached_memory(d.device)
             if evaluated is not None and d.is_main:  # held-out accuracy against the reward: hacking
                 fired = alerts.evaluated(step, evaluated)
                 for alert in fired:
@@ -254,6 +261,13 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 refuse_destroyed_weights(trainee.engine.train_module, d, run.skips + 1, step)
             if run.finish_step(step, skipped, checkpoint):
                 break
+    if evaluation_oom is not None:  # after finish_step saved the step
+        raise OutOfDeviceMemory(
+            f"out of device memory in the evaluation after step {step} ({evaluation_oom}); "
+            f"{CHECKPOINT_PREFIX}{step} holds the run: resume=true with a smaller micro_batch_size "
+            "(evaluation samples that many rows a call) continues it",
+            StepProgress(phase="evaluation"),
+        )
     if isinstance(abandoned, OutOfDeviceMemory):
         raise out_of_memory(
             run, step, abandoned, checkpoint, trainee.params, plan.model.gradient_checkpointing
@@ -305,34 +319,47 @@ def fitted_step(
     """Step `step` (`grpo_step`), and the trainee it ran with. A step abandoned (a stop signal while a
     reward function ran, or the device out of memory) has put back the RNG and prompt position of
     before it and returns its exception; with auto_find_batch_size, a step that ran out of memory in
-    its reference pass or update before any of its updates is redone, as it was drawn, with the
-    micro-batch halved (to a divisor of the rows) until it fits or is 1 (one process: ranks could not
-    agree on a redo)."""
+    its reference pass or update before any of its updates is redone from the batch it drew and
+    scored, with the micro-batch halved (to a divisor of the rows), until it fits or is 1 (one
+    process: ranks could not agree on a redo)."""
     before = (rng_state(), trainee.prompts.state_dict())  # what the step drew from, beyond the weights
+    redo = None
     while True:
         try:
-            return grpo_step(trainee, reward_funcs, step, d, should_stop=should_stop), trainee
+            return grpo_step(trainee, reward_funcs, step, d, should_stop=should_stop, redo=redo), trainee
         except (ScoringStopped, OutOfDeviceMemory) as stopped:
-            set_rng_state(before[0])
-            trainee.prompts.load_state_dict(before[1])
             abandoned = stopped
         spec = trainee.params.spec
-        rows = trainee.params.prompts_per_rank * trainee.params.sampling.num_generations
-        smaller = max(k for k in range(1, max(1, spec.micro_batch_size // 2) + 1) if rows % k == 0)
-        redo = isinstance(abandoned, OutOfDeviceMemory) and abandoned.phase != "sampling"
-        if not (redo and control.auto_find_batch_size and abandoned.updates == 0 and d.world_size == 1):
-            return abandoned, trainee
-        if spec.micro_batch_size == 1:
+        smaller = smaller_micro_batch(trainee.params)
+        if not (
+            isinstance(abandoned, OutOfDeviceMemory)
+            and control.auto_find_batch_size
+            and abandoned.phase != "sampling"
+            and abandoned.updates == 0
+            and d.world_size == 1
+            and smaller < spec.micro_batch_size
+        ):
+            set_rng_state(before[0])
+            trainee.prompts.load_state_dict(before[1])
             return abandoned, trainee
         warn(
             on_event,
             step,
             f"out of device memory in step {step} at micro_batch_size={spec.micro_batch_size}: the step is "
-            f"redone with micro_batch_size={smaller} (auto_find_batch_size)",
+            f"redone from the completions it drew, with micro_batch_size={smaller} (auto_find_batch_size)",
         )
         release_cached_memory(d.device)
-        params = replace(trainee.params, spec=replace(spec, micro_batch_size=smaller))
-        trainee = replace(trainee, params=params)
+        redo = abandoned.progress
+        trainee = replace(
+            trainee, params=replace(trainee.params, spec=replace(spec, micro_batch_size=smaller))
+        )
+
+
+def smaller_micro_batch(params: StepParams) -> int:
+    """The largest micro-batch size up to half of `params`', dividing the rows of a step on this rank."""
+    rows = params.prompts_per_rank * params.sampling.num_generations
+    half = max(1, params.spec.micro_batch_size // 2)
+    return max(k for k in range(1, half + 1) if rows % k == 0)
 
 
 def out_of_memory(
@@ -353,34 +380,44 @@ def out_of_memory(
         rows = params.spec.prompts_per_step * params.sampling.num_generations
         change = (
             f"sampling holds all {rows} rows at once (prompts_per_step × num_generations) with "
-            "max_completion_length tokens each: lower either (a new run: both fix the batch geometry)"
+            "max_completion_length tokens each: lower either (in a new run: both fix the batch geometry)"
         )
     else:
-        micro = params.spec.micro_batch_size  # (as the step ran it: auto_find_batch_size may have halved it)
-        options = [f"micro_batch_size={micro // 2}"] if micro > 1 else []
+        micro, smaller = params.spec.micro_batch_size, smaller_micro_batch(params)  # as the step ran
+        options = [f"micro_batch_size={smaller}"] if smaller < micro else []
         if not checkpointing:
             options.append("gradient_checkpointing=true")
-        if micro > 1 and not run.control.auto_find_batch_size:
+        if options and not run.control.auto_find_batch_size and d.world_size == 1:
             options.append("auto_find_batch_size=true")
         change = (
             " or ".join(options) + " (each applies on resume)"
             if options
-            else "a shorter max_completion_length, LoRA (use_peft=true) or more devices (strategy=fsdp)"
+            else "a shorter max_completion_length, LoRA (use_peft=true) or more devices (strategy=fsdp), "
+            "in a new run (they fix the run's shape)"
         )
+        if run.control.auto_find_batch_size and d.world_size > 1:
+            change += "; auto_find_batch_size redoes steps in one process only"
+    saved = list_checkpoints(output_dir)
     if oom.updates or d.world_size > 1:  # weights moved in this step, or other ranks hold their part
-        where = "the latest checkpoint holds the run (resume=true continues from it)"
+        where = (
+            f"{saved[-1].name} is the latest checkpoint: resume=true continues from it"
+            if saved
+            else "no checkpoint was saved yet: overwrite=true starts the run over"
+        )
     elif step - 1 == 0:
+        if d.is_main:  # only this run's starting evaluation was written: not worth a resume
+            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
         where = "no step had finished: the same command starts over"
     else:
-        if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in list_checkpoints(output_dir):
+        if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in saved:
             checkpoint(step - 1)
         where = f"{CHECKPOINT_PREFIX}{step - 1} holds the run up to step {step - 1}: resume=true continues it"
     phase = {"sampling": "sampling", "reference": "the reference pass", "update": "the update"}[oom.phase]
     return OutOfDeviceMemory(
         f"out of device memory in {phase} of step {step} ({oom}); set {change}. {where}. "
         "`grpokit doctor` forecasts a step's peak memory for a device (--gpu-memory).",
-        oom.phase,
-        oom.updates,
+        oom.progress,
     )
 
 

@@ -46,6 +46,7 @@ from ..ops import (
 from ..rewards import CallRules, score_completions
 from ..rollout import SamplingParams
 from . import distributed, optim
+from .checkpoint import rng_state, set_rng_state
 
 
 @dataclass(frozen=True)
@@ -764,19 +765,32 @@ class Trainee:
 
 
 class OutOfDeviceMemory(RuntimeError):  # noqa: N818 - named as torch's OutOfMemoryError
-    """The device ran out of memory during a step (torch.OutOfMemoryError): in which phase ("sampling",
-    "reference" for the frozen passes, "update"), and how many of the step's optimizer updates were
-    applied before it (0: the weights and optimizer are as after the step before)."""
+    """The device ran out of memory during a step (torch.OutOfMemoryError), and how far the step got
+    (`progress`: the phase, "sampling", "reference" for the frozen passes or "update"; the optimizer
+    updates applied, 0 meaning the weights and optimizer are as after the step before; the scored batch
+    once drawn, from which the step can be redone without sampling again)."""
 
-    def __init__(self, message: str, phase: str, updates: int) -> None:
+    def __init__(self, message: str, progress: StepProgress) -> None:
         super().__init__(message)
-        self.phase, self.updates = phase, updates
+        self.progress = progress
+
+    @property
+    def phase(self) -> str:
+        return self.progress.phase
+
+    @property
+    def updates(self) -> int:
+        return self.progress.updates
 
 
 @dataclass
-class _Progress:
+class StepProgress:
+    """How far a step got (see OutOfDeviceMemory). `drawn`: the scored batch on the host, its metrics
+    and the random state right after drawing it; given to `grpo_step`, the step starts from it."""
+
     phase: str = "sampling"
-    updates: int = 0  # optimizer updates of the step applied so far
+    updates: int = 0
+    drawn: tuple[Batch, dict[str, Any], dict[str, Any]] | None = None
 
 
 def grpo_step(
@@ -785,22 +799,34 @@ def grpo_step(
     step: int,
     d: distributed.Dist | None = None,
     should_stop: Callable[[], bool] | None = None,
+    redo: StepProgress | None = None,
 ) -> StepResult:
     """Sample G completions for each of P prompts, score them, group-relative advantages, then μ
     optimizer steps on the batch; the reference moves toward the policy when its sync is due.
     `should_stop` (a stop signal) is looked at while reward functions run: True abandons the step
     with `ScoringStopped`, the weights and optimizer untouched (scoring precedes every update).
-    Running out of device memory raises `OutOfDeviceMemory` once the step's tensors are released."""
-    progress = _Progress()
+    Running out of device memory raises `OutOfDeviceMemory` once the step's tensors are released;
+    `redo` (its progress, with the scored batch) redoes that step from the batch, the random state
+    put back as it was after drawing it (the prompt sampler is where the draw left it)."""
+    progress = StepProgress(drawn=redo.drawn if redo is not None else None)
+    if progress.drawn is not None:
+        set_rng_state(progress.drawn[2])
     try:
         return _grpo_step(trainee, reward_funcs, step, d or distributed.Dist(), should_stop, progress)
     except torch.OutOfMemoryError as error:  # (raised below, once the frames holding tensors are gone)
         message = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
-        # inside the optimizer's step the weights may be half updated: count that update as applied
-        frames = traceback.walk_tb(error.__traceback__)
-        applying = any(frame.f_code.co_name == optim.apply_update.__name__ for frame, _ in frames)
+        applying = _in_optimizer_step(error)
     trainee.update.optimizer.zero_grad(set_to_none=True)  # the micro-batches' partial gradients
-    raise OutOfDeviceMemory(message, progress.phase, progress.updates + applying)
+    progress.updates += applying  # inside the optimizer's step the weights may be half updated
+    raise OutOfDeviceMemory(message, progress)
+
+
+def _in_optimizer_step(error: BaseException) -> bool:
+    """Whether `error` was raised inside the optimizer's update (`optim.apply_update`)."""
+    return any(
+        frame.f_code.co_name == optim.apply_update.__name__
+        for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
 
 
 def _grpo_step(
@@ -809,17 +835,20 @@ def _grpo_step(
     step: int,
     d: distributed.Dist,
     should_stop: Callable[[], bool] | None,
-    progress: _Progress,
+    progress: StepProgress,
 ) -> StepResult:
     engine, update, params = trainee.engine, trainee.update, trainee.params
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
     prompts = trainee.prompts
     on_policy = learns_on_policy(params.spec, step)  # (gkd: on the dataset's answers otherwise)
-    if on_policy:
+    if progress.drawn is not None:  # a redo: the batch already drawn and scored
+        host_batch, metrics = progress.drawn[0], dict(progress.drawn[1])
+    elif on_policy:
         host_batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
     else:
         host_batch, metrics = offpolicy_batch(trainee, step, d)
+    progress.drawn = (host_batch, dict(metrics), rng_state())
     if params.loss.loss_type == "gkd":
         metrics["distill/on_policy"] = float(on_policy)
     began = time.perf_counter()
