@@ -194,6 +194,26 @@ def test_tools_with_conversational_prompts_end_turns_at_eos_and_answer_bare():
     assert inline.for_chat() is inline  # plain-text observations: unchanged
 
 
+def test_a_tool_turn_reads_as_trls_assistant_message_with_tool_calls():
+    """What conversational reward functions get for a turn: its call parsed into tool_calls (JSON or
+    Python call syntax, arguments bound to the tool's parameters), the text around it as content;
+    a turn without a call, a malformed one or one to an unknown tool is its text."""
+    read = tool_environment([calc], "hermes").for_chat().turn_message
+    call = {"type": "function", "function": {"name": "calc", "arguments": {"expression": "3+4"}}}
+    json_call = '<tool_call>{"name": "calc", "arguments": {"expression": "3+4"}}</tool_call>'
+    assert read(json_call) == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert read('Let me add. <tool_call>calc("3+4")</tool_call>') == {
+        "role": "assistant", "content": "Let me add.", "tool_calls": [call],
+    }  # fmt: skip
+    for text in (
+        "7",
+        "<tool_call>calc(</tool_call>",
+        '<tool_call>nope("3")</tool_call>',
+        "<tool_call>calc()",
+    ):
+        assert read(text) == {"role": "assistant", "content": text}, text
+
+
 class Inline(Echo):
     observation_role = None  # observations stay plain text inside the assistant's turn
 

@@ -89,7 +89,9 @@ def _episodes_read_back(checkpoint: Path, repo: str, rows: list[dict]) -> int:
         body = json.loads(match["call"])
         value = evaluate_expression(body["arguments"]["expression"])
         assert value is not None and match["result"] == str(value[0]), transcript
-        assert r.messages[b][1] == {"role": "tool", "content": match["result"]}
+        call = {"type": "function", "function": {"name": "calc", "arguments": body["arguments"]}}
+        assert r.messages[b][0] == {"role": "assistant", "content": "", "tool_calls": [call]}  # TRL's form
+        assert r.messages[b][1] == {"role": "tool", "name": "calc", "content": match["result"]}
         assert r.completions[b] == r.messages[b][-1]["content"]  # the completion is the answer turn
         called += 1
     return called

@@ -76,6 +76,8 @@ class EnvironmentSpec:
     )
     chat: bool = False  # episodes continue through the chat template (`for_chat`)
     chat_template_kwargs: dict[str, Any] | None = None  # what the template is rendered with (chat)
+    # chat: how a policy turn reads as a message (tools: the call parsed into tool_calls); None: its text
+    turn_message: Callable[[str], dict[str, Any]] | None = None
 
     def final_answer(self, transcript: str) -> str:
         """The text after the last `answer_after` marker (the whole transcript without one), stripped."""

@@ -239,6 +239,36 @@ class ToolEnvironment:
         return dict(self.counts)
 
 
+def turn_message(tools: Sequence[Callable[..., Any]], fmt: ToolCallFormat) -> Callable[[str], dict[str, Any]]:
+    """How a policy turn reads as a chat message, as TRL gives one to reward functions: a turn that
+    calls a known tool with arguments that bind is {"role": "assistant", "content": the text around
+    the call, "tool_calls": [{"type": "function", "function": {"name", "arguments": {...}}}]}; any
+    other turn is its text as content."""
+    by_name = {t.__name__: t for t in tools}
+
+    def message(text: str) -> dict[str, Any]:
+        start = text.rfind(fmt.call_start)
+        end = text.rfind(fmt.call_end)
+        plain = {"role": "assistant", "content": text}
+        if start < 0 or end < start:
+            return plain
+        try:
+            call = parse_call(text[start + len(fmt.call_start) : end])
+            tool = by_name[call.name]
+            arguments = dict(inspect.signature(tool).bind(*call.args, **call.kwargs).arguments)
+        except (MalformedCall, KeyError, TypeError, ValueError):
+            return plain
+        function = {"name": call.name, "arguments": arguments}
+        content = (text[:start] + text[end + len(fmt.call_end) :]).strip()
+        return {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [{"type": "function", "function": function}],
+        }
+
+    return message
+
+
 def tool_environment(
     tools: Sequence[Callable[..., Any]], fmt: str = "hermes", max_turns: int = 4, timeout: float = 5.0
 ) -> EnvironmentSpec:
@@ -264,6 +294,7 @@ def tool_environment(
         name=name,
         tool_schemas=schemas,
         observation_role="tool",
+        turn_message=turn_message(tools, style),
     )
     return EnvironmentSpec(
         factory=lambda: ToolEnvironment(tools, style, timeout),

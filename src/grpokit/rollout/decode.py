@@ -562,7 +562,7 @@ class Decoder:
                 continue
             end = columns[i]
             texts[i] = self.tokenizer.decode(tokens[i][starts[i] : end], skip_special_tokens=True)
-            episodes.messages[i].append({"role": "assistant", "content": texts[i]})
+            episodes.messages[i].append(_turn_message(spec, texts[i]))
             episodes.turns[i] += 1
             episodes.running[i] = False  # unless the environment goes on, below
             episodes.pending[i] = [tokens[i][end - 1]]  # fed with the observation, if the episode goes on
@@ -589,7 +589,7 @@ class Decoder:
                 obs, episodes.truncated[i] = obs[: max(room, 0)], True
             observations[i] = obs
             if obs and not episodes.truncated[i]:  # a message only for an observation written whole
-                episodes.messages[i].append({"role": str(spec.observation_role), "content": observation})
+                episodes.messages[i].append(_observation_message(spec, episodes.messages[i][-1], observation))
             episodes.running[i] = not episodes.truncated[i]
             episodes.pending[i] = episodes.pending[i] + obs
         _write(run, observations)
@@ -604,6 +604,20 @@ class Decoder:
             return [step_episode(env, text, name) for env, text in pairs]
         with ThreadPoolExecutor(max_workers=min(ENV_THREADS, len(pairs))) as pool:
             return list(pool.map(lambda pair: step_episode(pair[0], pair[1], name), pairs))
+
+
+def _turn_message(spec: EnvironmentSpec, text: str) -> dict[str, Any]:
+    """A policy turn as a chat message (the environment's reading of it, e.g. a parsed tool call)."""
+    return (
+        spec.turn_message(text) if spec.turn_message is not None else {"role": "assistant", "content": text}
+    )
+
+
+def _observation_message(spec: EnvironmentSpec, turn: dict[str, Any], observation: str) -> dict[str, Any]:
+    """An observation as a chat message; a tool's result names the tool the turn called (as TRL's)."""
+    message = {"role": str(spec.observation_role), "content": observation}
+    calls = turn.get("tool_calls")
+    return {**message, "name": calls[0]["function"]["name"]} if calls else message
 
 
 def _chunk(pending: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
