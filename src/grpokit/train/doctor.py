@@ -285,7 +285,7 @@ def _rewards_section(report: Checkup, plan: GRPOPlan, data: Any) -> None:
 # ----------------------------------------------------------------------------- 4. sampling, 6. time
 
 
-def _episodes_finding(report: Checkup, rollout: Any) -> None:
+def _episodes_finding(report: Checkup, rollout: Any, warmed: bool) -> None:
     """Multi-turn episodes: turns and the environment's counts per episode; a tool environment whose
     policy never wrote a call (well formed or not) is flagged, since GRPO only reinforces calls it sees."""
     episodes = rollout.num_turns.numel()
@@ -294,15 +294,21 @@ def _episodes_finding(report: Checkup, rollout: Any) -> None:
     silent = (
         "tool_calls" in per_episode and per_episode["tool_calls"] + per_episode.get("malformed_calls", 0) == 0
     )
+    advice = (
+        "the policy never wrote a tool call, so GRPO has no call to reinforce: "
+        + (
+            "the warm start did not teach it: more sft_steps, or demonstrations whose turns call a tool"
+            if warmed
+            else "warm start on worked episodes (sft_steps, a demonstration column)"
+        )
+        + ", or describe the tools in the prompt"
+    )
     report.add(
         "sampling",
         "episodes",
         f"{float(rollout.num_turns.float().mean()):.2f} turns{counts} per episode ({episodes} episodes)",
         "warn" if silent else "ok",
-        "the policy never wrote a tool call, so GRPO has no call to reinforce: warm start on worked "
-        "episodes (sft_steps, a demonstration column), or describe the tools in the prompt"
-        if silent
-        else "",
+        advice if silent else "",
     )
 
 
@@ -358,7 +364,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
         f"{report.mean_length:.1f} tokens (reward {float(torch.nanmean(scores.rewards)):.3g})",
     )
     if rollout.num_turns is not None:
-        _episodes_finding(report, rollout)
+        _episodes_finding(report, rollout, warmed=bool(plan.warm_start.schedule.steps))
     # time: sampling scales with the rows, the update is ~3 forwards (forward and backward) per iteration
     engine.frozen_logps(rollout, spec.micro_batch_size)  # warm-up
     began = time.perf_counter()
