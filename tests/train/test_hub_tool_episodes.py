@@ -61,6 +61,11 @@ EPISODE = {
 }
 
 
+def called_a_tool(completions, **_):
+    """A reward written for TRL's tool episodes: each completion is its messages; 1 if a turn called."""
+    return [float(any(m.get("tool_calls") for m in messages)) for messages in completions]
+
+
 def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -108,7 +113,7 @@ def test_a_tool_run_through_the_python_api_on_a_hub_chat_model(hub_offline, tmp_
     out = tmp_path / "run"
     trainer = GRPOTrainer(
         model=repo,
-        reward_funcs=["exact_answer"],
+        reward_funcs=["exact_answer", called_a_tool],
         args=GRPOConfig(output_dir=str(out), max_steps=2, eval_steps=2, seed=1, **SETTINGS),
         train_dataset=episodes(200, seed=0),
         eval_dataset=episodes(8, seed=1),
@@ -119,6 +124,9 @@ def test_a_tool_run_through_the_python_api_on_a_hub_chat_model(hub_offline, tmp_
     assert [r["step"] for r in steps] == [1, 2]
     calls = sum(r["env/tool_calls"] for r in steps) / len(steps)
     assert calls >= 0.5 and all(r["env/turns"] > 1.0 for r in steps), steps
+    # the TRL-style reward saw the calls in its messages: episodes with a call, at most the calls counted
+    for r in steps:
+        assert 0.5 <= r["rewards/called_a_tool/mean"] <= r["env/tool_calls"] + 1e-6, r
     evals = [r for r in _metrics(out) if "eval/turns" in r]
     assert evals and evals[-1]["eval/turns"] > 1.0 and "eval/accuracy" in evals[-1]
     assert _episodes_read_back(list_checkpoints(out)[-1], repo, episodes(8, seed=2)) >= 4
