@@ -684,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .data import DataError
     from .rewards import RewardFunctionError
-    from .train.grpo_step import OutOfDeviceMemory
+    from .train.grpo_step import OutOfDeviceMemory, first_line
     from .train.run import TooManySkips
 
     try:
@@ -699,10 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     ) as error:
         line = str(error)  # ValueError: a DeviceError (device=cuda without a GPU) among others
     except torch.OutOfMemoryError as error:  # outside a training step (warm start, a reward model...)
-        first = (str(error).strip().splitlines() or ["out of memory"])[0]
         line = (
-            f"out of device memory ({first}); lower micro_batch_size (rows per forward and backward, and "
-            "per evaluation call) or set gradient_checkpointing=true; `grpokit doctor` forecasts the peak"
+            f"out of device memory ({first_line(error)}); lower micro_batch_size (rows per forward and "
+            "backward, and per evaluation call) or set gradient_checkpointing=true; `grpokit doctor` "
+            "forecasts the peak"
         )
     except OSError as error:
         found = environment_error(error, args.command)

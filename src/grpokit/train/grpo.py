@@ -49,7 +49,15 @@ from .grpo_setup import (
     tiny_context,
     warm_start,
 )
-from .grpo_step import OutOfDeviceMemory, StepParams, StepProgress, StepResult, Trainee, grpo_step
+from .grpo_step import (
+    OutOfDeviceMemory,
+    StepParams,
+    StepProgress,
+    StepResult,
+    Trainee,
+    first_line,
+    grpo_step,
+)
 from .hub_push import check_push, push_final
 from .metrics import InvariantWatch, check_reporters, warn
 from .optim import weights_finite
@@ -247,7 +255,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
                 if d.is_main:
                     warn(on_event, step, f"evaluation at step {step} abandoned: {stopped}")
             except torch.OutOfMemoryError as error:  # the update is done: finish_step saves it and stops
-                evaluated, evaluation_oom = None, (str(error).strip().splitlines() or ["out of memory"])[0]
+                evaluated, evaluation_oom = None, first_line(error)
                 stop.signal = stop.signal or "out of device memory in evaluation"
                 release_cached_memory(d.device)
             if evaluated is not None and d.is_main:  # held-out accuracy against the reward: hacking
@@ -296,15 +304,21 @@ def _abandoned(
     if d.is_main:
         warn(on_event, step, f"step {step} abandoned: {why}")
     if step - 1 == 0:
-        if d.is_main:  # only this run's starting evaluation was written: not worth a resume
-            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
-            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
+        _forget_starting_evaluation(output_dir, d)
         return _stopped_early(emit, stop, output_dir, f"step {step}")
     if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in list_checkpoints(output_dir):
         checkpoint(step - 1)  # (one already there holds this very state)
     signal = stop.signal or "a signal on another rank"
     emit("stopped", step - 1, {"signal": signal, "output_dir": str(output_dir)})
     return run.result(TrainResult, step - 1)
+
+
+def _forget_starting_evaluation(output_dir: Path, d: distributed.Dist) -> None:
+    """A run that stops before its first step has written only its starting evaluation, not worth a
+    resume: removed, so that the same command starts over (an earlier run's files would refuse it)."""
+    if d.is_main:
+        (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+        shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
 
 
 def fitted_step(
@@ -405,9 +419,7 @@ def out_of_memory(
             else "no checkpoint was saved yet: overwrite=true starts the run over"
         )
     elif step - 1 == 0:
-        if d.is_main:  # only this run's starting evaluation was written: not worth a resume
-            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
-            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
+        _forget_starting_evaluation(output_dir, d)
         where = "no step had finished: the same command starts over"
     else:
         if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in saved:

@@ -814,11 +814,16 @@ def grpo_step(
     try:
         return _grpo_step(trainee, reward_funcs, step, d or distributed.Dist(), should_stop, progress)
     except torch.OutOfMemoryError as error:  # (raised below, once the frames holding tensors are gone)
-        message = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+        message = first_line(error)
         applying = _in_optimizer_step(error)
     trainee.update.optimizer.zero_grad(set_to_none=True)  # the micro-batches' partial gradients
     progress.updates += applying  # inside the optimizer's step the weights may be half updated
     raise OutOfDeviceMemory(message, progress)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an out-of-memory error (torch adds lines of allocator advice after it)."""
+    return (str(error).strip().splitlines() or ["out of memory"])[0]
 
 
 def _in_optimizer_step(error: BaseException) -> bool:
