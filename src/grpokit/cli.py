@@ -192,7 +192,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         sft_data,
         sft_schedule,
     )
-    from .data import require_answers, sft_rows
+    from .data import demonstration, require_answers, sft_rows, solution_column
     from .models import save_policy
     from .train.grpo_setup import held_out_metrics, probe_engine, resolve_data
     from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
@@ -216,7 +216,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                 otherwise="unset eval_dataset",
             )
         rows = [*data.train_rows, *data.eval_rows]
-        pairs = [(str(r[cfg.prompt_column]), str(r[cfg.answer_column])) for r in rows]
+        pairs = [(str(r[cfg.prompt_column]), demonstration(r, cfg.answer_column)) for r in rows]
         longest = max(len(a) for _, a in pairs) + 1
         data = replace(data, max_prompt_length=None, max_completion_length=longest)
         lengths = max(len(p) for p, _ in pairs) + longest
@@ -227,7 +227,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     threads = ThreadGovernor.start(cfg.num_threads, device)  # fewer CPU threads while others hold cores
     model, tokenizer = policy_and_tokenizer(model_spec(cfg), data.alphabet, 4 * lengths)
     model = model.to(device=device, dtype=precision.master)
-    columns = [cfg.prompt_column, cfg.answer_column]  # the warm start encodes both
+    columns = [cfg.prompt_column, cfg.answer_column, solution_column(cfg.answer_column)]  # what it encodes
     check_known_characters(tokenizer, cfg.model, [(data.train_source, data.train_rows)], columns)
     check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
     console = _console()

@@ -57,7 +57,11 @@ configs:
 
 
 def bare(rows, answers):
-    return [{**row, "answer": answer} for row, answer in zip(rows, answers, strict=True)]
+    """The rows as answer_format=gsm8k loads them: the bare answer, and the worked solution kept."""
+    return [
+        {**row, "answer": answer, "answer_solution": row["answer"]}
+        for row, answer in zip(rows, answers, strict=True)
+    ]
 
 
 def write_repo(root: Path) -> Path:
@@ -127,8 +131,11 @@ def test_gsm8k_answer_by_hand():
 
 def test_answer_format_applies_to_every_row_and_names_a_bad_one():
     rows = [{"q": "a", "answer": "x\n#### 1,5"}, {"q": "b", "answer": "just 15"}]
-    assert apply_answer_format(rows[:1], "answer", "gsm8k", "f.jsonl") == [{"q": "a", "answer": "15"}]
-    assert rows[0]["answer"] == "x\n#### 1,5"  # the caller's rows are not changed
+    made = apply_answer_format(rows[:1], "answer", "gsm8k", "f.jsonl")
+    assert made == [{"q": "a", "answer": "15", "answer_solution": "x\n#### 1,5"}]
+    assert rows[0] == {"q": "a", "answer": "x\n#### 1,5"}  # the caller's rows are not changed
+    own = [{"q": "a", "answer": "#### 3", "answer_solution": "mine"}]  # a column of that name is kept
+    assert apply_answer_format(own, "answer", "gsm8k", "f.jsonl") == [{**own[0], "answer": "3"}]
     assert apply_answer_format(rows, "answer", "raw", "f.jsonl") == rows
     with pytest.raises(DataError) as error:
         apply_answer_format(rows, "answer", "gsm8k", "f.jsonl")
@@ -175,8 +182,13 @@ def test_the_run_trains_on_the_train_split_and_holds_out_the_test_split(tmp_path
     assert data.train_rows == bare(TRAIN, TRAIN_ANSWERS)
     assert data.eval_rows == bare(TEST, TEST_ANSWERS)
     assert data.eval_source == "tiny-org/gsm8k (split test)"
-    assert data.is_correct("#### 4", data.eval_rows[0]) is False  # exact answer: the bare "4"
-    assert data.is_correct("4", data.eval_rows[0]) and data.is_correct("1000", data.eval_rows[1])
+    # judged as gsm8k_answer pays: the number after the completion's last "####" (verl's strict rule)
+    assert data.is_correct("2+2=4\n#### 4", data.eval_rows[0]) is True
+    assert data.is_correct("#### 1,000", data.eval_rows[1]) and data.is_correct(
+        "#### 1000.0", data.eval_rows[1]
+    )
+    assert data.is_correct("4", data.eval_rows[0]) is False  # the right number without the marker
+    assert data.is_correct("#### 4\nno: #### 5", data.eval_rows[0]) is False
     # the splits are options: train on test, hold out train
     swapped = data_of(config(tmp_path, hub_cached, dataset_train_split="test", dataset_test_split="train"))
     assert swapped.train_rows == bare(TEST, TEST_ANSWERS) and swapped.eval_rows == bare(TRAIN, TRAIN_ANSWERS)

@@ -219,7 +219,6 @@ def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path)
         ({"loss_type": "gkd", "teacher_model": "x", "top_entropy_quantile": 0.5}, "no policy-gradient"),
         ({"loss_type": "gkd", "teacher_model": "x", "epsilon_high": 0.28}, "no policy-gradient"),
         ({"loss_type": "gkd", "teacher_model": "x", "seq_kd": True, "lmbda": 1.0}, "never drawn"),
-        ({"loss_type": "gkd", "teacher_model": "x", "answer_format": "gsm8k"}, "a bare number"),
     ],
 )
 def test_bad_gkd_options_are_refused(overrides, says):

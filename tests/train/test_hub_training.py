@@ -110,8 +110,8 @@ TOY = [
 @pytest.mark.slow
 def test_the_gsm8k_preset_trains_a_hub_model_on_a_hub_layout_dataset_and_resumes(hub_home, tmp_path):
     """`grpokit train gsm8k model=ORG/NAME dataset=DIR` at toy size, through the CLI, offline: the chat
-    template renders the system prompt, a warm start learns the bare answers, GRPO scores with the GSM8K
-    rewards, evaluation reports accuracy, every checkpoint loads with transformers' Auto classes (chat
+    template renders the system prompt, a warm start learns the worked solutions, GRPO scores with the
+    GSM8K rewards, evaluation reports accuracy and each reward, every checkpoint loads with transformers' Auto classes (chat
     template included), and resume continues the run."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,7 +124,12 @@ def test_the_gsm8k_preset_trains_a_hub_model_on_a_hub_layout_dataset_and_resumes
     steps = [r for r in rows if "rewards/gsm8k_answer/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("rewards/gsm8k_format/mean" in r for r in steps)
-    assert any("eval/accuracy" in r for r in rows)  # held-out accuracy on the test split
+    evaluated = [r for r in rows if "eval/accuracy" in r]  # held-out accuracy on the test split
+    assert evaluated and all(
+        r["eval/reward"]
+        == pytest.approx(r["eval/rewards/gsm8k_answer/mean"] + 0.1 * r["eval/rewards/gsm8k_format/mean"])
+        for r in evaluated
+    )  # the preset's weights, 1 and 0.1
     assert (out / "sft_metrics.jsonl").read_text().count("\n") >= 2  # the warm start ran its steps
 
     checkpoint = out / "checkpoint-2"

@@ -738,12 +738,6 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 self.seq_kd and self.lmbda >= 1.0,
                 "with lmbda=1 every step is on the student's own samples and the teacher's are never drawn",
             ),
-            "answer_format": (
-                self.answer_format != "raw" and self.lmbda < 1.0 and not self.seq_kd,
-                f"answer_format={self.answer_format} keeps only the final answer in answer_column, so the "
-                "off-policy steps would learn a bare number; set seq_kd=true (the teacher's samples) or "
-                "lmbda=1",
-            ),
         }
         for name, (bad, why) in pointless.items():
             if bad:

@@ -1,6 +1,13 @@
 """Prompt datasets and the built-in tasks."""
 
-from .answers import ANSWER_FORMATS, apply_answer_format, gsm8k_answer
+from .answers import (
+    ANSWER_FORMATS,
+    AnswerFormat,
+    apply_answer_format,
+    demonstration,
+    gsm8k_answer,
+    solution_column,
+)
 from .curriculum import POOLS, Curriculum, CurriculumRule
 from .custom import (
     answer_checker,
@@ -26,7 +33,10 @@ from .tasks import TASKS, evaluate_expression, get_task
 
 __all__ = [
     "ANSWER_FORMATS",
+    "AnswerFormat",
     "apply_answer_format",
+    "demonstration",
+    "solution_column",
     "dataset_splits",
     "gsm8k_answer",
     "is_dataset_name",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .answers import demonstration, solution_column
 from .prompts import DataError, render_prompt
 
 if TYPE_CHECKING:
@@ -29,13 +30,13 @@ def data_alphabet(
     answer_column: str = "answer",
     extra: str = "",
 ) -> str:
-    """The sorted set of characters of every prompt, answer and worked episode ("demonstration") of the
-    given rows, and of `extra` (a tool-call format's markers): the alphabet of the character tokenizer
-    that `model: tiny` builds for a dataset of the user's own."""
+    """The sorted set of characters of every prompt, answer, worked solution (answer_format) and worked
+    episode ("demonstration") of the given rows, and of `extra` (a tool-call format's markers): the
+    alphabet of the character tokenizer that `model: tiny` builds for a dataset of the user's own."""
     chars: set[str] = set(extra)
     for rows in row_lists:
         for row in rows:
-            for column in (prompt_column, answer_column):
+            for column in (prompt_column, answer_column, solution_column(answer_column)):
                 for text in _texts(row.get(column)):
                     chars.update(text)
             for segment in row.get("demonstration") or ():
@@ -135,7 +136,7 @@ def sft_rows(
     return [
         {
             "prompt": render_prompt(row[prompt_column], tokenizer, None, template_kwargs),
-            "answer": str(row[answer_column]),
+            "answer": demonstration(row, answer_column),  # a worked solution, when the format kept one
         }
         for row in rows
     ]
@@ -162,13 +163,20 @@ def _chat_segments(demonstration: Sequence[Any], turns: ChatTurns | None) -> lis
     return out
 
 
-def answer_checker(answer_column: str = "answer") -> Callable[[str, dict[str, Any]], bool]:
-    """Exact-answer correctness for rows of the user's own data, as the built-in tasks judge theirs:
-    the completion, stripped of surrounding white space, equals the row's answer (as text, stripped)."""
+def answer_checker(
+    answer_column: str = "answer", judge: Callable[[str, Any], bool] | None = None
+) -> Callable[[str, dict[str, Any]], bool]:
+    """Correctness for rows of the user's own data: `judge(completion, the row's answer)`, or, without
+    one, exact answer as the built-in tasks judge theirs: the completion, stripped of surrounding white
+    space, equals the row's answer (as text, stripped)."""
 
     def is_correct(completion: str, row: dict[str, Any]) -> bool:
         answer = row.get(answer_column)
-        return answer is not None and completion.strip() == str(answer).strip()
+        if answer is None:
+            return False
+        if judge is not None:
+            return judge(completion, answer)
+        return completion.strip() == str(answer).strip()
 
     is_correct.__name__ = f"exact_{answer_column}"
     return is_correct

@@ -17,14 +17,16 @@ from ..rollout import Rollout, SamplingParams
 
 @dataclass(frozen=True)
 class EvalTask:
-    """What is evaluated and how it is judged: the rows, the reward functions (mean `reward`), the
-    exact-answer check (`accuracy`, pass@k; None: neither) and the lengths completions are drawn at."""
+    """What is evaluated and how it is judged: the rows, the reward functions and their weights (mean
+    `reward`, as training combines them; None: 1 each), the correctness check (`accuracy`, pass@k;
+    None: neither) and the lengths completions are drawn at."""
 
     rows: Sequence[dict[str, Any]]
     reward_funcs: Sequence[Callable[..., Any]]
     is_correct: Callable[[str, dict[str, Any]], bool] | None
     max_prompt_length: int | None = None
     max_completion_length: int = 256
+    reward_weights: Sequence[float] | None = None
 
 
 def evaluate(
@@ -66,6 +68,7 @@ def evaluate(
         sampled.messages or completions,  # episodes through the chat template: their messages
         columns=columns,
         completion_ids=completion_ids,
+        weights=task.reward_weights,
         rules=CallRules(settings.on_reward_error, settings.reward_timeout, should_stop),  # type: ignore[arg-type]
     )
     metrics = {
@@ -73,6 +76,8 @@ def evaluate(
         "reward": torch.nanmean(scores.rewards).item(),
         "completions/mean_length": sum(map(len, completion_ids)) / max(len(completion_ids), 1),
     }
+    if len(scores.names) > 1:  # each function's mean, as training reports it (rewards/<name>/mean)
+        metrics |= {k: v.item() for k, v in scores.metrics().items() if k.endswith("/mean")}
     if episodic:
         metrics["turns"] = sum(sampled.turns) / max(len(sampled.turns), 1)
     if is_correct is not None:

@@ -22,6 +22,7 @@ from ..config import GRPOConfig
 from ..config.applied import Preset, applied
 from ..config.plan import GRPOPlan, RunControl, grpo_plan
 from ..config.resume import resume_changes
+from ..data import solution_column
 from ..models import ModelShape, check_lora_targets, memory_metrics, release_cached_memory, require_peft
 from ..rewards import reward_name
 from ..rewards.scoring import ScoringStopped
@@ -167,7 +168,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         tokenizer,
         plan.model.name,
         [(data.train_source, data.train_rows), (data.eval_source, data.eval_rows)],
-        list(columns) if plan.warm_start.schedule.steps else [columns[0]],
+        [*columns, solution_column(columns[1])] if plan.warm_start.schedule.steps else [columns[0]],
     )
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
     check_gkd_answers(spec.step, data)  # gkd's off-policy steps: an answer in every row

@@ -27,6 +27,7 @@ from ..config.plan import (
     WarmStart,
 )
 from ..data import (
+    ANSWER_FORMATS,
     CurriculumRule,
     DataError,
     PromptSampler,
@@ -95,6 +96,7 @@ class RunData:
     eval_source: str = "the held-out rows"
     environment: EnvironmentSpec | None = None  # multi-turn episodes (tools or your environment), or None
     chat_template_kwargs: dict[str, Any] | None = None  # what the chat template is rendered with
+    reward_weights: tuple[float, ...] | None = None  # of reward_funcs (None: 1 each), as in training
 
 
 def resolve_environment(spec: EpisodeSpec, task: Any) -> EnvironmentSpec | None:
@@ -189,12 +191,13 @@ def _own_data(
     environment: EnvironmentSpec | None,
 ) -> tuple[str | None, Any]:
     """(alphabet, is_correct) for data that is not a built-in task's: the tiny model's tokenizer over
-    the data's own characters, and the exact answer (after strip) when the rows have an answer column;
-    in multi-turn episodes, the answer is the transcript's final answer (after the last tool response)."""
+    the data's own characters, and, when the rows have an answer column, correctness as the answer
+    format judges it (`answer_judge`; raw: the exact answer, after strip); in multi-turn episodes,
+    the answer is the transcript's final answer (after the last tool response)."""
     if task is not None:
         return task.alphabet, is_correct
     if is_correct is None and has_answers(eval_rows or train_rows, spec.answer_column):
-        is_correct = answer_checker(spec.answer_column)
+        is_correct = answer_checker(spec.answer_column, answer_judge(spec.answer_format))
         if environment is not None:
             exact, final = is_correct, environment.final_answer
             is_correct = lambda completion, row: exact(final(completion), row)  # noqa: E731
@@ -208,6 +211,19 @@ def _own_data(
             extra="".join(environment.markers) if environment is not None else "",
         )
     return alphabet, is_correct
+
+
+def answer_judge(answer_format: str) -> Callable[[str, Any], bool] | None:
+    """Whether a completion gives a (bare) answer under `answer_format`: its built-in reward pays 1.0
+    (gsm8k: the number after the completion's last '####'), so that accuracy counts what the reward
+    pays; None: the exact answer."""
+    from ..rewards import BUILTIN_REWARDS
+
+    name = ANSWER_FORMATS[answer_format].judge
+    if name is None:
+        return None
+    reward = BUILTIN_REWARDS[name]
+    return lambda completion, answer: reward([""], [completion], answer=[answer])[0] == 1.0
 
 
 def _dataset_rows(spec: DataSpec, source: str, split: str) -> tuple[list[dict[str, Any]], str]:
@@ -326,6 +342,7 @@ def resolve_data(
         eval_source=eval_source,
         environment=environment,
         chat_template_kwargs=spec.chat_template_kwargs,
+        reward_weights=None if rewards.weights is None else tuple(rewards.weights),
     )
 
 
@@ -711,6 +728,7 @@ def held_out_metrics(
     task = EvalTask(
         data.eval_rows,
         reward_funcs=data.reward_funcs,
+        reward_weights=data.reward_weights,
         is_correct=data.is_correct,
         max_prompt_length=data.max_prompt_length,
         max_completion_length=data.max_completion_length,

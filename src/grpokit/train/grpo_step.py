@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..config.plan import StepSpec
-from ..data import PromptSampler, columns_of, render_prompt
+from ..data import PromptSampler, columns_of, demonstration, render_prompt
 from ..engine import PolicyEngine, truncates
 from ..models import should_sync, sync_reference
 from ..ops import (
@@ -299,7 +299,7 @@ def offpolicy_batch(trainee: Trainee, step: int, d: distributed.Dist) -> tuple[B
         demo = trainee.teacher.generate(texts, drawn)  # [P, T] on the host
         answers = demo.completions
     else:
-        answers = [str(r[spec.answer_column]) for r in rows]
+        answers = [demonstration(r, spec.answer_column) for r in rows]  # a worked solution, if kept
         demo = engine.decoder.demonstrate(texts, answers, params.sampling)
     mask = demo.completion_mask  # [P, T]
     if spec.mask_truncated_completions:
