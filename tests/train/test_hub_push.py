@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.train.grpo import train_grpo
@@ -99,3 +100,31 @@ def test_hub_options_without_push_to_hub_are_one_line():
         ValueError, match="hub_model_id and hub_private_repo only apply with push_to_hub=true"
     ):
         GRPOConfig(hub_model_id="me/x")
+
+
+def test_a_lora_run_uploads_the_merged_model_and_its_adapters_not_the_base(tmp_path, hub):
+    """What transformers loads from the upload is the trained model (adapters merged), the adapters
+    go along in lora_adapter/, and the base copy kept for resume stays local."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(
+        tmp_path,
+        max_steps=1,
+        push_to_hub=True,
+        hub_model_id="me/x",
+        use_peft=True,
+        lora_r=2,
+        learning_rate=0.1,
+    )
+    train_grpo(cfg, reward_funcs=[ones_reward])
+    pushed = sorted(p.relative_to(hub.into).as_posix() for p in hub.into.rglob("*") if p.is_file())
+    assert "lora_adapter/adapter_model.safetensors" in pushed and "model.safetensors" in pushed
+    assert not [p for p in pushed if p.startswith("lora_adapter/base")]
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    merged = load_file(checkpoint / "model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(hub.into)
+    assert all(torch.equal(v, merged[k]) for k, v in model.state_dict().items() if k in merged)
+    base = load_file(checkpoint / "lora_adapter" / "base" / "model.safetensors")
+    assert any(not torch.equal(base[k], merged[k]) for k in base)  # the adapters are in it

@@ -212,7 +212,14 @@ def lora_run(tmp_path_factory):
 
 
 def test_lora_trains_only_adapters_and_exports_merged(lora_run, tmp_path, capsys):
+    """A LoRA checkpoint's root is the trained model with the adapters merged: transformers' Auto
+    class loads it as it is and computes what the PEFT model (base + adapters) computes; PEFT's
+    adapter files and the base weights (for resume) are in lora_adapter/. `export` writes the root's
+    model alone; a checkpoint of the earlier layout (base at the root) is merged on load."""
+    import shutil
+
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
     from grpokit.models import load_policy
 
@@ -221,27 +228,40 @@ def test_lora_trains_only_adapters_and_exports_merged(lora_run, tmp_path, capsys
     targets = {k.split(".")[-3] for k in adapters}
     assert targets == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert any(v.abs().max() > 0 for k, v in adapters.items() if "lora_B" in k)  # GRPO moved the adapters
-    assert "lm_head.weight" in load_file(checkpoint / "model.safetensors")  # base weights, plain names
     assert {v.shape[0] for k, v in adapters.items() if "lora_A" in k} == {2}  # lora_r reached PEFT
     adapter_config = json.loads((checkpoint / "lora_adapter" / "adapter_config.json").read_text())
     assert (adapter_config["r"], adapter_config["lora_alpha"], adapter_config["lora_dropout"]) == (2, 4, 0.05)
+    root = load_file(checkpoint / "model.safetensors")
+    base = load_file(checkpoint / "lora_adapter" / "base" / "model.safetensors")
+    assert set(root) == set(base) and "lm_head.weight" in root  # plain names
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(root[q], base[q])  # the adapters are in the root's weights
+    assert torch.equal(root["lm_head.weight"], base["lm_head.weight"])  # not adapted: as it was
+
+    ids = torch.tensor([[4, 5, 6, 7, 8]])
+    auto = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True).eval()
+    with torch.no_grad():
+        unmerged = _peft_model(checkpoint)(ids).logits
+        # float32 round-off only: W + s·B·A summed once against x·W + s·(x·A)·B
+        assert torch.allclose(auto(ids).logits, unmerged, atol=1e-5)
+        untrained = AutoModelForCausalLM.from_pretrained(checkpoint / "lora_adapter" / "base").eval()
+        assert (untrained(ids).logits - unmerged).abs().max() > 1e-3  # the adapters matter here
 
     merged = load_policy(checkpoint).model
+    assert all(torch.equal(v, root[k]) for k, v in merged.state_dict().items() if k in root)
     capsys.readouterr()
     assert main(["export", str(checkpoint), str(tmp_path / "merged")]) == 0
     assert "LoRA adapters merged" in capsys.readouterr().out
-    exported = load_policy(tmp_path / "merged").model
     assert not (tmp_path / "merged" / "lora_adapter").exists()
-    base = load_file(checkpoint / "model.safetensors")
     weights = load_file(tmp_path / "merged" / "model.safetensors")
-    assert set(weights) == set(base)
-    q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(weights[q], base[q])  # the adapters are in the exported weights
-    ids = torch.tensor([[4, 5, 6, 7, 8]])
+    assert weights.keys() == root.keys() and all(torch.equal(weights[k], root[k]) for k in root)
+
+    earlier = tmp_path / "earlier"  # the layout before: base at the root, adapters beside it
+    shutil.copytree(checkpoint, earlier)
+    shutil.move(earlier / "lora_adapter" / "base" / "model.safetensors", earlier / "model.safetensors")
+    shutil.rmtree(earlier / "lora_adapter" / "base")
     with torch.no_grad():
-        assert torch.allclose(exported.eval()(ids).logits, merged.eval()(ids).logits, atol=1e-6)
-        unmerged = _peft_model(checkpoint)(ids).logits
-    assert torch.allclose(exported(ids).logits, unmerged, atol=1e-5)  # merging kept the function
+        assert torch.allclose(load_policy(earlier).model.eval()(ids).logits, unmerged, atol=1e-5)
 
     assert main(["eval", f"model={checkpoint}", "num_eval_prompts=4", "max_completion_length=4"]) == 0
     assert "accuracy" in json.loads(capsys.readouterr().out)
@@ -251,7 +271,7 @@ def _peft_model(checkpoint):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(checkpoint / "lora_adapter" / "base", local_files_only=True)
     return PeftModel.from_pretrained(base, checkpoint / "lora_adapter").eval()
 
 

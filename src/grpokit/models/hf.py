@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .lora import ADAPTER_DIR, merge_lora
+from .lora import merge_lora, unmerged_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -286,8 +286,8 @@ def load_policy(
             source.where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **source.kwargs()
         ).to(device)
     directory = source.directory
-    if directory is not None and (directory / ADAPTER_DIR / "adapter_config.json").is_file():
-        model = merge_lora(model, directory)  # a LoRA checkpoint: merged on load
+    if directory is not None and unmerged_checkpoint(directory):
+        model = merge_lora(model, directory)  # a LoRA checkpoint of the earlier layout: merged on load
     tokenizer = load_tokenizer(path, revision=revision, trust_remote_code=trust_remote_code)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id

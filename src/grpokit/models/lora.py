@@ -58,7 +58,12 @@ def check_lora_targets(model: Any, targets: Sequence[str]) -> None:
         )
 
 
-ADAPTER_DIR = "lora_adapter"  # a LoRA checkpoint: base weights at its root, the adapters in here
+# A LoRA checkpoint: at its root the trained model with the adapters merged, a plain model that
+# AutoModelForCausalLM.from_pretrained (and a hub upload) loads as it is; in lora_adapter/ PEFT's
+# adapter files, and in lora_adapter/base/ the frozen base weights, which resume continues from
+# exactly (merging is round-off, so the base is not recovered from the merged weights).
+ADAPTER_DIR = "lora_adapter"
+BASE_DIR = "base"
 
 
 def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
@@ -67,12 +72,35 @@ def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return {k.replace(".base_layer.", "."): v for k, v in weights.items() if "lora_" not in k}
 
 
+@torch.no_grad()
+def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The weights of a LoRA model with each adapted layer's update (scale · B·A) added, under the
+    plain model's names: what PEFT's merge_and_unload gives, without changing `model`."""
+    weights = base_state_dict(model)
+    for name, module in model.get_base_model().named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):  # a LoRA layer
+            key = f"{name}.weight"
+            for adapter in module.active_adapters:
+                weights[key] = weights[key] + module.get_delta_weight(adapter).to(weights[key].dtype)
+    return weights
+
+
 def save_lora(model: Any, directory: Path) -> None:
-    """A LoRA model as a loadable directory: the base model (config.json, model.safetensors) at the
-    root, so transformers loads it as it is, and PEFT's adapter files in `lora_adapter/`."""
+    """A LoRA model as a checkpoint (layout above): the merged model at the root, PEFT's adapter files
+    in `lora_adapter/`, the base weights as a plain model in `lora_adapter/base/`."""
     base = model.get_base_model()
-    base.save_pretrained(directory, safe_serialization=True, state_dict=base_state_dict(model))
+    base.save_pretrained(directory, safe_serialization=True, state_dict=merged_state_dict(model))
     model.save_pretrained(directory / ADAPTER_DIR, safe_serialization=True)
+    base.save_pretrained(
+        directory / ADAPTER_DIR / BASE_DIR, safe_serialization=True, state_dict=base_state_dict(model)
+    )
+
+
+def unmerged_checkpoint(directory: Path) -> bool:
+    """A LoRA checkpoint of the earlier layout: the base weights at the root and the adapters in
+    `lora_adapter/` (loading merges them; resume reads the base from the root)."""
+    adapters = directory / ADAPTER_DIR
+    return (adapters / "adapter_config.json").is_file() and not (adapters / BASE_DIR).is_dir()
 
 
 def load_lora_weights(model: Any, directory: Path) -> None:
@@ -80,7 +108,8 @@ def load_lora_weights(model: Any, directory: Path) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    plain = load_file(directory / "model.safetensors")
+    stored = directory if unmerged_checkpoint(directory) else directory / ADAPTER_DIR / BASE_DIR
+    plain = load_file(stored / "model.safetensors")
     base = model.get_base_model()
     names = {k.replace(".base_layer.", "."): k for k in base.state_dict() if "lora_" not in k}
     missing = [n for n in names if n not in plain and "rotary" not in n]
@@ -99,8 +128,8 @@ def load_lora_weights(model: Any, directory: Path) -> None:
 
 
 def merge_lora(model: Any, directory: Path) -> Any:
-    """`model` (the base loaded from `directory`) with the adapters of `directory/lora_adapter`
-    merged into its weights: a plain model of the same architecture."""
+    """`model` (the base loaded from the root of an `unmerged_checkpoint`) with the adapters of
+    `directory/lora_adapter` merged into its weights: a plain model of the same architecture."""
     try:
         from peft import PeftModel
     except ImportError:

@@ -90,7 +90,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True, exist_ok=True)
         writing = tmp / "model.safetensors"
         with quiet_saving():
-            if is_lora(model):  # base weights at the root, adapters in lora_adapter/ (load_policy merges)
+            if is_lora(model):  # the merged model at the root; adapters and base in lora_adapter/
                 save_lora(model, tmp)
             else:
                 model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)

@@ -14,8 +14,8 @@ from typing import Any
 from ..config.plan import RunControl
 from .checkpoint import list_checkpoints
 
-# a checkpoint's files that only resuming reads: not part of the model a user loads
-LOCAL_ONLY = ["state.pt", "manifest.json", "dcp/*", "dcp/**"]
+# a checkpoint's files that only resuming reads (a LoRA run's base weights too): not the model a user loads
+LOCAL_ONLY = ["state.pt", "manifest.json", "dcp/*", "dcp/**", "lora_adapter/base/*"]
 
 
 class HubPushError(ValueError):
