@@ -198,3 +198,52 @@ def _longer_is_better(completions, **_):
 
 def _value(text: str):
     return {"null": None, "false": False, "true": True}.get(text, int(text) if text.isdigit() else text)
+
+
+@pytest.mark.slow
+def test_eval_and_train_take_a_hub_id_at_a_revision_from_the_cli(hub_offline, tmp_path, capsys):
+    """`grpokit eval model=ORG/NAME model_revision=REV` on a hub-layout dataset (GSM8K answers judged
+    after '####', both rewards reported), `train` at that revision, and a revision the cache lacks:
+    one line naming it and the download command."""
+    from grpokit.cli import main
+    from tests.hub_cache import REVISION
+
+    data = gsm8k_like(tmp_path / "data")
+    common = [
+        f"model={QWEN}",
+        "task=null",
+        f"dataset={data}",
+        "dataset_config=main",
+        "prompt_column=question",
+        "answer_format=gsm8k",
+        "reward_funcs=[gsm8k_answer, gsm8k_format]",
+        "reward_weights=[1.0, 0.1]",
+        "max_completion_length=8",
+        "num_eval_prompts=2",
+        "device=cpu",
+        "dtype=float32",
+    ]
+    assert main(["eval", *common, f"model_revision={REVISION}"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["num_prompts"] == 2.0 and 0.0 <= metrics["accuracy"] <= 1.0
+    assert metrics["reward"] == pytest.approx(
+        metrics["rewards/gsm8k_answer/mean"] + 0.1 * metrics["rewards/gsm8k_format/mean"]
+    )
+    out = tmp_path / "run"
+    train = [*common, f"model_revision={REVISION}", f"output_dir={out}", "max_steps=1", "report_to=none"]
+    train += [
+        "prompts_per_step=2",
+        "num_generations=2",
+        "micro_batch_size=4",
+        "eval_steps=0",
+        "progress=false",
+        "max_prompt_length=null",
+    ]
+    assert main(["train", *train]) == 0
+    saved = json.loads((out / "checkpoint-1" / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen2ForCausalLM"]
+    capsys.readouterr()
+    assert main(["eval", *common, "model_revision=v9"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--debug" in err[1] and "Traceback" not in err[0], err  # one line, and the hint
+    assert f"'{QWEN}' at revision 'v9'" in err[0] and f"hf download {QWEN} --revision v9" in err[0], err
