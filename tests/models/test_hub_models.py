@@ -181,3 +181,32 @@ def test_multi_turn_observations_are_appended_as_their_own_tokens(hub_offline):
             checked += 1
             t = start = end
     assert checked > 0
+
+
+@pytest.mark.parametrize("repo", [QWEN, LLAMA])
+def test_a_stop_string_split_over_bpe_tokens_ends_the_turn_where_it_completes(hub_offline, repo):
+    """On the real byte-level BPE tokenizers: a stop string that takes several tokens (and one merged
+    with the text after it) ends the turn at the draw that completes it, never before."""
+    from types import SimpleNamespace
+
+    from grpokit.rollout.decode import StopStrings
+
+    tokenizer = load_policy(repo).tokenizer
+    stop = "</answer>"
+    for text in ("I think 7 </answer>", "so 7</answer>\n\nok"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        pieces = [tokenizer.decode(ids[: k + 1]) for k in range(len(ids))]
+        done = next(k for k, p in enumerate(pieces) if stop in p)  # the token that completes it
+        assert not any(stop in tokenizer.decode([i]) for i in ids), "not split: the test needs a split stop"
+        fired = []
+        for k in range(len(ids)):  # one draw at a time, as the decode loop calls it
+            columns = torch.tensor([k + 1])
+            run = SimpleNamespace(
+                rows=SimpleNamespace(column=columns, finished=torch.zeros(1, dtype=torch.bool)),
+                tape=SimpleNamespace(tokens=torch.tensor([ids + [0] * 4])),
+            )
+            check = StopStrings(tokenizer, (stop,), run, [0])
+            check.before = [k]
+            check()
+            fired.append(bool(run.rows.finished[0]))
+        assert fired == [k >= done for k in range(len(ids))], (text, [tokenizer.decode([i]) for i in ids])
