@@ -210,3 +210,34 @@ def test_a_stop_string_split_over_bpe_tokens_ends_the_turn_where_it_completes(hu
             check()
             fired.append(bool(run.rows.finished[0]))
         assert fired == [k >= done for k in range(len(ids))], (text, [tokenizer.decode([i]) for i in ids])
+
+
+def test_a_teacher_and_a_reward_model_load_by_hub_id_at_a_revision(hub_offline):
+    """teacher_model_revision and a reward_funcs model entry's `revision` reach the loader: the
+    revision the cache holds loads (the teacher's shape, its engine, the reward model's scores), one
+    it lacks is one line naming it."""
+    from grpokit.config import GRPOConfig
+    from grpokit.config.plan import EngineSettings, grpo_plan
+    from grpokit.rewards import RewardModelFunction
+    from grpokit.train.distributed import Dist
+    from grpokit.train.grpo_setup import configured_rewards, load_teacher, teacher_shape
+
+    def plan(revision):
+        cfg = GRPOConfig(model=QWEN, loss_type="opd", teacher_model=LLAMA, teacher_model_revision=revision)
+        return grpo_plan(cfg)
+
+    good = plan(REVISION)
+    assert good.teacher.model.revision == REVISION and good.model.revision is None
+    assert teacher_shape(good).vocab_size == load_policy(LLAMA).model.config.vocab_size
+    tokenizer = load_policy(LLAMA).tokenizer
+    engine = load_teacher(good.teacher, tokenizer, EngineSettings(), Dist(device=torch.device("cpu")))
+    assert type(engine.module).__name__ == "LlamaForCausalLM"
+    with pytest.raises(ValueError, match=rf"'{LLAMA}' at revision 'v9'.*--revision v9"):
+        teacher_shape(plan("v9"))
+
+    entry = GRPOConfig(reward_funcs=[{"model": QWEN, "revision": REVISION, "device": "cpu"}])
+    (scorer,) = configured_rewards(grpo_plan(entry).rewards, None, torch.device("cpu"))
+    assert isinstance(scorer, RewardModelFunction)
+    assert len(scorer(prompts=["2+2?"], completions=["4"])) == 1
+    with pytest.raises(ValueError, match=r"at revision 'v9'"):
+        RewardModelFunction.from_path(QWEN, revision="v9", device="cpu")

@@ -173,8 +173,9 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
         {"max_completion_length": 8},
         {"loss_type": "grpo"},
         ones_reward,
-        lambda b, v: b["steps"][0]["completions/min_length"] < b["steps"][0]["completions/max_length"]
-        and differ(b, v),
+        lambda b, v: (
+            b["steps"][0]["completions/min_length"] < b["steps"][0]["completions/max_length"] and differ(b, v)
+        ),
     ),
     # top-k draws from q = π/Z on the k likeliest tokens: the sampled tokens' π_old/q is Z < 1
     # the repetition penalty reshapes the sampler's distribution from each row's history and is not
@@ -254,6 +255,7 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
 # options tested elsewhere, with where
 ELSEWHERE = {
     "teacher_model": "test_distillation.py::test_a_student_distils_the_teachers_habit_with_no_reward",
+    "teacher_model_revision": "tests/models/test_hub_models.py (a teacher at a revision loads; a missing one is one line)",
     "distill_coef": "test_distillation.py (the per-token advantage by hand; resume refuses another value)",
     "gkd_beta": "test_gkd.py::test_the_loss_equals_a_direct_computation_in_value_and_every_gradient (β = 0, "
     "0.5, 1); test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers",

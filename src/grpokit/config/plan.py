@@ -425,7 +425,7 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, _tuple(cfg.lora_target_modules))
     teacher = None
     if cfg.teacher_model is not None:
-        teacher_cfg = cfg.model_copy(update={"model": cfg.teacher_model, "model_revision": None})
+        teacher_cfg = cfg.model_copy(update={"model": cfg.teacher_model, "model_revision": cfg.teacher_model_revision})
         teacher = TeacherSpec(
             model=replace(model_spec(teacher_cfg), gradient_checkpointing=False), device=cfg.teacher_device
         )

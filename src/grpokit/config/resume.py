@@ -129,6 +129,7 @@ RESUME_RULES: dict[str, tuple[Rule, str]] = {
     "top_entropy_quantile": ("fixed", _FIXED_ALGO),
     "target_entropy": ("fixed", _FIXED_ALGO),
     "teacher_model": ("fixed", _FIXED_ALGO),
+    "teacher_model_revision": ("fixed", _FIXED_ALGO),
     "distill_coef": ("fixed", _FIXED_ALGO),
     "gkd_beta": ("fixed", _FIXED_ALGO),
     "seq_kd": ("fixed", _FIXED_ALGO),

@@ -512,6 +512,9 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "another run), with the policy's tokenizer; opd: its log-probs of the student's completions join the "
         "advantages; gkd: the loss is the divergence to its next-token distributions",
     )
+    teacher_model_revision: str | None = Field(
+        None, description="teacher_model's branch, tag or commit, when it is a hub id (model_revision's twin)"
+    )
     distill_coef: float = Field(
         1.0, ge=0.0, le=100.0, description="loss_type=opd: λ, the weight of the teacher reverse KL term"
     )
@@ -825,7 +828,7 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
     """One reward_funcs entry: exactly one of model / builtin / python / url, and only the options it
     takes."""
     kinds = {"model", "builtin", "python", "url"} & set(spec)
-    extras = set(spec) - {"model", "builtin", "python", "batch_size", "device"}
+    extras = set(spec) - {"model", "builtin", "python", "batch_size", "device", "revision"}
     if "url" in spec:  # a reward server: its own options only
         extras = set(spec) - {"url", *REMOTE_OPTIONS}
     if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):
@@ -833,7 +836,8 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
             f"reward_funcs entry {shown(spec)} must have exactly one of 'model' (a directory), 'builtin' "
             f"({', '.join(BUILTIN_REWARDS)}), 'python' (FILE.py:FUNCTION or "
             "package.module:FUNCTION) or 'url' (http://HOST:PORT/PATH, a reward server); a model entry "
-            "optionally batch_size, device; a url entry optionally timeout, retries, name"
+            "optionally batch_size, device, revision (of a hub id); a url entry optionally timeout, "
+            "retries, name"
         )
     if "url" in spec:
         check_remote_reward(f"reward_funcs entry {shown(spec)}", **spec)

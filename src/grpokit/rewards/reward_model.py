@@ -49,13 +49,15 @@ class RewardModelFunction:
         batch_size: int = 64,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = torch.float32,
+        revision: str | None = None,
     ) -> RewardModelFunction:
-        """The reward model saved in `path`, on `device`: a torch.device as it is, or a config's name
-        (auto = CUDA when available, under torchrun cuda:LOCAL_RANK; see `models.resolve_device`).
-        dtype: its storage (frozen: nothing updates it, so the compute dtype serves)."""
+        """The reward model saved in `path` (a directory, or a hub id at `revision`), on `device`: a
+        torch.device as it is, or a config's name (auto = CUDA when available, under torchrun
+        cuda:LOCAL_RANK; see `models.resolve_device`). dtype: its storage (frozen: nothing updates it,
+        so the compute dtype serves)."""
         if not isinstance(device, torch.device):
             device = placement(device)
-        loaded = load_reward_model(path, device=device, dtype=dtype)
+        loaded = load_reward_model(path, device=device, dtype=dtype, revision=revision)
         return cls(
             loaded.model, loaded.tokenizer, batch_size=batch_size, name=f"reward_model:{Path(path).name}"
         )

@@ -160,6 +160,7 @@ def configured_rewards(
                     entry["model"],
                     batch_size=int(entry.get("batch_size", 64)),
                     device=entry.get("device") or device or spec.device,
+                    revision=entry.get("revision"),
                 )
             )
         elif "python" in entry:  # your own function, by reference (FILE.py:NAME or package.module:NAME)
