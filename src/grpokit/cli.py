@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
@@ -470,11 +471,12 @@ def _choices(annotation: Any) -> list[Any]:
     return [value for arg in get_args(annotation) for value in _choices(arg)]
 
 
-def options_help(schema: Any, preset: str | None = None) -> str:
+def options_help(schema: Any, preset: str | None = None, named: bool = False) -> str:
     """Every option of a config class with its default and description: a command's --help epilog.
-    With `preset` (the built-in preset the command runs without CONFIG) each option the preset sets
-    also shows its value, and for GRPO the value chosen for model: tiny when the option is unset
-    (config/applied.py): what actually applies."""
+    With `preset` (the built-in preset the command runs without CONFIG, or, `named`, the one named on
+    its command line: `train gsm8k --help`) each option the preset sets also shows its value, and for
+    GRPO the value chosen for model: tiny when the option is unset (config/applied.py): what actually
+    applies."""
     import textwrap
 
     import yaml
@@ -489,7 +491,11 @@ def options_help(schema: Any, preset: str | None = None) -> str:
     intro = (
         f"options ({schema.__name__}; keys of CONFIG.yaml or key=value, values in YAML: null, true, [a, b]). "
         "Each option: its default (TRL's where TRL has the option), then in parentheses its choices"
-        + (f", the {preset} preset's value (what the command runs without CONFIG)" if preset else "")
+        + (
+            f", the {preset} preset's value (what the command runs {'so' if named else 'without CONFIG'})"
+            if preset
+            else ""
+        )
         + (f", the value chosen for {TINY} when the option is unset" if schema is GRPOConfig else "")
         + ". `grpokit print-config [CONFIG] [k=v ...]` shows every value a train run applies and where it "
         "came from. TRL's names (bf16, per_device_train_batch_size, ...) are translated or answered."
@@ -515,7 +521,21 @@ def options_help(schema: Any, preset: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def help_preset(argv: Sequence[str]) -> dict[str, str]:
+    """{command: NAME} for `grpokit COMMAND NAME ... --help` with NAME a built-in preset: that command's
+    help shows NAME's values ({}: no help asked, or no preset named)."""
+    words = [a for a in argv if a != "--debug"]
+    if not words or not {"-h", "--help"} & set(words):
+        return {}
+    named = [a for a in words[1:] if not a.startswith("-") and "=" not in a]
+    if named and not Path(named[0]).exists() and _preset(named[0]).is_file():
+        return {words[0]: named[0].removesuffix(".yaml")}
+    return {}
+
+
+def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The command line; `named` ({command: preset}, `help_preset`): a command whose help shows the
+    values of the preset named on its command line rather than of the one it runs without CONFIG."""
     from .config import GRPOConfig, RewardConfig, SFTConfig
     from .ops import POLICY_LOSS_TYPES
 
@@ -531,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
         "reward": "reward_addition",
     }
     presets["eval-reward"] = "reward_addition"  # what each command runs without CONFIG
+    presets["doctor"] = "addition"
+    named = dict(named or {})
+    presets |= named
     for name, handler, text, schema in [
         ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)", GRPOConfig),
         ("sft", _cmd_sft, "supervised warm start on a task's answers", SFTConfig),
@@ -553,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=text,
             description=text,
-            epilog=options_help(schema, presets.get(name)),
+            epilog=options_help(schema, presets.get(name), named=name in named),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         cmd.add_argument(
@@ -566,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a train config before running it: the data, each reward on reference, empty and "
         "garbage completions, K sampled groups (zero spread, truncation, length), a memory forecast and a "
         "step-time estimate. Exits 1 on a fatal finding.",
-        epilog=options_help(GRPOConfig, "addition"),
+        epilog=options_help(GRPOConfig, presets["doctor"], named="doctor" in named),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="as for train")
@@ -676,7 +699,8 @@ def environment_error(error: OSError, command: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(help_preset(argv)).parse_args(argv)
     if args.debug:
         return args.handler(args)
     import torch

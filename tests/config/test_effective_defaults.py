@@ -213,3 +213,20 @@ def test_a_tiny_run_records_the_chosen_values_and_resumes_with_them(tmp_path, ca
     # the same command resumes: the checkpoint's chosen values are what the run applies again
     assert main(["train", "own.yaml", *SHORT, "max_steps=2", "resume=true"]) == 0, capsys.readouterr().err
     assert yaml.safe_load((out / "checkpoint-2" / "config.yaml").read_text())["learning_rate"] == 1e-4
+
+
+def test_help_after_a_preset_name_shows_that_presets_values(capsys):
+    """`grpokit train gsm8k --help` (and doctor, print-config) shows what that command would apply:
+    the gsm8k preset's values, not the addition preset's; `train --help` keeps the addition preset."""
+    for command in (["train", "gsm8k", "--help"], ["doctor", "gsm8k", "-h"], ["print-config", "gsm8k", "-h"]):
+        with pytest.raises(SystemExit):
+            main(command)
+        text = capsys.readouterr().out
+        assert "the gsm8k preset's value (what the command runs so)" in " ".join(text.split()), command
+        assert "  num_generations = 8   (gsm8k preset: 5)" in text
+        assert "  beta = 0.0   (gsm8k preset: 0.001)" in text
+        assert "(addition preset:" not in text
+    with pytest.raises(SystemExit):
+        main(["train", "--help", "model=x"])  # no preset named: the one train runs without CONFIG
+    text = capsys.readouterr().out
+    assert "  max_steps = 200   (addition preset: 400)" in text and "gsm8k preset" not in text
