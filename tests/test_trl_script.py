@@ -226,3 +226,17 @@ def test_reward_functions_by_builtin_name_and_by_reference(tmp_path, monkeypatch
     )
     with pytest.raises(ValueError, match="trl_pkg.mod has no function 'threes'"):
         GRPOTrainer("tiny", ["trl_pkg.mod.threes"], None, ROWS)
+
+
+def test_peft_defaults_for_a_hub_id_come_from_its_config_through_the_cache(hub_offline):
+    """peft_config without target_modules on a hub id: peft's default for the model type read from
+    the cached config (Qwen2: q_proj, v_proj); an id the cache lacks is the loader's one line."""
+    peft = pytest.importorskip("peft")
+    from tests.hub_cache import QWEN
+
+    chosen = GRPOTrainer(QWEN, exact_answer, None, ROWS, peft_config=peft.LoraConfig()).config
+    assert chosen.lora_target_modules == ["q_proj", "v_proj"]
+    with pytest.raises(
+        ValueError, match=r"'org/absent' is not in the Hugging Face cache .*hf download org/absent"
+    ):
+        GRPOTrainer("org/absent", exact_answer, None, ROWS, peft_config=peft.LoraConfig())

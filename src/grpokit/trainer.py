@@ -251,12 +251,13 @@ def _peft_default_targets(model: Any, cfg: GRPOConfig) -> list[str]:
         kind = getattr(getattr(model, "config", None), "model_type", None)
     elif model == "tiny":
         kind = "llama"
-    else:
-        from transformers import AutoConfig
+    else:  # through the cache, a missing id said in one line (models.hf.ModelSource)
+        from .models import load_model_config
 
-        kind = AutoConfig.from_pretrained(
+        config = load_model_config(
             model, revision=cfg.model_revision, trust_remote_code=cfg.trust_remote_code
-        ).model_type
+        )
+        kind = config.model_type
     if kind not in BY_TYPE:
         raise ValueError(
             f"peft_config.target_modules is None and peft has no default for model type {kind!r}; name the "

@@ -241,3 +241,22 @@ def test_a_teacher_and_a_reward_model_load_by_hub_id_at_a_revision(hub_offline):
     assert len(scorer(prompts=["2+2?"], completions=["4"])) == 1
     with pytest.raises(ValueError, match=r"at revision 'v9'"):
         RewardModelFunction.from_path(QWEN, revision="v9", device="cpu")
+
+
+def test_a_cached_model_that_fails_to_load_offline_is_not_called_missing(hub_offline):
+    """Offline, a model the cache holds but cannot load (here its weights cut short, as an interrupted
+    download leaves them) is named with its own error, not as absent from the cache."""
+    from tests.hub_cache import snapshot
+
+    weights = snapshot(hub_offline, QWEN) / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:1000])
+    try:
+        with pytest.raises(ValueError) as caught:
+            load_policy(QWEN)
+    finally:
+        weights.write_bytes(whole)  # the cache is shared by the session's tests
+    message = str(caught.value)
+    assert "\n" not in message and "is not in the Hugging Face cache" not in message, message
+    assert f"could not load model '{QWEN}' from the Hugging Face cache" in message, message
+    assert f"hf download {QWEN}" in message, message

@@ -230,6 +230,13 @@ class ModelSource:
         except Exception as error:  # noqa: BLE001 - safetensors, tokenizers, json and the hub raise their own
             raise self.failure(error) from error
 
+    def cached(self) -> bool:
+        """Whether the hub cache holds this id's config.json at its revision (a download was made)."""
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(self.name, "config.json", revision=self.revision)
+        return isinstance(found, str)
+
     def failure(self, error: Exception) -> ValueError:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         if self.directory is not None:
@@ -241,6 +248,12 @@ class ModelSource:
 
         at = f" at revision {self.revision!r}" if self.revision else ""
         download = f"hf download {self.name}" + (f" --revision {self.revision}" if self.revision else "")
+        if constants.HF_HUB_OFFLINE and self.cached():  # there, but it does not load: say why
+            return ValueError(
+                f"could not load model {self.name!r}{at} from the Hugging Face cache "
+                f"{constants.HF_HUB_CACHE} ({type(error).__name__}: {reason}); a partial download is "
+                f"completed by `{download}`, and a model whose code is its own needs trust_remote_code=true."
+            )
         if constants.HF_HUB_OFFLINE:
             return ValueError(
                 f"model {self.name!r}{at} is not in the Hugging Face cache {constants.HF_HUB_CACHE} and "
