@@ -247,3 +247,50 @@ def test_eval_and_train_take_a_hub_id_at_a_revision_from_the_cli(hub_offline, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--debug" in err[1] and "Traceback" not in err[0], err  # one line, and the hint
     assert f"'{QWEN}' at revision 'v9'" in err[0] and f"hf download {QWEN} --revision v9" in err[0], err
+
+
+@pytest.mark.slow
+def test_resume_on_a_hub_chat_model_ends_where_the_uninterrupted_run_ends(hub_offline, tmp_path):
+    """A BPE chat model by hub id, a hub-layout dataset, a system prompt: two steps in one run, and
+    one step, stopped, then resumed for the second, end with bitwise equal weights and the same
+    rewards at step 2 (the prompt order, the sampler's draw and the optimizer state all resume)."""
+    from safetensors.torch import load_file
+
+    from grpokit.config import GRPOConfig
+    from grpokit.train.grpo import train_grpo
+
+    data = gsm8k_like(tmp_path / "data")
+
+    def run(out, steps, **more):
+        cfg = GRPOConfig(
+            model=QWEN,
+            task=None,
+            dataset=str(data),
+            dataset_config="main",
+            prompt_column="question",
+            answer_format="gsm8k",
+            system_prompt="Answer after ####.",
+            output_dir=str(out),
+            max_steps=steps,
+            learning_rate=1e-3,
+            lr_scheduler_type="constant",  # the same rate at step 2 whether the run was to end at 1 or 2
+            **{item.split("=")[0]: _value(item.split("=")[1]) for item in TOY if not item.startswith("sft")},
+            **more,
+        )
+        train_grpo(cfg, reward_funcs=[_longer_is_better])
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    run(whole, 2)
+    run(split, 1)
+    run(split, 2, resume=True)
+    a = load_file(whole / "checkpoint-2" / "model.safetensors")
+    b = load_file(split / "checkpoint-2" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    first = load_file(whole / "checkpoint-1" / "model.safetensors")
+    assert any(not torch.equal(a[k], first[k]) for k in a)  # step 2 moved the weights
+
+    def step2(out):
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return next(r["reward"] for r in rows if r.get("step") == 2 and "reward" in r)
+
+    assert step2(whole) == step2(split)
