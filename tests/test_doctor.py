@@ -124,6 +124,14 @@ def test_a_learning_rate_that_would_undo_a_pretrained_model_is_flagged(tmp_path,
     assert "learning_rate" not in _levels(lora, "config")
 
 
+def test_a_learning_rate_too_low_for_the_random_tiny_model_is_flagged(tmp_path):
+    """TRL's 1e-6 set on model=tiny (random weights) learns nothing: a warning naming the rate to set;
+    left unset, the chosen 1e-4 gets none."""
+    slow = _levels(checkup(tiny_config(tmp_path, learning_rate=1e-6, sft_steps=0)), "config")
+    assert slow["learning_rate"][0] == "warn" and "set 1e-4" in slow["learning_rate"][2]
+    assert "learning_rate" not in _levels(checkup(tiny_config(tmp_path, sft_steps=0)), "config")
+
+
 def test_a_distillation_teacher_is_counted_in_memory_and_a_missing_one_is_fatal(tmp_path, empty_hub_offline):
     """loss_type=gkd: the teacher's shape comes from its config alone; its weights and its held hidden
     states join the forecast parts and the peak. A teacher the cache does not hold is a fatal finding

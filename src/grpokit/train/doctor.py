@@ -163,6 +163,9 @@ class Shapes:
 # ----------------------------------------------------------------------------- 1. config
 
 
+TINY_SLOW_LR = 1e-5  # below it a randomly initialised tiny model barely moves (issue 25: 1e-6, 31% -> 31%)
+
+
 def _config_section(report: Checkup, cfg: GRPOConfig, plan: GRPOPlan) -> None:
     step = plan.trainee.step
     G, P = cfg.num_generations, cfg.prompts_per_step
@@ -193,6 +196,16 @@ def _config_section(report: Checkup, cfg: GRPOConfig, plan: GRPOPlan) -> None:
             "warn",
             "a pretrained model takes about 1e-6 to 1e-5 in GRPO (TRL: 1e-6); a rate this high can undo "
             "what it knows in a few steps (LoRA, use_peft=true, takes higher ones)",
+        )
+    if cfg.model == "tiny" and cfg.learning_rate < TINY_SLOW_LR:
+        report.add(
+            "config",
+            "learning_rate",
+            f"{cfg.learning_rate:g}",
+            "warn",
+            "model=tiny is built here with random weights, and at this rate it learns nothing in a few "
+            "hundred steps (TRL's 1e-6 is for pretrained models); leave learning_rate unset (1e-4 is "
+            "chosen) or set 1e-4",
         )
     if cfg.temperature < 0.5:
         report.add(
