@@ -235,3 +235,28 @@ def test_episodes_whose_policy_never_calls_its_tool_are_flagged(tmp_path):
     assert level == "warn" and "sft_steps" in advice
     counts = "0.00 tool_calls, 0.00 tool_errors, 0.00 tool_timeouts, 0.00 malformed_calls"
     assert value == f"1.00 turns, {counts} per episode (16 episodes)"
+
+
+def test_the_gsm8k_rewards_are_probed_with_the_worked_solutions(tmp_path):
+    """answer_format=gsm8k keeps the bare answer in the answer column; the doctor's reference probe
+    is what a demonstration writes (the worked solution ending in '#### N'), which both GSM8K rewards
+    pay, so neither is flagged as scoring every probe alike."""
+    import json
+
+    rows = [{"question": f"{a}+{a}?", "answer": f"{a}+{a}={2 * a}\n#### {2 * a}"} for a in range(1, 17)]
+    (tmp_path / "gsm.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = tiny_config(
+        tmp_path,
+        task=None,
+        dataset=str(tmp_path / "gsm.jsonl"),
+        prompt_column="question",
+        answer_format="gsm8k",
+        reward_funcs=["gsm8k_answer", "gsm8k_format"],
+        sft_steps=0,
+        prompts_per_step=8,
+        max_completion_length=6,
+    )
+    rewards = _levels(checkup(cfg), "rewards")
+    for name in ("gsm8k_answer", "gsm8k_format"):
+        level, shown, advice = rewards[name]
+        assert level == "ok" and shown.startswith("reference answers 1,"), (name, shown, advice)

@@ -217,7 +217,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                 otherwise="unset eval_dataset",
             )
         rows = [*data.train_rows, *data.eval_rows]
-        pairs = [(str(r[cfg.prompt_column]), demonstration(r, cfg.answer_column)) for r in rows]
+        pairs = [
+            (str(r[cfg.prompt_column]), demonstration(r, cfg.answer_column, cfg.answer_format)) for r in rows
+        ]
         longest = max(len(a) for _, a in pairs) + 1
         data = replace(data, max_prompt_length=None, max_completion_length=longest)
         lengths = max(len(p) for p, _ in pairs) + longest
@@ -235,7 +237,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     run_sft(
         model,
         tokenizer,
-        sft_rows(data.train_rows, tokenizer, cfg.prompt_column, cfg.answer_column),
+        sft_rows(
+            data.train_rows, tokenizer, cfg.prompt_column, cfg.answer_column, answer_format=cfg.answer_format
+        ),
         sft_schedule(cfg),
         SFTHooks(on_step=lambda s, loss: _sft_progress(console, threads, s, loss)),
         precision=precision,
@@ -521,15 +525,24 @@ def options_help(schema: Any, preset: str | None = None, named: bool = False) ->
     return "\n".join(lines)
 
 
+GRPO_COMMANDS = ("train", "eval", "print-config", "doctor")  # the commands whose presets are GRPO configs
+
+
 def help_preset(argv: Sequence[str]) -> dict[str, str]:
     """{command: NAME} for `grpokit COMMAND NAME ... --help` with NAME a built-in preset: that command's
     help shows NAME's values ({}: no help asked, or no preset named)."""
     words = [a for a in argv if a != "--debug"]
-    if not words or not {"-h", "--help"} & set(words):
+    if len(words) < 2 or words[0] not in GRPO_COMMANDS or not {"-h", "--help"} & set(words):
         return {}
-    named = [a for a in words[1:] if not a.startswith("-") and "=" not in a]
-    if named and not Path(named[0]).exists() and _preset(named[0]).is_file():
-        return {words[0]: named[0].removesuffix(".yaml")}
+    items, rest = [], iter(words[1:])
+    for word in rest:
+        if word.startswith("--") and "=" not in word and word != "--help":
+            next(rest, None)  # an option's value (doctor --groups 4)
+        elif not word.startswith("-"):
+            items.append(word)
+    first = items[0] if items else "="  # CONFIG is the first item, as _split_args reads it
+    if "=" not in first and not Path(first).exists() and _preset(first).is_file():
+        return {words[0]: first.removesuffix(".yaml")}
     return {}
 
 

@@ -227,6 +227,9 @@ def test_help_after_a_preset_name_shows_that_presets_values(capsys):
         assert "  beta = 0.0   (gsm8k preset: 0.001)" in text
         assert "(addition preset:" not in text
     with pytest.raises(SystemExit):
-        main(["train", "--help", "model=x"])  # no preset named: the one train runs without CONFIG
+        main(["doctor", "--groups", "4", "gsm8k", "--help"])  # an option's value is no preset name
+    assert "  beta = 0.0   (gsm8k preset: 0.001)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "model=x", "gsm8k", "--help"])  # CONFIG comes first: gsm8k is not one here
     text = capsys.readouterr().out
     assert "  max_steps = 200   (addition preset: 400)" in text and "gsm8k preset" not in text

@@ -134,8 +134,6 @@ def test_answer_format_applies_to_every_row_and_names_a_bad_one():
     made = apply_answer_format(rows[:1], "answer", "gsm8k", "f.jsonl")
     assert made == [{"q": "a", "answer": "15", "answer_solution": "x\n#### 1,5"}]
     assert rows[0] == {"q": "a", "answer": "x\n#### 1,5"}  # the caller's rows are not changed
-    own = [{"q": "a", "answer": "#### 3", "answer_solution": "mine"}]  # a column of that name is kept
-    assert apply_answer_format(own, "answer", "gsm8k", "f.jsonl") == [{**own[0], "answer": "3"}]
     assert apply_answer_format(rows, "answer", "raw", "f.jsonl") == rows
     with pytest.raises(DataError) as error:
         apply_answer_format(rows, "answer", "gsm8k", "f.jsonl")

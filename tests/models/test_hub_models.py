@@ -240,7 +240,12 @@ def test_a_teacher_and_a_reward_model_load_by_hub_id_at_a_revision(hub_offline):
     assert isinstance(scorer, RewardModelFunction)
     assert len(scorer(prompts=["2+2?"], completions=["4"])) == 1
     with pytest.raises(ValueError, match=r"at revision 'v9'"):
-        RewardModelFunction.from_path(QWEN, revision="v9", device="cpu")
+        missing = GRPOConfig(reward_funcs=[{"model": QWEN, "revision": "v9", "device": "cpu"}])
+        configured_rewards(grpo_plan(missing).rewards, None, torch.device("cpu"))
+    with pytest.raises(ValueError, match="teacher_model_revision is read only with teacher_model"):
+        GRPOConfig(teacher_model_revision=REVISION)
+    with pytest.raises(ValueError, match="must have exactly one of"):
+        GRPOConfig(reward_funcs=[{"builtin": "exact_answer", "revision": REVISION}])
 
 
 def test_a_cached_model_that_fails_to_load_offline_is_not_called_missing(hub_offline):

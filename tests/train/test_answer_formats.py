@@ -88,8 +88,21 @@ def test_demonstrations_are_the_worked_solutions(tmp_path):
     _, data = data_of(tmp_path)
     row = data.train_rows[1]
     assert solution_column("answer") == "answer_solution" and row["answer_solution"] == ROWS[1]["answer"]
-    assert demonstration(row, "answer") == "999+1=1000\n#### 1,000"  # the warm start and gkd learn this
-    assert demonstration({"answer": "12"}, "answer") == "12"  # raw data: the answer itself
+    assert demonstration(row, "answer", "gsm8k") == "999+1=1000\n#### 1,000"  # what the warm start learns
+    assert demonstration(row, "answer") == "1000"  # raw: the answer itself
     tok = char_tokenizer("".join(sorted({ch for r in ROWS for ch in r["question"] + r["answer"]})))
-    learned = sft_rows(data.train_rows, tok, "question", "answer")
+    learned = sft_rows(data.train_rows, tok, "question", "answer", answer_format="gsm8k")
     assert [r["answer"] for r in learned] == [r["answer"] for r in ROWS]
+
+
+def test_a_column_where_the_solution_would_be_kept_is_refused_and_raw_data_ignores_it(tmp_path):
+    from grpokit.data import DataError, apply_answer_format
+
+    rows = [{"q": "a", "answer": "#### 3", "answer_solution": "mine"}]
+    with pytest.raises(DataError, match=r"row 0 has a column 'answer_solution', where answer_format=gsm8k"):
+        apply_answer_format(rows, "answer", "gsm8k", "f.jsonl")
+    assert demonstration(rows[0], "answer") == "#### 3"  # raw: the answer, whatever else the row holds
+    assert (
+        demonstration({"answer": "3", "answer_solution": "1+2=3\n#### 3"}, "answer", "gsm8k")
+        == "1+2=3\n#### 3"
+    )

@@ -293,6 +293,22 @@ def test_lora_resume_continues_bitwise(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert {k.split(".")[-3] for k in a} == {"q_proj", "v_proj"}
 
+    # a checkpoint of the earlier layout (base weights at the root, no lora_adapter/base/) resumes too
+    from grpokit.train.checkpoint import write_manifest
+
+    earlier = split / "checkpoint-1"
+    shutil.rmtree(split / "checkpoint-2")
+    shutil.move(earlier / "lora_adapter" / "base" / "model.safetensors", earlier / "model.safetensors")
+    shutil.rmtree(earlier / "lora_adapter" / "base")
+    write_manifest(earlier)
+    assert main(["train", f"output_dir={split}", *lora, *GRPO_SMALL, "max_steps=2", "resume=true"]) == 0
+    c = load_file(split / "checkpoint-2" / "lora_adapter" / "adapter_model.safetensors")
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    merged = load_file(whole / "checkpoint-2" / "model.safetensors")  # and it writes the new layout
+    assert all(
+        torch.equal(v, merged[k]) for k, v in load_file(split / "checkpoint-2" / "model.safetensors").items()
+    )
+
 
 @pytest.mark.parametrize(
     ("overrides", "message"),

@@ -198,6 +198,7 @@ class StepSpec:
     gkd_beta: float = 0.5  # loss_type=gkd: β of the generalised JSD to the teacher
     lmbda: float = 0.5  # loss_type=gkd: the share of steps on the student's own samples
     answer_column: str = "answer"  # loss_type=gkd with lmbda < 1: the dataset's answers as completions
+    answer_format: str = "raw"  # a worked format's solutions are those completions (data.demonstration)
     seq_kd: bool = False  # loss_type=gkd: the other steps on the teacher's samples, not the answers
 
 
@@ -236,6 +237,7 @@ class WarmStart:
     probe_batch_size: int  # rows per forward pass of the probe (as in training)
     prompt_column: str = "prompt"
     answer_column: str = "answer"
+    answer_format: str = "raw"  # a worked format's solutions are what it learns (data.demonstration)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -425,7 +427,8 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, _tuple(cfg.lora_target_modules))
     teacher = None
     if cfg.teacher_model is not None:
-        teacher_cfg = cfg.model_copy(update={"model": cfg.teacher_model, "model_revision": cfg.teacher_model_revision})
+        named = {"model": cfg.teacher_model, "model_revision": cfg.teacher_model_revision}
+        teacher_cfg = cfg.model_copy(update=named)
         teacher = TeacherSpec(
             model=replace(model_spec(teacher_cfg), gradient_checkpointing=False), device=cfg.teacher_device
         )
@@ -450,6 +453,7 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
             probe_batch_size=cfg.micro_batch_size,
             prompt_column=cfg.prompt_column,
             answer_column=cfg.answer_column,
+            answer_format=cfg.answer_format,
         ),
         trainee=TraineeSpec(
             placement=placement(cfg),

@@ -694,6 +694,8 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 else "teacher_model is read only by loss_type=opd or gkd: set loss_type=opd (or gkd) with "
                 "it, or drop teacher_model"
             )
+        if self.teacher_model_revision is not None and self.teacher_model is None:
+            raise ValueError("teacher_model_revision is read only with teacher_model (a hub id): set both")
         if self.teacher_model == "tiny":
             raise ValueError(
                 "teacher_model=tiny would be an untrained model: name a trained one, a hub id or a model "
@@ -829,6 +831,8 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
     takes."""
     kinds = {"model", "builtin", "python", "url"} & set(spec)
     extras = set(spec) - {"model", "builtin", "python", "batch_size", "device", "revision"}
+    if "model" not in spec:  # a reward model's own options
+        extras |= {"batch_size", "device", "revision"} & set(spec)
     if "url" in spec:  # a reward server: its own options only
         extras = set(spec) - {"url", *REMOTE_OPTIONS}
     if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):

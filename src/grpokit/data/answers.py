@@ -60,20 +60,21 @@ def solution_column(answer_column: str) -> str:
     return f"{answer_column}_solution"
 
 
-def demonstration(row: dict[str, Any], answer_column: str) -> str:
-    """What a demonstration of `row` writes: its worked solution when the answer format kept one,
-    else its answer."""
-    worked = row.get(solution_column(answer_column))
-    return str(worked if worked is not None else row[answer_column])
+def demonstration(row: dict[str, Any], answer_column: str, answer_format: str = "raw") -> str:
+    """What a demonstration of `row` writes: under a worked answer format, the worked solution that
+    `apply_answer_format` kept; else its answer."""
+    if ANSWER_FORMATS[answer_format].worked:
+        return str(row[solution_column(answer_column)])
+    return str(row[answer_column])
 
 
 def apply_answer_format(
     rows: Sequence[dict[str, Any]], answer_column: str, answer_format: str, source: str
 ) -> list[dict[str, Any]]:
     """`rows` with `answer_column` replaced by its bare answer under `answer_format` (new dicts; 'raw'
-    leaves the rows as they are); a worked format keeps the text in `solution_column(answer_column)`
-    (unless the rows have that column already). A row whose answer is not in that format is one
-    DataError naming the row, its answer and the fix."""
+    leaves the rows as they are); a worked format keeps the text in `solution_column(answer_column)`.
+    A row whose answer is not in that format is one DataError naming the row, its answer and the fix;
+    so is a row that has that column already."""
     if answer_format not in ANSWER_FORMATS:
         raise DataError(f"unknown answer_format {answer_format!r}; use one of {', '.join(ANSWER_FORMATS)}.")
     if answer_format == "raw":
@@ -96,6 +97,10 @@ def apply_answer_format(
                 f"{source}: row {index} has {answer_column}={shown}, not {form.expected}; "
                 "fix or remove that row, or set answer_format=raw."
             )
-        worked = {kept: value} if kept is not None and kept not in row else {}
-        out.append({**row, answer_column: answer, **worked})
+        if kept is not None and kept in row:
+            raise DataError(
+                f"{source}: row {index} has a column {kept!r}, where answer_format={answer_format} keeps the "
+                f"worked solution of {answer_column!r}; rename or drop that column."
+            )
+        out.append({**row, answer_column: answer, **({kept: value} if kept is not None else {})})
     return out

@@ -115,8 +115,10 @@ def sft_rows(
     answer_column: str = "answer",
     environment: EnvironmentSpec | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    answer_format: str = "raw",
 ) -> list[dict[str, Any]]:
-    """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text}; with
+    """Rows as the supervised warm start reads them: {"prompt": rendered text, "answer": text, the
+    worked solution under a worked `answer_format`}; with
     an `environment` (multi-turn training), {"prompt", "segments"} from the row's "demonstration"
     column: a transcript as [text, written_by_policy] pairs, only the policy's text being learned, the
     prompt rendered with the environment's tools. Episodes through the chat template
@@ -136,7 +138,7 @@ def sft_rows(
     return [
         {
             "prompt": render_prompt(row[prompt_column], tokenizer, None, template_kwargs),
-            "answer": demonstration(row, answer_column),  # a worked solution, when the format kept one
+            "answer": demonstration(row, answer_column, answer_format),
         }
         for row in rows
     ]

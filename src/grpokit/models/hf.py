@@ -180,7 +180,8 @@ def load_reward_model(
             trust_remote_code=trust_remote_code,
             pad_token_id=tokenizer.pad_token_id,
             **source.kwargs(),
-        ).to(device)
+        )
+    model = model.to(device)  # outside readable(): a device out of memory is no loading failure
     return LoadedPolicy(model=model, tokenizer=tokenizer)
 
 
@@ -234,7 +235,10 @@ class ModelSource:
         """Whether the hub cache holds this id's config.json at its revision (a download was made)."""
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(self.name, "config.json", revision=self.revision)
+        try:
+            found = try_to_load_from_cache(self.name, "config.json", revision=self.revision)
+        except Exception:  # noqa: BLE001 - an id the hub client refuses, an unreadable cache: not there
+            return False
         return isinstance(found, str)
 
     def failure(self, error: Exception) -> ValueError:
@@ -288,7 +292,8 @@ def load_policy(
     the Hugging Face cache, at `revision`).
 
     A tokenizer without a pad token gets its eos token as pad (logged); prompts are left-padded.
-    A LoRA checkpoint (adapters in `lora_adapter/`) comes back with its adapters merged.
+    A LoRA checkpoint loads as the merged model at its root (one of the earlier layout, base weights
+    at the root and adapters in `lora_adapter/`, comes back with its adapters merged).
     """
     from transformers import AutoModelForCausalLM
 
@@ -297,7 +302,8 @@ def load_policy(
     with source.readable():
         model = AutoModelForCausalLM.from_pretrained(
             source.where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **source.kwargs()
-        ).to(device)
+        )
+    model = model.to(device)  # outside readable(): a device out of memory is no loading failure
     directory = source.directory
     if directory is not None and unmerged_checkpoint(directory):
         model = merge_lora(model, directory)  # a LoRA checkpoint of the earlier layout: merged on load

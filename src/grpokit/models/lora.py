@@ -75,13 +75,17 @@ def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The weights of a LoRA model with each adapted layer's update (scale · B·A) added, under the
-    plain model's names: what PEFT's merge_and_unload gives, without changing `model`."""
+    plain model's names: what PEFT's merge_and_unload gives, without changing `model`. The merged
+    tensors are made on the host, one layer's update on the device at a time, so that saving needs no
+    second copy of the adapted weights in GPU memory; the others are the model's own tensors."""
     weights = base_state_dict(model)
     for name, module in model.get_base_model().named_modules():
         if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):  # a LoRA layer
             key = f"{name}.weight"
+            merged = weights[key].cpu()
             for adapter in module.active_adapters:
-                weights[key] = weights[key] + module.get_delta_weight(adapter).to(weights[key].dtype)
+                merged = merged + module.get_delta_weight(adapter).to(device="cpu", dtype=merged.dtype)
+            weights[key] = merged
     return weights
 
 

@@ -31,7 +31,7 @@ import torch
 from ..config import GRPOConfig
 from ..config.applied import CHOSEN, Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
-from ..data import columns_of, render_prompt
+from ..data import columns_of, demonstration, render_prompt
 from ..models import (
     ModelShape,
     StepShape,
@@ -255,8 +255,9 @@ def _rewards_section(report: Checkup, plan: GRPOPlan, data: Any) -> None:
     column, answer = plan.data.prompt_column, plan.data.answer_column
     prompts = [r[column] for r in rows]
     probes = {"empty": [""] * len(rows), "garbage": [GARBAGE] * len(rows)}
-    if rows and all(answer in r for r in rows):
-        probes = {"reference answers": [str(r[answer]) for r in rows]} | probes
+    if rows and all(answer in r for r in rows):  # as a demonstration writes them (gsm8k: worked solutions)
+        references = [demonstration(r, answer, plan.data.answer_format) for r in rows]
+        probes = {"reference answers": references} | probes
     rules = CallRules(on_error="unscorable", timeout=plan.trainee.step.reward_timeout)
     for fn in data.reward_funcs:
         name, means, seconds, unscored = reward_name(fn), {}, 0.0, 0

@@ -700,6 +700,7 @@ def warm_start(
             spec.answer_column,
             environment=data.environment,  # multi-turn: whole episodes, the policy's turns learned
             template_kwargs=data.chat_template_kwargs,
+            answer_format=spec.answer_format,  # gsm8k: the worked solutions
         ),
         spec.schedule,
         SFTHooks(

@@ -299,7 +299,7 @@ def offpolicy_batch(trainee: Trainee, step: int, d: distributed.Dist) -> tuple[B
         demo = trainee.teacher.generate(texts, drawn)  # [P, T] on the host
         answers = demo.completions
     else:
-        answers = [demonstration(r, spec.answer_column) for r in rows]  # a worked solution, if kept
+        answers = [demonstration(r, spec.answer_column, spec.answer_format) for r in rows]  # gsm8k: worked
         demo = engine.decoder.demonstrate(texts, answers, params.sampling)
     mask = demo.completion_mask  # [P, T]
     if spec.mask_truncated_completions:

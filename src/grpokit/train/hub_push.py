@@ -14,8 +14,9 @@ from typing import Any
 from ..config.plan import RunControl
 from .checkpoint import list_checkpoints
 
-# a checkpoint's files that only resuming reads (a LoRA run's base weights too): not the model a user loads
-LOCAL_ONLY = ["state.pt", "manifest.json", "dcp/*", "dcp/**", "lora_adapter/base/*"]
+# a checkpoint's files that only resuming reads: not the model a user loads
+# (a LoRA run's adapters too: their base is the run's, after any warm start, not the model they name)
+LOCAL_ONLY = ["state.pt", "manifest.json", "dcp/*", "dcp/**", "lora_adapter/*", "lora_adapter/**"]
 
 
 class HubPushError(ValueError):
@@ -74,9 +75,10 @@ def push_final(
         )
     except Exception as error:  # noqa: BLE001 - any failure of the hub client becomes the one line below
         first = (str(error).strip().splitlines() or [""])[0]
+        excluded = " ".join(f"'{pattern}'" for pattern in LOCAL_ONLY)
         raise HubPushError(
             f"push_to_hub: uploading {final} to {repo_id} failed ({type(error).__name__}: {first}). The "
-            f"run is saved; upload it with `hf upload {repo_id} {final}` once that is fixed (a login: "
-            "`hf auth login` or HF_TOKEN)."
+            f"run is saved; upload it with `hf upload {repo_id} {final} --exclude {excluded}` once that is "
+            "fixed (a login: `hf auth login` or HF_TOKEN)."
         ) from error
     return repo_id
