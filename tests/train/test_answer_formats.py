@@ -106,3 +106,36 @@ def test_a_column_where_the_solution_would_be_kept_is_refused_and_raw_data_ignor
         demonstration({"answer": "3", "answer_solution": "1+2=3\n#### 3"}, "answer", "gsm8k")
         == "1+2=3\n#### 3"
     )
+
+
+def test_the_built_in_rewards_and_accuracy_read_answer_column(tmp_path):
+    """answer_column=final: gsm8k_answer compares with that column (given to it as `answer`, under
+    its own name), accuracy agrees with it, and a user's own function is left as it is (it gets every
+    column by its own name, as TRL passes them)."""
+    from grpokit.rewards import answers_from
+
+    rows = [{"question": r["question"], "final": r["answer"]} for r in ROWS]
+    path = tmp_path / "final.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    options = dict(task=None, dataset=str(path), eval_dataset=str(path), prompt_column="question")
+    cfg = GRPOConfig(
+        **options,
+        answer_column="final",
+        answer_format="gsm8k",
+        reward_funcs=["gsm8k_answer"],
+        output_dir=str(tmp_path / "r"),
+    )
+    plan = grpo_plan(cfg)
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False)
+    (gsm8k,) = data.reward_funcs
+    completions = [c for c, _ in COMPLETIONS]
+    columns = {"final": [r["final"] for r in data.eval_rows]}  # no 'answer' column in these rows
+    assert gsm8k.__name__ == "gsm8k_answer" and gsm8k.takes_text
+    paid = gsm8k([""] * 4, completions, **columns)
+    judged = [data.is_correct(c, row) for c, row in zip(completions, data.eval_rows, strict=True)]
+    assert [p == 1.0 for p in paid] == judged == [right for _, right in COMPLETIONS]
+
+    def own(prompts, completions, final, **_):
+        return [1.0] * len(completions)
+
+    assert answers_from(own, "final") is own

@@ -2,6 +2,7 @@
 
 from .builtin import (
     BUILTIN_REWARDS,
+    answers_from,
     env_reward,
     exact_answer,
     extract_math_answer,
@@ -20,6 +21,7 @@ from .serving import RewardServer
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "answers_from",
     "CallRules",
     "env_reward",
     "RewardFunctionError",

@@ -8,6 +8,7 @@ here reads completions as text, also when prompts are conversations (`text_rewar
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -234,3 +235,21 @@ BUILTIN_REWARDS: dict[str, RewardFunc] = {
     "gsm8k_answer": gsm8k_answer,
     "gsm8k_format": gsm8k_format,
 }
+
+
+# the built-in rewards that compare with the row's reference answer, read from the `answer` column
+ANSWER_READERS = frozenset({"exact_answer", "math_answer", "gsm8k_answer"})
+
+
+def answers_from(fn: RewardFunc, column: str) -> RewardFunc:
+    """`fn` reading the reference answers from `column` (the config's answer_column) when it is a
+    built-in reward that compares with them, else `fn` itself. A user's own function gets every
+    column by its own name, as TRL passes them."""
+    if column == "answer" or fn not in {BUILTIN_REWARDS[name] for name in ANSWER_READERS}:
+        return fn
+
+    @functools.wraps(fn)  # its name (metrics) and takes_text
+    def reading(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
+        return fn(prompts, completions, **{**columns, "answer": columns.get(column)})
+
+    return reading

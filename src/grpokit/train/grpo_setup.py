@@ -327,6 +327,9 @@ def resolve_data(
         funcs = [correctness_reward(is_correct)]  # evaluation alone: 1.0 for a right answer, else 0.0
     if not funcs:
         raise ValueError("no reward functions: pass reward_funcs, or use a built-in task.")
+    from ..rewards import answers_from
+
+    funcs = [answers_from(fn, spec.answer_column) for fn in funcs]  # built-ins read answer_column
     if rewards.weights is not None and len(rewards.weights) != len(funcs):
         raise ValueError(
             f"reward_weights has {len(rewards.weights)} weights for {len(funcs)} reward functions."
