@@ -265,3 +265,15 @@ def test_a_cached_model_that_fails_to_load_offline_is_not_called_missing(hub_off
     assert "\n" not in message and "is not in the Hugging Face cache" not in message, message
     assert f"could not load model '{QWEN}' from the Hugging Face cache" in message, message
     assert f"hf download {QWEN}" in message, message
+
+
+def test_lora_on_a_tied_output_layer_is_refused_and_on_an_untied_one_taken(hub_offline):
+    """Qwen2's output layer is its input embeddings (tied): an adapter on it would split the matrix in
+    the merged checkpoint, so naming it is one line; the Llama's untied head takes one."""
+    pytest.importorskip("peft")
+    from grpokit.models import apply_lora
+
+    with pytest.raises(ValueError, match=r"names lm_head: in this model the output layer and the input"):
+        apply_lora(load_policy(QWEN).model, target_modules=("q_proj", "lm_head"))
+    adapted = apply_lora(load_policy(LLAMA).model, target_modules=("q_proj", "lm_head"))
+    assert any("lm_head.lora_A" in name for name, _ in adapted.named_parameters())

@@ -36,6 +36,7 @@ def apply_lora(
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     if not isinstance(targets, str):
         check_lora_targets(model, targets)
+        check_tied_targets(model, targets)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
     return get_peft_model(model, config)
 
@@ -62,6 +63,23 @@ def check_lora_targets(model: Any, targets: Sequence[str]) -> None:
 # AutoModelForCausalLM.from_pretrained (and a hub upload) loads as it is; in lora_adapter/ PEFT's
 # adapter files, and in lora_adapter/base/ the frozen base weights, which resume continues from
 # exactly (merging is round-off, so the base is not recovered from the merged weights).
+def check_tied_targets(model: Any, targets: Sequence[str]) -> None:
+    """A model whose output layer shares its weights with the input embeddings (tied, as Qwen2.5-0.5B's)
+    cannot adapt either one alone: the merged checkpoint would hold two different matrices where the
+    model has one. One line naming the fix."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embeddings is None or head.weight is not embeddings.weight:
+        return
+    shared = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if m is head or m is embeddings}
+    named = sorted(shared & set(targets))
+    if named:
+        raise ValueError(
+            f"lora_target_modules names {', '.join(named)}: in this model the output layer and the input "
+            "embeddings share one weight matrix (tied), which an adapter on either would split; adapt "
+            "the other linear layers (leave lora_target_modules unset for all of them)."
+        )
+
+
 ADAPTER_DIR = "lora_adapter"
 BASE_DIR = "base"
 
