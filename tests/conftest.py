@@ -49,13 +49,16 @@ def _own_working_directory(tmp_path, monkeypatch):
 
 
 def _is_loopback(address) -> bool:
-    """Whether a connect() address is this machine's loopback (127.0.0.0/8, ::1), by its IP only."""
+    """Whether a connect() address is this machine's loopback (127.0.0.0/8, ::1, and the same as
+    ::ffff:127.x.x.x) or unspecified (0.0.0.0, ::: a connect there reaches this machine), by its IP only."""
     import ipaddress
 
     try:
-        return ipaddress.ip_address(address[0]).is_loopback
+        ip = ipaddress.ip_address(address[0])
     except (ValueError, TypeError, IndexError):
         return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_unspecified
 
 
 @pytest.fixture(autouse=True)

@@ -90,6 +90,186 @@ SCENARIOS = [
         "tests.train.test_reward_and_update_guards",
         "test_sigterm_while_a_reward_hangs_saves_the_step_before_and_exits",
     ),
+    (
+        "serve-reward: --host 0.0.0.0 (served to anyone, no warning)",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_the_cli_warns_about_a_non_loopback_host_and_takes_the_key_from_the_environment",
+    ),
+    (
+        "serve-reward: a request without the API key",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_with_an_api_key_every_request_needs_the_bearer_token",
+    ),
+    (
+        "serve-reward: a Content-Length of 1e11",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_content_length_of_1e11_is_413_answered_at_once_without_reading",
+    ),
+    (
+        "serve-reward: a chunked body over --max-body-mb",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_chunked_body_over_the_limit_is_413",
+    ),
+    (
+        "serve-reward: a non-ASCII Content-Length",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_malformed_content_length_is_a_json_400",
+    ),
+    (
+        "serve-reward: a body nested 100,000 deep",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_body_nested_100000_deep_is_400",
+    ),
+    (
+        "serve-reward: clients leaving mid-body",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_clients_leaving_mid_body_are_one_quiet_line_each_and_the_server_answers_on",
+    ),
+    (
+        "serve-reward: a client that sends headers and no body",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_client_that_sends_headers_and_no_body_gets_408_within_the_bound",
+    ),
+    (
+        "serve-reward: idle and trickling connections",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_idle_and_trickling_clients_are_closed_within_the_bound",
+    ),
+    (
+        "serve-reward: more connections than --max-connections",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_connections_past_max_connections_are_503",
+    ),
+    (
+        "serve-reward: a reward of 10**5000 (or inf, or text)",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_reward_that_is_not_a_finite_float_is_a_500_and_the_function_runs_once",
+    ),
+    (
+        "serve-reward: an error outside the function",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_an_error_outside_the_function_is_a_500_json_line_not_a_traceback",
+    ),
+    (
+        "serve-reward: a URL as the function to serve",
+        "tests.rewards.test_serve_reward_hardening",
+        "test_a_url_given_as_the_function_is_refused_in_one_line",
+    ),
+    (
+        "remote reward: a password in the url (written nowhere, printed nowhere)",
+        "tests.rewards.test_remote_bounds",
+        "test_a_password_in_the_url_is_written_and_printed_nowhere",
+    ),
+    (
+        "remote reward: an answer past 16 MiB (a gzip bomb, an endless stream)",
+        "tests.rewards.test_remote_bounds",
+        "test_an_answer_past_16_mib_is_one_line_and_not_tried_again",
+    ),
+    (
+        "remote reward: a server answering a byte at a time past the timeout",
+        "tests.rewards.test_remote_bounds",
+        "test_a_server_answering_a_byte_at_a_time_is_cut_off_at_the_timeout",
+    ),
+    (
+        "remote reward: proxy variables set, the server at 0.0.0.0, [::ffff:127.0.0.1] or LOCALHOST",
+        "tests.rewards.test_remote_bounds",
+        "test_a_local_server_is_reached_directly_whatever_the_proxy",
+    ),
+    (
+        "remote reward: an https server whose certificate is not trusted",
+        "tests.rewards.test_remote_bounds",
+        "test_https_with_its_own_certificate_fails_at_once_without_ca_bundle_and_scores_with_it",
+    ),
+    (
+        "remote reward: api_key_env unset or empty, ca_bundle missing or not PEM",
+        "tests.rewards.test_remote_bounds",
+        "test_api_key_env_and_ca_bundle_are_checked_when_the_config_loads",
+    ),
+    (
+        "report: a metrics row that is not an object",
+        "tests.test_run_files",
+        "test_report_a_metrics_row_that_is_not_an_object",
+    ),
+    (
+        "report: a metrics row without a step",
+        "tests.test_run_files",
+        "test_report_a_metrics_row_without_a_step",
+    ),
+    (
+        "report: a metrics step that is not a whole number (HTML in it)",
+        "tests.test_run_files",
+        "test_report_a_step_that_is_not_a_whole_number",
+    ),
+    (
+        "report: a metric value that is not a number",
+        "tests.test_run_files",
+        "test_report_a_metric_value_that_is_not_a_number",
+    ),
+    (
+        "report: a metrics line that is not UTF-8",
+        "tests.test_run_files",
+        "test_report_a_metrics_line_that_is_not_utf8",
+    ),
+    (
+        "report: a metrics line nested 100,000 deep",
+        "tests.test_run_files",
+        "test_report_a_metrics_line_nested_past_the_recursion_limit",
+    ),
+    (
+        "report: a metrics line with an integer of 5,000 digits",
+        "tests.test_run_files",
+        "test_report_a_metrics_line_with_an_integer_of_thousands_of_digits",
+    ),
+    (
+        "report: metric values of ±1e308",
+        "tests.test_run_files",
+        "test_report_metric_values_too_large_to_plot",
+    ),
+    (
+        "report: an alert without a name",
+        "tests.test_run_files",
+        "test_report_an_alert_without_a_name",
+    ),
+    (
+        "report: an alert value that is not a number",
+        "tests.test_run_files",
+        "test_report_an_alert_value_that_is_not_a_number",
+    ),
+    (
+        "report: an alert name matplotlib reads as math ($\\foo$)",
+        "tests.test_run_files",
+        "test_report_an_alert_name_matplotlib_would_read_as_math",
+    ),
+    (
+        "report: a warm-start row without its step",
+        "tests.test_run_files",
+        "test_report_a_warm_start_row_without_its_step",
+    ),
+    (
+        "report: reward_diagnostics.json that is a list",
+        "tests.test_run_files",
+        "test_report_reward_diagnostics_that_are_a_list",
+    ),
+    (
+        "report: reward_diagnostics.json with a field of the wrong type",
+        "tests.test_run_files",
+        "test_report_reward_diagnostics_with_a_field_of_the_wrong_type",
+    ),
+    (
+        "report: reward_diagnostics.json with HTML as its step",
+        "tests.test_run_files",
+        "test_report_reward_diagnostics_with_a_step_that_is_html",
+    ),
+    (
+        "report: reward_diagnostics.json that is not UTF-8",
+        "tests.test_run_files",
+        "test_report_reward_diagnostics_that_are_not_utf8",
+    ),
+    (
+        "report: a config.yaml that is not UTF-8",
+        "tests.test_run_files",
+        "test_report_a_config_that_is_not_utf8",
+    ),
 ]
 
 

@@ -184,6 +184,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from .config import SFTConfig, load_config, to_yaml
+    from .config.load import run_config_yaml
     from .config.plan import (
         EngineSettings,
         EpisodeSpec,
@@ -197,11 +198,15 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from .models import save_policy
     from .train.grpo_setup import held_out_metrics, probe_engine, resolve_data
     from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
+    from .train.rundir import refuse_foreign_directory, refuse_replacing_user_config
     from .train.sft import SFTHooks, run_sft
     from .train.threads import ThreadGovernor
 
     path, overrides = _split_args(args.items)
     cfg = load_config(SFTConfig, path, overrides)
+    # (not a checkpoint or a saved model, nor a config.yaml of the user's: it writes both)
+    refuse_foreign_directory(Path(cfg.output_dir))
+    refuse_replacing_user_config(Path(cfg.output_dir))
     if not cfg.task and cfg.dataset is None:
         raise ValueError("nothing to train on: set task, or dataset to a file of prompt/answer rows.")
     spec = sft_data(cfg)
@@ -246,7 +251,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     )
     out = Path(cfg.output_dir) / "final"
     save_policy(model, tokenizer, out)
-    (Path(cfg.output_dir) / "config.yaml").write_text(to_yaml(cfg))
+    (Path(cfg.output_dir) / "config.yaml").write_text(run_config_yaml(to_yaml(cfg)))
     if not data.eval_rows:
         console.print(f"saved to {out} (no eval_dataset: no held-out accuracy)")
         return 0
@@ -332,20 +337,48 @@ class _Terminated(Exception):  # noqa: N818 - a signal, not an error
     """SIGTERM while serving: stop as Ctrl-C does."""
 
 
-def _cmd_serve_reward(args: argparse.Namespace) -> int:
-    """A reward function served over HTTP for `{url: ...}` reward entries (rewards/serving.py has the
-    contract), until Ctrl-C or SIGTERM."""
-    import signal
-
-    from .rewards import RewardServer, named_reward, reward_name
-
+def _check_serve_options(args: argparse.Namespace) -> None:
+    """serve-reward's options, each refused in one line before anything is loaded or bound."""
+    if "://" in args.function:
+        raise ValueError(
+            f"{args.function.strip()!r} is a URL: serve-reward serves a Python function (module:function "
+            "or path/file.py:function); a URL already names a server: give it to training as {url: ...}"
+        )
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a port (0 to 65535; 0: any free one)")
     if args.concurrency < 1:
         raise ValueError(f"--concurrency {args.concurrency} must be at least 1")
-    fn = named_reward(args.function)
+    for option, value in (("--max-body-mb", args.max_body_mb), ("--request-timeout", args.request_timeout)):
+        if not value > 0:
+            raise ValueError(f"{option} {value:g} must be above 0")
+    if args.max_connections < 1:
+        raise ValueError(f"--max-connections {args.max_connections} must be at least 1")
+
+
+def _cmd_serve_reward(args: argparse.Namespace) -> int:
+    """A reward function served over HTTP for `{url: ...}` reward entries (rewards/serving.py has the
+    contract), until Ctrl-C or SIGTERM."""
+    import os
+    import signal
+
+    from .rewards import RewardServer, named_reward, reward_name
+    from .rewards.serving import API_KEY_ENV, check_api_key, exposure_warning
+
+    _check_serve_options(args)
+    api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    check_api_key(api_key)
+    fn = named_reward(args.function.strip())
     try:
-        server = RewardServer(fn, args.host, args.port, concurrency=args.concurrency)
+        server = RewardServer(
+            fn,
+            args.host,
+            args.port,
+            concurrency=args.concurrency,
+            api_key=api_key,
+            max_body_mb=args.max_body_mb,
+            request_timeout=args.request_timeout,
+            max_connections=args.max_connections,
+        )
     except OSError as error:
         raise ValueError(
             f"cannot listen on {args.host}:{args.port}: {error.strerror or error}; choose another --port "
@@ -355,14 +388,18 @@ def _cmd_serve_reward(args: argparse.Namespace) -> int:
     def terminated(signum: int, frame: Any) -> None:
         raise _Terminated
 
-    signal.signal(signal.SIGTERM, terminated)
+    previous = signal.signal(signal.SIGTERM, terminated)
+    warning = exposure_warning(args.host, server.port, reward_name(fn), keyed=api_key is not None)
+    if warning is not None:
+        print(f"grpokit serve-reward: warning: {warning}", file=sys.stderr, flush=True)
     print(f"serving reward function {reward_name(fn)!r} at {server.url} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()
     except (KeyboardInterrupt, _Terminated):
         print("stopped", flush=True)
     finally:
-        server.server_close()
+        server.close()
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -633,6 +670,30 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
         default=1,
         help="calls of the function at once (default 1: one batch at a time)",
     )
+    serve.add_argument(
+        "--api-key",
+        help="require the header 'Authorization: Bearer API_KEY' on every request (default: the "
+        "environment variable GRPOKIT_API_KEY, which keeps the key out of the process list; unset: none)",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        help="the largest request body, in MiB (default 64; larger: HTTP 413, unread)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may take to send a request's headers, and again its body (default 30; "
+        "slower: the connection is closed, or HTTP 408)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=64,
+        help="connections at once (default 64; beyond: HTTP 503, which clients try again)",
+    )
     serve.set_defaults(handler=_cmd_serve_reward)
     report = sub.add_parser("report", help="plots and an HTML page of a run directory")
     report.add_argument("run_dir")
@@ -746,6 +807,9 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             raise
         line = found
+    except KeyboardInterrupt as interrupt:  # a run's says which checkpoint is the last complete one
+        print(f"grpokit {args.command}: {str(interrupt) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
+        return 130  # the shell's code for a command ended by SIGINT
     print(f"grpokit {args.command}: error: {line}", file=sys.stderr)
     print("(run with --debug for the traceback)", file=sys.stderr)
     return 2

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import html
-import json
+import math
+import re
 from pathlib import Path
 from typing import Any
+
+from .train.run_files import (
+    AlertRow,
+    MetricsRow,
+    PaddingCheck,
+    RewardDiagnostics,
+    SftMetricsRow,
+    read_json,
+    read_jsonl,
+)
 
 PLOTS = {
     "reward": ["reward", "eval/reward"],
@@ -28,46 +39,46 @@ PLOTS = {
     "entropy_control": ["entropy/coef"],
 }
 SFT_PLOT = ("sft_loss", "sft/loss")  # the supervised warm start, from sft_metrics.jsonl, by its own steps
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """The JSON rows of a metrics file. A last line cut short (the run was killed while writing it)
-    is left out, as a resumed run drops it; any other line that is not JSON is named."""
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number == len(lines):  # no newline after it: the write was cut short
-                break
-            raise ValueError(
-                f"{path}: line {number} is not valid JSON ({error.msg}); the file was edited or damaged."
-            ) from None
-    return rows
+PLOTTABLE = 1e300  # larger values are left out of a plot (float32's largest is 3.4e38)
 
 
 def read_sft_metrics(run_dir: Path) -> list[dict]:
     """The warm start's rows ({"sft_step", "sft/loss"}), or none when the run had no warm start."""
     path = run_dir / "sft_metrics.jsonl"
-    if not path.is_file():
-        return []
-    return _read_rows(path)
+    return read_jsonl(path, SftMetricsRow) if path.is_file() else []
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The run's metric rows (metrics.jsonl), each checked by its schema (train/run_files.py)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a grpokit run directory?")
-    return _read_rows(path)
+    return read_jsonl(path, MetricsRow)
 
 
 def read_alerts(run_dir: Path) -> list[dict]:
     """The run's training-health alerts (alerts.jsonl: step, name, value, threshold, advice), or none."""
     path = run_dir / "alerts.jsonl"
-    return _read_rows(path) if path.is_file() else []
+    return read_jsonl(path, AlertRow) if path.is_file() else []
+
+
+def _label(text: str) -> str:
+    """Text from a run's files as matplotlib draws it literally: a "$" would start mathtext, whose
+    parse error on a name like "$\\x$" would end the report."""
+    return str(text).replace("$", r"\$")
+
+
+def _file_name(name: str) -> str:
+    """A figure's file name within the report directory: letters, digits, "-" and "_" only, so no
+    name ("../../x", "/etc/x") can place a file elsewhere."""
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    return safe or "_"
+
+
+def _plottable(value: Any) -> bool:
+    """A value a plot can place: a number (NaN and ±inf leave a gap) within ±PLOTTABLE where finite
+    (a span of ±1e308 overflows the axis); not null."""
+    return value is not None and not (math.isfinite(value) and abs(value) > PLOTTABLE)
 
 
 def _mark_alerts(ax: object, alerts: list[dict]) -> None:
@@ -75,7 +86,7 @@ def _mark_alerts(ax: object, alerts: list[dict]) -> None:
     for alert in alerts:
         ax.axvline(alert["step"], color="tab:red", linestyle="--", linewidth=1, alpha=0.8)  # type: ignore[attr-defined]
         ax.annotate(  # type: ignore[attr-defined]
-            alert["name"],
+            _label(alert["name"]),
             (alert["step"], 1.0),
             xycoords=("data", "axes fraction"),
             xytext=(-3, -3),  # beside the line, not on it
@@ -88,14 +99,26 @@ def _mark_alerts(ax: object, alerts: list[dict]) -> None:
         )
 
 
+def _escape(value: Any) -> str:
+    """Any value shown on the page, as HTML text (quotes too: safe inside a quoted attribute)."""
+    return html.escape(str(value), quote=True)
+
+
+def _images(figures: list[str]) -> str:
+    return "".join(f"<img src='{_escape(n)}.png' alt='{_escape(n)}'>" for n in figures)
+
+
+def _cells(*values: Any) -> str:
+    """A table row of the values, each escaped."""
+    return "<tr>" + "".join(f"<td>{_escape(v)}</td>" for v in values) + "</tr>"
+
+
 def _alerts_table(alerts: list[dict]) -> str:
     """The alerts as an HTML table (none: a line saying so)."""
     if not alerts:
         return "<h2>Alerts</h2><p>None fired.</p>"
     rows = "".join(
-        f"<tr><td>{a['step']}</td><td>{html.escape(str(a['name']))}</td><td>{a['value']:.4g}</td>"
-        f"<td>{a['threshold']:g}</td><td>{html.escape(str(a['advice']))}</td></tr>"
-        for a in alerts
+        _cells(a["step"], a["name"], f"{a['value']:.4g}", f"{a['threshold']:g}", a["advice"]) for a in alerts
     )
     head = (
         "<tr><th>step</th><th>alert</th><th>value</th><th>threshold</th><th>what it means, the fix</th></tr>"
@@ -103,28 +126,22 @@ def _alerts_table(alerts: list[dict]) -> str:
     return f"<h2>Alerts</h2><table>{head}{rows}</table>"
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write RUN_DIR/report/{<metric>.png, index.html}; returns the HTML path."""
+def _draw_curves(out: Path, rows: list[dict], sft_rows: list[dict], alerts: list[dict]) -> list[str]:
+    """One PNG per plot of `PLOTS` (and the warm start's loss) that has points; returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run = Path(run_dir)
-    rows = read_metrics(run)
-    out = run / "report"
-    out.mkdir(exist_ok=True)
-    figures = []
-    alerts = read_alerts(run)
-    sft_rows = read_sft_metrics(run)
     plots: list[tuple[str, dict[str, list[tuple[float, float]]], str]] = [
-        (name, {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}, "step")
+        (name, {k: [(r["step"], r[k]) for r in rows if _plottable(r.get(k))] for k in keys}, "step")
         for name, keys in PLOTS.items()
     ]
     name, key = SFT_PLOT
     plots.append(
-        (name, {key: [(r["sft_step"], r[key]) for r in sft_rows if r.get(key) is not None]}, "sft step")
+        (name, {key: [(r["sft_step"], r[key]) for r in sft_rows if _plottable(r.get(key))]}, "sft step")
     )
+    figures = []
     for name, series, xlabel in plots:
         series = {k: v for k, v in series.items() if v}
         if not series:
@@ -132,21 +149,40 @@ def write_report(run_dir: str | Path) -> Path:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         for key, points in series.items():
             steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, marker="o" if len(points) < 20 else None, label=key)
+            ax.plot(steps, values, marker="o" if len(points) < 20 else None, label=_label(key))
         if xlabel == "step":
             _mark_alerts(ax, alerts)
         ax.set_xlabel(xlabel)
-        ax.set_title(name)
+        ax.set_title(_label(name))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=100)
+        fig.savefig(out / f"{_file_name(name)}.png", dpi=100)
         plt.close(fig)
-        figures.append(name)
-    config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else "(no config.yaml)"
+        figures.append(_file_name(name))
+    return figures
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/report/{<metric>.png, index.html}; returns the HTML path. Every file of the run
+    is read through its schema (train/run_files.py): a damaged one is a RunFileError naming it, its
+    line and the field; everything from the run's files is escaped on the page."""
+    run = Path(run_dir)
+    rows = read_metrics(run)
+    alerts = read_alerts(run)
+    sft_rows = read_sft_metrics(run)
+    out = run / "report"
+    out.mkdir(exist_ok=True)
+    figures = _draw_curves(out, rows, sft_rows, alerts)
+    config_file = run / "config.yaml"
+    config = (
+        config_file.read_text(encoding="utf-8", errors="replace")
+        if config_file.is_file()
+        else "(no config.yaml)"
+    )
     last_eval = next((r for r in reversed(rows) if any(k.startswith("eval/") for k in r)), {})
     summary = "".join(
-        f"<tr><td>{html.escape(k)}</td><td>{v:.4g}</td></tr>"
+        _cells(k, f"{v:.4g}")
         for k, v in last_eval.items()
         if k.startswith("eval/") and isinstance(v, (int, float))
     )
@@ -155,13 +191,14 @@ def write_report(run_dir: str | Path) -> Path:
         "<!doctype html><meta charset='utf-8'><title>grpokit run report</title>"
         "<style>body{font-family:sans-serif;max-width:1300px;margin:2em auto}img{width:600px}"
         "pre{background:#f4f4f4;padding:1em}td{padding:0 1em}</style>"
-        f"<h1>{html.escape(run.name)}</h1>"
-        f"<p>{len(rows)} metric rows, last step {rows[-1]['step'] if rows else 0}</p>"
+        f"<h1>{_escape(run.name)}</h1>"
+        f"<p>{len(rows)} metric rows, last step {_escape(rows[-1]['step'] if rows else 0)}</p>"
         f"<h2>Last evaluation</h2><table>{summary}</table>"
         + _alerts_table(alerts)
         + "<h2>Curves</h2>"
-        + "".join(f"<img src='{n}.png' alt='{n}'>" for n in figures)
-        + f"<h2>Config</h2><pre>{html.escape(config)}</pre>"
+        + _images(figures)
+        + f"<h2>Config</h2><pre>{_escape(config)}</pre>",
+        encoding="utf-8",
     )
     write_reward_diagnostics(run, out, page)
     return page
@@ -176,14 +213,12 @@ def write_reward_diagnostics(run: Path, out: Path, page: Path) -> list[str]:
     """From RUN_DIR/reward_diagnostics.json (a reward-model run's, train/reward_diagnostics.py), write
     calibration.png, accuracy_by_margin.png and length_bias.png into `out` and add a "Reward model
     diagnostics" section with them and the padding check to the HTML `page` (before its config).
-    Returns the figures written: none when the run has no such file."""
+    Returns the figures written: none when the run has no such file. The file is read through its
+    schema (RunFileError names a damaged one)."""
     path = run / "reward_diagnostics.json"
     if not path.is_file():
         return []
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error.msg}); the file was edited or damaged.") from None
+    found = read_json(path, RewardDiagnostics)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,40 +233,45 @@ def write_reward_diagnostics(run: Path, out: Path, page: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         if draw(ax, found):
             fig.tight_layout()
-            fig.savefig(out / f"{name}.png", dpi=100)
-            figures.append(name)
+            fig.savefig(out / f"{_file_name(name)}.png", dpi=100)
+            figures.append(_file_name(name))
         plt.close(fig)
     section = (
         f"<h2>{DIAGNOSTICS_HEADING}</h2>"
-        f"<p>{found.get('num_pairs', 0)} held-out pairs, step {found.get('step', '?')}</p>"
-        + "".join(f"<img src='{n}.png' alt='{n}'>" for n in figures)
-        + f"<p>{html.escape(_padding_line(found.get('padding_invariance') or {}))}</p>"
+        f"<p>{_escape(found.num_pairs)} held-out pairs, step {_escape(found.step)}</p>"
+        + _images(figures)
+        + f"<p>{_escape(_padding_line(found.padding_invariance))}</p>"
     )
     text = page.read_text(encoding="utf-8")
     config_at = text.find("<h2>Config</h2>")
-    page.write_text(text[:config_at] + section + text[config_at:] if config_at >= 0 else text + section)
+    page.write_text(
+        text[:config_at] + section + text[config_at:] if config_at >= 0 else text + section, encoding="utf-8"
+    )
     return figures
 
 
-def _draw_calibration(ax: Any, found: dict) -> bool:
+def _draw_calibration(ax: Any, found: RewardDiagnostics) -> bool:
     """Observed vs Bradley–Terry predicted accuracy per |margin| bucket, on the diagonal when calibrated."""
     buckets = [
         b
-        for b in (found.get("calibration") or {}).get("buckets", [])
-        if b.get("count")
-        and b.get("observed_accuracy") is not None
-        and b.get("predicted_accuracy") is not None
+        for b in found.calibration.buckets
+        if b.count
+        and b.observed_accuracy is not None
+        and b.predicted_accuracy is not None
+        and _plottable(b.observed_accuracy)
+        and _plottable(b.predicted_accuracy)
     ]
     if not buckets:
         return False
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
-    predicted = [b["predicted_accuracy"] for b in buckets]
-    observed = [b["observed_accuracy"] for b in buckets]
-    sizes = [20 + 200 * b["count"] / max(c["count"] for c in buckets) for b in buckets]
+    predicted = [b.predicted_accuracy for b in buckets]
+    observed = [b.observed_accuracy for b in buckets]
+    most = max(b.count for b in buckets)
+    sizes = [20 + 200 * b.count / most for b in buckets]
     ax.scatter(predicted, observed, s=sizes, zorder=3, label="|margin| bucket (area: pairs)")
     for b, x, y in zip(buckets, predicted, observed, strict=True):
-        ax.annotate(b["bucket"], (x, y), fontsize=7, xytext=(5, -9), textcoords="offset points")
-    ece = found["calibration"].get("expected_calibration_error")
+        ax.annotate(_label(b.bucket), (x, y), fontsize=7, xytext=(5, -9), textcoords="offset points")
+    ece = found.calibration.expected_calibration_error
     ax.set_title("calibration" + (f": ECE {ece:.3f}" if ece is not None else ""))
     ax.set_xlabel("predicted accuracy, mean sigmoid(|margin|)")
     ax.set_ylabel("observed accuracy")
@@ -242,17 +282,17 @@ def _draw_calibration(ax: Any, found: dict) -> bool:
     return True
 
 
-def _draw_accuracy_by_margin(ax: Any, found: dict) -> bool:
+def _draw_accuracy_by_margin(ax: Any, found: RewardDiagnostics) -> bool:
     """Pairwise accuracy per |margin| bucket, bars labelled with their pair counts."""
-    rows = found.get("accuracy_by_margin") or []
-    if not any(r.get("count") for r in rows):
+    rows = found.accuracy_by_margin
+    if not any(r.count for r in rows):
         return False
-    names = [r["bucket"] for r in rows]
-    accuracy = [r["accuracy"] if r.get("accuracy") is not None else 0.0 for r in rows]
+    names = [_label(r.bucket) for r in rows]
+    accuracy = [r.accuracy if r.accuracy is not None and _plottable(r.accuracy) else 0.0 for r in rows]
     bars = ax.bar(names, accuracy, color="C0")
     for bar, r in zip(bars, rows, strict=True):
         ax.annotate(
-            f"n={r['count']}" if r.get("count") else "empty",
+            f"n={r.count}" if r.count else "empty",
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",
@@ -267,20 +307,23 @@ def _draw_accuracy_by_margin(ax: Any, found: dict) -> bool:
     return True
 
 
-def _draw_length_bias(ax: Any, found: dict) -> bool:
+def _draw_length_bias(ax: Any, found: RewardDiagnostics) -> bool:
     """Score against token length, chosen and rejected sequences in two colours."""
-    bias = found.get("length_bias") or {}
-    points = bias.get("points") or {}
-    if not any(points.get(k) for k in ("chosen", "rejected")):
+    bias = found.length_bias
+    points = {
+        key: [(n, s) for n, s in getattr(bias.points, key) if _plottable(n) and _plottable(s)]
+        for key in ("chosen", "rejected")
+    }
+    if not any(points.values()):
         return False
     for key, colour in (("chosen", "C2"), ("rejected", "C3")):
-        if points.get(key):
+        if points[key]:
             lengths, scores = zip(*points[key], strict=True)
             ax.scatter(lengths, scores, s=12, alpha=0.6, color=colour, label=key)
-    r, wins = bias.get("correlation"), bias.get("longer_wins")
+    r, wins = bias.correlation, bias.longer_wins
     title = "score vs length: r = " + ("n/a" if r is None else f"{r:.3f}")
     if wins is not None:
-        title += f", longer scores higher in {wins:.0%} of {bias.get('num_unequal_pairs', 0)} pairs"
+        title += f", longer scores higher in {wins:.0%} of {bias.num_unequal_pairs} pairs"
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("tokens")
     ax.set_ylabel("score")
@@ -289,15 +332,18 @@ def _draw_length_bias(ax: Any, found: dict) -> bool:
     return True
 
 
-def _padding_line(padding: dict) -> str:
-    """The padding check in one sentence."""
-    if not padding.get("num_sequences"):
+def _padding_line(padding: PaddingCheck) -> str:
+    """The padding check in one sentence (a value the file lacks: "?")."""
+    if not padding.num_sequences:
         return "Padding invariance: not checked (no held-out sequences)."
-    verdict = "invariant" if padding.get("invariant") else "NOT INVARIANT: the scores depend on padding"
+    verdict = "invariant" if padding.invariant else "NOT INVARIANT: the scores depend on padding"
     return (
-        f"Padding invariance: max |Δscore| = {padding['max_abs_delta']:.3g} over {padding['num_sequences']} "
-        f"sequences scored alone vs batched (left {padding.get('left', float('nan')):.3g}, right "
-        f"{padding.get('right', float('nan')):.3g}; up to {padding.get('max_padding', 0)} pad tokens, "
-        f"{padding.get('compute_dtype', '?')}; tolerance {padding.get('tolerance', float('nan')):.3g}): "
-        f"{verdict}."
+        f"Padding invariance: max |Δscore| = {_g(padding.max_abs_delta)} over {padding.num_sequences} "
+        f"sequences scored alone vs batched (left {_g(padding.left)}, right {_g(padding.right)}; up to "
+        f"{_g(padding.max_padding)} pad tokens, {padding.compute_dtype or '?'}; tolerance "
+        f"{_g(padding.tolerance)}): {verdict}."
     )
+
+
+def _g(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"

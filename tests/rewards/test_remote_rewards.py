@@ -228,9 +228,8 @@ def test_a_server_past_the_timeout_is_tried_again_then_named(scripted):
     with pytest.raises(RemoteRewardError) as caught:
         RemoteReward(server.url, timeout=0.2, retries=1, backoff=0.05)(["a"], ["1"])
     took = time.monotonic() - began
-    assert "failed (ReadTimeout: " in str(caught.value) and "after 2 tries (timeout 0.2 s each)" in str(
-        caught.value
-    )
+    said = f"POST {server.url} did not finish answering within 0.2 s, after 2 tries; "
+    assert said in str(caught.value)
     assert len(server.arrivals) == 2
     assert 0.45 <= took < 1.4  # two waits of 0.2 s and a backoff of 0.05 s, well before the server's 1.5 s
 

@@ -18,6 +18,7 @@ from grpokit.report import write_report
 from grpokit.train import grpo_step as step_module
 from grpokit.train.alerts import AlertWatch
 from grpokit.train.grpo import train_grpo
+from grpokit.train.run_files import check_run_files
 from tests.train.helpers import ones_reward, tiny_config
 
 
@@ -179,6 +180,7 @@ def test_a_resumed_run_says_nothing_twice_and_counts_from_its_real_start(tmp_pat
 def test_the_report_marks_each_alert_on_its_plots(tmp_path):
     result, alerts, _ = _run(tmp_path, [constant_reward], max_steps=12)
     assert [a["name"] for a in alerts] == ["zero_spread"]
+    check_run_files(result.output_dir)  # what the run wrote is read back as a resume reads it
     page = write_report(result.output_dir).read_text()
     assert "<h2>Alerts</h2>" in page and "zero_spread" in page
     marked = (result.output_dir / "report" / "zero_spread.png").read_bytes()

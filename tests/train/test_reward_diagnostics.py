@@ -21,6 +21,7 @@ from grpokit.train.reward_diagnostics import (
     pearson,
     reward_diagnostics,
 )
+from grpokit.train.run_files import check_run_files
 from tests.train.test_reward_model import PAIRS, TOK, reward_cfg, tiny_rm
 
 PLOTS = ("calibration", "accuracy_by_margin", "length_bias")
@@ -295,6 +296,7 @@ def test_a_reward_run_then_report_shows_its_diagnostics(tmp_path):
     bias = found["length_bias"]
     assert len(bias["points"]["chosen"]) == 16 and bias["correlation"] is not None
     assert found["padding_invariance"]["max_abs_delta"] <= 1e-5 and found["padding_invariance"]["invariant"]
+    check_run_files(out)  # calibration.json and the rest: what the run wrote is read back
     page = write_report(out).read_text()
     section = page[page.index("<h2>Reward model diagnostics</h2>") : page.index("<h2>Config</h2>")]
     for name in PLOTS:

@@ -283,6 +283,18 @@ def load_config(
         raise _explain(error, schema, source) from None
 
 
+# The first line of the config.yaml a run writes into its output_dir and each checkpoint: how a run
+# tells its own file from a user's config of that name, which it never replaces (train/rundir.py).
+RUN_CONFIG_MARKER = (
+    "# grpokit: the resolved config of this run (grpokit writes it; keep your own config elsewhere)"
+)
+
+
+def run_config_yaml(text: str) -> str:
+    """`text` (a resolved config as YAML) as a run writes it: under RUN_CONFIG_MARKER."""
+    return f"{RUN_CONFIG_MARKER}\n{text}"
+
+
 def to_yaml(config: BaseModel) -> str:
     """Every resolved value, in declaration order (what `grpokit print-config` shows)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

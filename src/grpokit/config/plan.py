@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .applied import Preset, annotated_yaml, applied
-from .load import to_yaml
+from .load import run_config_yaml, to_yaml
 from .schema import GRPOConfig, RewardConfig, SFTConfig
 
 # ----------------------------------------------------------------------------- the model
@@ -361,7 +361,7 @@ def _named(cls: Any, cfg: Any, **given: Any) -> Any:
 def run_control(cfg: GRPOConfig | RewardConfig, config_yaml: str | None = None) -> RunControl:
     """config_yaml: the run's config.yaml (None: `to_yaml(cfg)`)."""
     values = cfg.model_dump(mode="json")
-    text = to_yaml(cfg) if config_yaml is None else config_yaml
+    text = run_config_yaml(to_yaml(cfg) if config_yaml is None else config_yaml)
     return _named(RunControl, cfg, report_to=tuple(cfg.report_to), config_yaml=text, config_values=values)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .load import ConfigError, load_config, shorten, shown
+from .remote_reward import redacted_entries
 
 Rule = Literal["fixed", "applied", "invocation"]
 
@@ -207,6 +208,8 @@ def resume_changes(cfg: Any, saved_config: Path) -> list[str]:
     notes: list[str] = []
     for name in type(cfg).model_fields:
         before, now = getattr(saved, name), getattr(cfg, name)
+        if name == "reward_funcs":  # config.yaml holds the urls redacted: compared (and shown) alike
+            before, now = redacted_entries(before), redacted_entries(now)
         rule = RESUME_RULES.get(name, ("fixed", ""))[0]
         if before == now or rule == "invocation":
             continue

@@ -13,13 +13,21 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
 
 from ..ops.loss_types import LossType
 from . import trl_names
 from .alerts import ALERT_THRESHOLDS
 from .load import shown
-from .remote_reward import REMOTE_OPTIONS, check_remote_reward
+from .remote_reward import REMOTE_OPTIONS, check_remote_reward, redacted_entries
 
 # Every config class: unknown keys rejected, immutable, defaults validated, and no float option takes
 # inf, -inf or nan (nor what YAML and the overrides read as them: .inf, .nan, 1e999). Pydantic merges
@@ -141,7 +149,13 @@ def _reward_entries(value: Any) -> Any:
     return out
 
 
-RewardEntries = Annotated[list[dict[str, Any]] | None, BeforeValidator(_reward_entries)]
+# written out (config.yaml, print-config, the metrics' reporters: every JSON dump) with the credentials in
+# a reward server's url as *** (config.remote_reward.redact_url); the config itself keeps them
+RewardEntries = Annotated[
+    list[dict[str, Any]] | None,
+    BeforeValidator(_reward_entries),
+    PlainSerializer(redacted_entries, when_used="json"),
+]
 
 
 # the data options GRPOConfig and SFTConfig share (dataset_* are TRL's ScriptArguments names)
@@ -577,8 +591,8 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | env | task}, "
         "{python: FILE.py:FUNCTION | package.module:FUNCTION} (your own f(prompts, completions, **columns)) "
         "or {url: http://HOST:PORT/PATH} (a reward server, one POST a batch; optional timeout, retries, "
-        "name); a bare name is a builtin's when it is one, a url's when it is one, else a python reference "
-        "(reward_funcs=exact_answer)",
+        "name, api_key_env, ca_bundle); a bare name is a builtin's when it is one, a url's when it is one, "
+        "else a python reference (reward_funcs=exact_answer)",
     )
     reward_weights: list[RewardWeight] | None = Field(
         None, description="one weight per reward function, summed into the reward (None = all 1)"
@@ -830,6 +844,7 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
     """One reward_funcs entry: exactly one of model / builtin / python / url, and only the options it
     takes."""
     kinds = {"model", "builtin", "python", "url"} & set(spec)
+    said = shown(redacted_entries([spec])[0])  # a password in the url is not repeated
     extras = set(spec) - {"model", "builtin", "python", "batch_size", "device", "revision"}
     if "model" not in spec:  # a reward model's own options
         extras |= {"batch_size", "device", "revision"} & set(spec)
@@ -837,14 +852,14 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
         extras = set(spec) - {"url", *REMOTE_OPTIONS}
     if len(kinds) != 1 or extras or ("python" in spec and set(spec) != {"python"}):
         raise ValueError(
-            f"reward_funcs entry {shown(spec)} must have exactly one of 'model' (a directory), 'builtin' "
+            f"reward_funcs entry {said} must have exactly one of 'model' (a directory), 'builtin' "
             f"({', '.join(BUILTIN_REWARDS)}), 'python' (FILE.py:FUNCTION or "
             "package.module:FUNCTION) or 'url' (http://HOST:PORT/PATH, a reward server); a model entry "
             "optionally batch_size, device, revision (of a hub id); a url entry optionally timeout, "
-            "retries, name"
+            "retries, name, api_key_env, ca_bundle"
         )
     if "url" in spec:
-        check_remote_reward(f"reward_funcs entry {shown(spec)}", **spec)
+        check_remote_reward(f"reward_funcs entry {said}", **spec)
     if "builtin" in spec and spec["builtin"] not in BUILTIN_REWARDS:
         raise ValueError(unknown_reward(spec["builtin"]))
     if "python" in spec:
@@ -854,7 +869,7 @@ def _check_reward_entry(spec: dict[str, Any]) -> None:
             where, sep, name = ref.rpartition(".")
         if not sep or not where.strip() or not name.isidentifier():
             raise ValueError(
-                f"reward_funcs entry {shown(spec)}: 'python' must name a function as 'FILE.py:FUNCTION', "
+                f"reward_funcs entry {said}: 'python' must name a function as 'FILE.py:FUNCTION', "
                 "'package.module:FUNCTION' or 'package.module.FUNCTION'"
             )
 

@@ -78,7 +78,6 @@ def load_dataset_dict(source: str | Path, config: str | None) -> tuple[Any, str]
     """(`datasets.DatasetDict` of every split, how errors name it) of a dataset directory or hub name,
     with `config` (a `dataset_config`; None: the dataset's only or default one). One DataError when
     the dataset, or the config, is not there."""
-    import datasets
     from datasets.exceptions import DatasetNotFoundError
 
     name = str(source)
@@ -87,7 +86,7 @@ def load_dataset_dict(source: str | Path, config: str | None) -> tuple[Any, str]
         path = _cached_snapshot(name) or name  # not in the hub cache: datasets' own cache, if there
     label = f"dataset {name!r}" if config is None else f"dataset {name!r} (config {config})"
     try:
-        loaded = datasets.load_dataset(path, config)
+        loaded = _load_without_script(path, name, config, label)
     except ValueError as error:  # a config that is not there, or none chosen among several
         configs = _configs(path)
         if configs and config not in configs:
@@ -107,6 +106,33 @@ def load_dataset_dict(source: str | Path, config: str | None) -> tuple[Any, str]
             f"`hf download {name} --repo-type dataset`."
         ) from None
     return loaded, label
+
+
+def _load_without_script(path: str, name: str, config: str | None, label: str) -> Any:
+    """`datasets.load_dataset(path, config)`, unless the dataset is a loading script: NAME.py in its
+    directory (a hub snapshot's: the repository's name), where `datasets` looks for one, or a hub
+    repository's that `datasets` finds itself."""
+    import datasets
+
+    for script in dict.fromkeys([Path(path) / f"{Path(path).name}.py", Path(path) / f"{Path(name).name}.py"]):
+        if script.is_file():
+            raise _script_refusal(label, script.name)
+    try:
+        return datasets.load_dataset(path, config)
+    except RuntimeError as error:  # "Dataset scripts are no longer supported, but found NAME.py"
+        if "scripts are no longer supported" not in str(error):
+            raise
+        raise _script_refusal(label, str(error).rpartition(" ")[2] or "a .py file") from None
+
+
+def _script_refusal(label: str, script: str) -> DataError:
+    """A dataset given as a loading script (`NAME.py` beside, or instead of, its data): code that
+    `datasets` no longer runs (since 4.0), and grpokit runs no dataset's code either."""
+    return DataError(
+        f"{label} holds a loading script ({script}), and grpokit does not run dataset scripts; convert "
+        "the data to JSONL or Parquet files (the script's output, loaded once with datasets<4.0, saved by "
+        ".to_json() or .to_parquet()) and give dataset=FILE or a directory of them."
+    )
 
 
 def split_rows(loaded: Any, label: str, split: str) -> list[dict[str, Any]]:

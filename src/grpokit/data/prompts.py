@@ -211,9 +211,27 @@ def render_prompt(
                 "a conversational prompt needs a tokenizer with a chat template; this one has none."
             )
         extra = {**(template_kwargs or {}), **({"tools": list(tools)} if tools else {})}
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **extra)
+        try:
+            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **extra)
+        except Exception as error:  # noqa: BLE001 - its own refusal (raise_exception), or a Jinja error
+            raise template_refusal(tokenizer, prompt, error) from None
     raise DataError(
         f"a prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}."
+    )
+
+
+def template_refusal(tokenizer: Any, messages: list[dict[str, Any]], error: Exception) -> DataError:
+    """The one line for a chat template that raised on a conversation: its own words (a template's
+    raise_exception, "System role not supported", "roles must alternate user/assistant/..."), or
+    Jinja's error for one that cannot render it, with the roles it was given and the options that
+    change what it is given."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    roles = ", ".join(str(m.get("role")) for m in messages) or "none"
+    model = getattr(tokenizer, "name_or_path", "") or "the model"
+    return DataError(
+        f"the chat template of {model} rejects these messages (roles: {roles}): {reason}; give prompts in "
+        "the roles and order it takes (without a system message if it takes none: unset system_prompt), "
+        "set the variables it reads with chat_template_kwargs, or use a model whose template takes them."
     )
 
 

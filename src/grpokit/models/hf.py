@@ -308,11 +308,31 @@ def load_policy(
     if directory is not None and unmerged_checkpoint(directory):
         model = merge_lora(model, directory)  # a LoRA checkpoint of the earlier layout: merged on load
     tokenizer = load_tokenizer(path, revision=revision, trust_remote_code=trust_remote_code)
+    embedding = model.get_input_embeddings()
+    refusal = embedding_refusal(f"model {str(path)!r}", getattr(embedding, "num_embeddings", None), tokenizer)
+    if refusal is not None:
+        raise ValueError(refusal)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return LoadedPolicy(model=model, tokenizer=tokenizer)
+
+
+def embedding_refusal(what: str, rows: int | None, tokenizer: Any) -> str | None:
+    """A model whose input embedding has fewer rows than its tokenizer has ids (`rows` < len(tokenizer):
+    tokens added to the tokenizer and the model saved without resizing, or another model's tokenizer)
+    would fail at the first such id with an index error inside the embedding: one line naming `what`
+    (the model, or the teacher), both sizes and the fix. None when every id has its row (more rows, a
+    padded embedding as Qwen's, is fine) or the size is unknown."""
+    if rows is None or len(tokenizer) <= rows:
+        return None
+    return (
+        f"{what}: its input embedding has {rows} rows but its tokenizer has {len(tokenizer)} token ids, so "
+        f"ids from {rows} on cannot be embedded; resize the embeddings to the tokenizer "
+        "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained) or use the tokenizer the "
+        "model was trained with."
+    )
 
 
 def load_tokenizer(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:

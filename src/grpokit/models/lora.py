@@ -4,6 +4,7 @@ weights with the adapters switched off: no second copy of the model in memory.""
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,7 @@ def load_lora_weights(model: Any, directory: Path) -> None:
     from safetensors.torch import load_file
 
     stored = directory if unmerged_checkpoint(directory) else directory / ADAPTER_DIR / BASE_DIR
+    adapters = adapter_weights(directory)  # (a refused adapter file: before anything is loaded)
     plain = load_file(stored / "model.safetensors")
     base = model.get_base_model()
     names = {k.replace(".base_layer.", "."): k for k in base.state_dict() if "lora_" not in k}
@@ -141,12 +143,52 @@ def load_lora_weights(model: Any, directory: Path) -> None:
             f"{sorted(set(plain) - set(names))})."
         )
     base.load_state_dict({names[k]: v for k, v in plain.items()}, strict=False)
-    adapters = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors")
     result = set_peft_model_state_dict(model, adapters)
     if getattr(result, "unexpected_keys", None):
         raise ValueError(
             f"checkpoint {directory}: its adapters do not match the model ({result.unexpected_keys})."
         )
+
+
+def adapter_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The adapters of the LoRA checkpoint `directory`: `lora_adapter/adapter_model.safetensors`, or in
+    a checkpoint of older PEFT versions the pickled `adapter_model.bin`, read as torch.load with
+    weights_only=True reads it (tensors only: a pickle that names code is refused, never run). Any
+    other content is one ValueError naming the file and the fix."""
+    from safetensors.torch import load_file
+
+    adapters = directory / ADAPTER_DIR
+    if (adapters / "adapter_model.safetensors").is_file():
+        return load_file(adapters / "adapter_model.safetensors")
+    pickled = adapters / "adapter_model.bin"
+    if not pickled.is_file():
+        raise ValueError(
+            f"checkpoint {directory}: {ADAPTER_DIR}/ has no adapter weights (adapter_model.safetensors); "
+            "copy them back from the run that wrote it, or give the merged model at its root without "
+            f"{ADAPTER_DIR}/."
+        )
+    convert = (
+        "save the adapters as adapter_model.safetensors from a trusted copy (PEFT's save_pretrained with "
+        "safe_serialization=True)"
+    )
+    try:
+        weights = torch.load(pickled, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:  # what weights_only refuses: a pickle that names code
+        raise ValueError(
+            f"checkpoint {directory}: {ADAPTER_DIR}/adapter_model.bin is a pickle that holds more than "
+            f"tensors and is not loaded (it could run code); {convert}."
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as error:  # truncated, or not a torch file
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(
+            f"checkpoint {directory}: {ADAPTER_DIR}/adapter_model.bin is unreadable ({first}); {convert}."
+        ) from None
+    if not (isinstance(weights, dict) and all(isinstance(v, torch.Tensor) for v in weights.values())):
+        raise ValueError(
+            f"checkpoint {directory}: {ADAPTER_DIR}/adapter_model.bin holds a {type(weights).__name__}, "
+            "not the adapters' tensors by name; give a checkpoint whose adapters PEFT saved."
+        )
+    return weights
 
 
 def merge_lora(model: Any, directory: Path) -> Any:
@@ -159,7 +201,9 @@ def merge_lora(model: Any, directory: Path) -> Any:
             f"{directory} holds LoRA adapters ({ADAPTER_DIR}/); loading them needs the peft package: "
             "pip install 'grpokit[lora]'."
         ) from None
-    return PeftModel.from_pretrained(model, directory / ADAPTER_DIR).merge_and_unload()
+    adapter_weights(directory)  # a pickled adapter_model.bin is checked before PEFT reads it
+    merged = PeftModel.from_pretrained(model, directory / ADAPTER_DIR).merge_and_unload()
+    return merged.requires_grad_(True)  # PEFT froze the base for the adapters: trainable, as loaded
 
 
 def is_lora(model: Any) -> bool:

@@ -6,7 +6,8 @@
       - python: my_package.rewards.sorted_digits     # TRL's dotted form
 
 The function follows grpokit's (and TRL's) convention f(prompts, completions, **columns). Every
-failure is one line naming the reference and what to change.
+failure is one line naming the reference and what to change; a module that calls sys.exit while it is
+imported (a script whose top level runs) is one of them, never a silent exit of the command.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +60,10 @@ def _load_file(label: str, where: str) -> Any:
     sys.modules[module_name] = module  # dataclasses and pickling look modules up here
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # noqa: BLE001 - whatever the user's file raises, say where
+    except BaseException as error:  # a half-run module is never found again, whatever stopped it
         del sys.modules[module_name]
+        if not isinstance(error, Exception):  # SystemExit (`_no_exit` says it), KeyboardInterrupt
+            raise
         raise RewardReferenceError(
             f"{label}: running {where} raised {type(error).__name__}: "
             f"{error}; fix the file (--debug shows the traceback)."
@@ -84,6 +88,21 @@ def _import_module(label: str, where: str) -> Any:
             f"{label}: importing {where} raised {type(error).__name__}: "
             f"{error}; fix the module (--debug shows the traceback)."
         ) from error
+
+
+@contextmanager
+def _no_exit(label: str, where: str) -> Iterator[None]:
+    """A user's module that calls sys.exit (or exit(), quit()) while grpokit imports it or looks its
+    function up: one line naming it and the fix. Left alone, the SystemExit would end `train`, `doctor`
+    or `serve-reward` with its code, 0 mostly: a training that never ran recorded as a success."""
+    try:
+        yield
+    except SystemExit as exiting:
+        code = "" if exiting.code is None else repr(exiting.code)
+        raise RewardReferenceError(
+            f"{label}: importing {where} called sys.exit({code}): a module grpokit imports must not exit; "
+            "move the script part under `if __name__ == '__main__':`."
+        ) from None
 
 
 def _label(reference: str) -> str:
@@ -125,6 +144,12 @@ def load_reward_reference(
     references (a tool, an environment) say what they are with `label` and what they call `signature`."""
     label = label or _label(reference)
     where, name = split_reference(reference, label)
+    with _no_exit(label, where):  # importing runs the module's top level; a module __getattr__ runs too
+        return _resolve(label, where, name, signature)
+
+
+def _resolve(label: str, where: str, name: str, signature: str) -> Callable[..., Any]:
+    """The callable `name` of the module or file `where` (load_reward_reference's work)."""
     module = _load_file(label, where) if where.endswith(".py") else _import_module(label, where)
     if not hasattr(module, name):
         defined = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..config.alerts import ALERT_THRESHOLDS
 from .metrics import ZeroSpreadWatch
+from .run_files import AlertRow, MetricsRow, read_jsonl
 
 WINDOW = 5  # steps in a trend's mean
 ALERTS_FILE = "alerts.jsonl"
@@ -237,37 +238,30 @@ class AlertWatch:
     def resume(self, output_dir: Path, step: int) -> None:
         """A run resumed after `step`: the metric rows kept (metrics.jsonl, already cut at `step`) are
         replayed silently, alerts.jsonl keeps the alerts up to `step` and those are not said again.
-        A fresh run (`step` 0) starts a new alerts.jsonl."""
+        A fresh run (`step` 0) starts a new alerts.jsonl. Both files are read (through their schemas:
+        a damaged line is a RunFileError naming it) before alerts.jsonl changes."""
         path = output_dir / ALERTS_FILE
-        kept = [row for row in _rows(path) if step and row.get("step", step + 1) <= step]
-        self.fired |= {str(row.get("name")) for row in kept}
+        kept = [row for row in _read(path, AlertRow) if row["step"] <= step] if step else []
+        replayed = _read(output_dir / "metrics.jsonl", MetricsRow) if step else []
+        self.fired |= {row["name"] for row in kept}
         if kept:
             path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
         else:
             path.unlink(missing_ok=True)
-        for row in _rows(output_dir / "metrics.jsonl") if step else []:
-            at = row.get("step", step + 1)
+        for row in replayed:
+            at = row["step"]
             if at > step:
                 continue
             numbers = {
                 k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))
             }
             if "loss" in row:  # a training row: what the run saw then, said then (or not at all)
-                self.update(int(at), numbers)
+                self.update(at, numbers)
             elif _finite(row.get("eval/accuracy")) is not None:
-                self.evaluated(int(at), numbers)
+                self.evaluated(at, numbers)
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a .jsonl file (none when it is absent; a line torn by a crash is skipped)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+def _read(path: Path, schema: type[Any]) -> list[dict[str, Any]]:
+    """The rows of a .jsonl file through its schema (run_files.py: a damaged line is a RunFileError
+    naming it; a last line torn by a crash is left out), or none when the file is absent."""
+    return read_jsonl(path, schema) if path.is_file() else []

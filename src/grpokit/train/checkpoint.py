@@ -27,7 +27,8 @@ import torch
 
 from ..models import is_lora, load_lora_weights, quiet_saving, save_lora
 from . import distributed
-from .rundir import CHECKPOINT_PREFIX, checkpoint_staging
+from .checkpoint_state import fit_problem, parse_state, reference_problem
+from .rundir import CHECKPOINT_PREFIX, checkpoint_staging, list_checkpoints
 
 MANIFEST = "manifest.json"
 
@@ -50,6 +51,7 @@ class TrainingParts:
     optimizer: Any
     scheduler: Any
     sampler: Any
+    reference: Any = None  # a synced reference model, whose weights the checkpoint holds too
 
 
 @dataclass(frozen=True)
@@ -167,20 +169,6 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(f.fileno())
     for directory in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
         _fsync_dir(directory)
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Checkpoints that were renamed into place, oldest first (temporary directories are never
-    listed). Their files are not checked here (this runs at every save): `newest_intact_checkpoint`
-    does, for the one a resume takes."""
-    found = [
-        p
-        for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*")
-        if re.fullmatch(rf"{CHECKPOINT_PREFIX}[0-9]+", p.name)
-        and p.is_dir()
-        and ((p / "state.pt").is_file() or (p / MANIFEST).is_file())  # a manifest names a missing state.pt
-    ]
-    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
 # ----------------------------------------------------------------------------- integrity
@@ -325,8 +313,14 @@ def _check_fits(checkpoint: Path, stored: dict[str, torch.Size], weights: dict[s
 
 
 def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
-    """Restore the weights of `model` from `checkpoint` and return its training state. A checkpoint
-    of another model shape is one CheckpointError naming the first tensor that differs."""
+    """Restore the weights of `model` from `checkpoint` and return its training state, unchecked. A
+    checkpoint of another model shape is one CheckpointError naming the first tensor that differs."""
+    load_weights(checkpoint, model)
+    return _load_state(checkpoint)
+
+
+def load_weights(checkpoint: Path, model: Any) -> None:
+    """The weights of `checkpoint` into `model` (its LoRA adapters and base when it has them)."""
     from safetensors.torch import load_file
 
     stored = _stored_shapes(checkpoint, "model.safetensors")
@@ -338,10 +332,36 @@ def load_training_state(checkpoint: Path, model: Any) -> dict[str, Any]:
             {k.replace(".base_layer.", "."): v for k, v in base.items() if "lora_" not in k},
         )
         load_lora_weights(model, checkpoint)
-        return _load_state(checkpoint)
+        return
     _check_fits(checkpoint, stored, model.state_dict())
     model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)  # rotary: recomputed
-    return _load_state(checkpoint)
+
+
+def check_state(
+    state: Any, checkpoint: Path, optimizer: Any, scheduler: Any, sampler: Any, reference: Any = None
+) -> dict[str, Any]:
+    """`state` (`checkpoint`'s state.pt) once every value in it is of the kind and range a run writes
+    and fits this run (checkpoint_state.py: `optimizer` None under FSDP, whose shards are checked as
+    they load; `reference` the synced reference model, if any), else one CheckpointError naming the
+    value. A resume restores nothing before this returns."""
+    parsed, problem = parse_state(state)
+    if parsed is not None:
+        step = int(checkpoint.name[len(CHECKPOINT_PREFIX) :])
+        problem = fit_problem(parsed, step, optimizer, scheduler, sampler)
+        if problem is None and reference is not None:
+            problem = reference_problem(parsed.reference, distributed.unwrap(reference).state_dict())
+    if problem:
+        raise CheckpointError(state_error(checkpoint, problem))
+    return state
+
+
+def state_error(checkpoint: Path, problem: str) -> str:
+    """The one line for a state.pt value that no run of this kind writes."""
+    return (
+        f"checkpoint {checkpoint} cannot be resumed: in its state.pt, {problem}; it was edited, or written "
+        "by another run: resume from an earlier checkpoint (move this one away), or start a new run with "
+        "another output_dir=... or overwrite=true"
+    )
 
 
 def _on_host(value: Any) -> Any:
@@ -370,11 +390,12 @@ def training_state(
 
 
 def restore_training(
-    checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, sampler: Any
+    checkpoint: Path, model: Any, optimizer: Any, scheduler: Any, sampler: Any, reference: Any = None
 ) -> dict[str, Any]:
     """Weights, optimizer, schedule, data position and RNG from `checkpoint`; returns its state
     (`step`, `eval_before` and anything else the loop saved)."""
-    state = load_training_state(checkpoint, model)
+    state = check_state(_load_state(checkpoint), checkpoint, optimizer, scheduler, sampler, reference)
+    load_weights(checkpoint, model)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     sampler.load_state_dict(state["prompts"])
@@ -444,13 +465,15 @@ def restore_distributed(d: Any, strategy: str, checkpoint: Path, parts: Training
     """The inverse of `save_distributed`, for the same world size; returns the checkpoint's state."""
     model, optimizer, scheduler, sampler = parts.model, parts.optimizer, parts.scheduler, parts.sampler
     if d.enabled and strategy == "fsdp":
+        state = check_state(_load_state(checkpoint), checkpoint, None, scheduler, sampler, parts.reference)
         try:
             distributed.load_sharded(d, checkpoint / "dcp", model, optimizer)
         except ValueError as error:  # one line already, naming the file
             raise CheckpointError(str(error)) from None
-        state = _load_state(checkpoint)
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["prompts"])
         set_rng_state(state["rng"])
         return state
-    return restore_training(checkpoint, distributed.unwrap(model), optimizer, scheduler, sampler)
+    return restore_training(
+        checkpoint, distributed.unwrap(model), optimizer, scheduler, sampler, parts.reference
+    )

@@ -178,8 +178,8 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         raise ValueError(refusal)
     if plan.lora is not None and plan.lora.target_modules:
         check_lora_targets(model, list(plan.lora.target_modules))
-    prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
     resume_from = latest_checkpoint(control, compare, d, on_event)  # resume=true: the newest intact one
+    prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
     # ------------------------------------------------------------------ set-up: the policy
     model = place_policy(precision_of(spec.engine), model, d)  # on the device, weights in the master dtype
     # a supervised warm start (identical on every rank), unless resuming; its probe samples as training does

@@ -49,6 +49,7 @@ from ..envs import BUILTIN_TOOLS, EnvironmentSpec, tool_environment
 from ..models import (
     ModelShape,
     Precision,
+    embedding_refusal,
     enable_fast_matmul,
     load_model_config,
     load_tokenizer,
@@ -579,17 +580,21 @@ def teacher_refusal(
     plan: GRPOPlan, tokenizer: Any, policy: ModelShape, teacher: ModelShape | None
 ) -> str | None:
     """What `train` would refuse in the teacher, found without loading its weights: another tokenizer,
-    or for loss_type=gkd an output layer of another size. None when it can teach (or there is none)."""
+    an embedding with fewer rows than its tokenizer has ids (no loss type can use it), or for
+    loss_type=gkd an output layer of another size. None when it can teach (or there is none)."""
     if plan.teacher is None or teacher is None:
         return None
     spec = plan.teacher.model
     theirs = load_tokenizer(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     refusal = teacher_tokenizer_refusal(spec.name, tokenizer, theirs)
+    if refusal is None:  # (config.vocab_size: its embedding's rows, as loading would find them)
+        refusal = embedding_refusal(f"teacher_model={spec.name!r}", teacher.vocab_size, theirs)
     if (
         refusal is None
         and plan.trainee.step.loss.loss_type == "gkd"
         and teacher.vocab_size != policy.vocab_size
     ):
+        # (both embed every id of the tokenizer here: opd, which scores the written tokens only, works)
         refusal = (
             f"teacher_model={spec.name!r}: its output layer scores {teacher.vocab_size} tokens and the "
             f"policy's {policy.vocab_size}: "
@@ -757,7 +762,12 @@ def evaluator(
 def _parts(trainee: Trainee) -> TrainingParts:
     engine, update = trainee.engine, trainee.update
     return TrainingParts(
-        engine.train_module, engine.tokenizer, update.optimizer, update.scheduler, trainee.prompts
+        engine.train_module,
+        engine.tokenizer,
+        update.optimizer,
+        update.scheduler,
+        trainee.prompts,
+        engine.reference if trainee.params.spec.reference_sync is not None else None,
     )
 
 
@@ -781,7 +791,7 @@ def restore(
     engine = trainee.engine
     state = restore_distributed(d, strategy, checkpoint, _parts(trainee))
     if engine.reference is not None and "reference" in state:
-        distributed.unwrap(engine.reference).load_state_dict(state["reference"])
+        distributed.unwrap(engine.reference).load_state_dict(state["reference"])  # (checked: its shapes)
     if trainee.entropy is not None and "entropy_control" in state:
         trainee.entropy.load_state_dict(state["entropy_control"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .run_files import MetricsRow, read_jsonl
+
 
 def _reporter(name: str, report_to: Sequence[str]) -> Any:
     """What a `report_to` destination writes with (TensorBoard's SummaryWriter, the wandb module), or
@@ -128,7 +130,8 @@ class NullWriter:
 
 def truncate_metrics_after(output_dir: Path, step: int) -> None:
     """On resume: drop metric rows written after the checkpoint (they will be written again), and
-    a last line torn by a crash mid-write.
+    a last line torn by a crash mid-write. The rows are read through their schema (run_files.py): a
+    damaged line elsewhere is a RunFileError naming it, and the file is left as it is.
 
     The kept rows go to a temporary file beside metrics.jsonl, fsynced, which then replaces it in one
     rename: a crash or a full disk at any moment leaves either the old file or the new one, whole,
@@ -136,13 +139,7 @@ def truncate_metrics_after(output_dir: Path, step: int) -> None:
     path = output_dir / "metrics.jsonl"
     if not path.is_file():
         return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
+    kept = [json.dumps(row) for row in read_jsonl(path, MetricsRow) if row["step"] <= step]
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # same directory: the rename is atomic
     try:
         with tmp.open("w", encoding="utf-8") as f:

@@ -382,6 +382,7 @@ def _train_reward(
         model, tokenizer = reward_model_and_tokenizer(
             plan.model, alphabet, spec.max_length, dtype=precision.master
         )
+    resume_from = latest_checkpoint(control, compare, d, on_event)  # resume=true: the newest intact one
     prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
     if replacing and d.is_main:  # an earlier run's diagnostics are not this run's
         (output_dir / DIAGNOSTICS_FILE).unlink(missing_ok=True)
@@ -411,7 +412,7 @@ def _train_reward(
         save_distributed(d, strategy, saves_to, step, parts, run.eval_before)
 
     stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
-    starting = Starting(latest_checkpoint(control, compare, d, on_event), restore, held_out.evaluate)
+    starting = Starting(resume_from, restore, held_out.evaluate)
     run = Run.open(control, d, emit, stop, starting, threads)
 
     # ------------------------------------------------------------------ the loop

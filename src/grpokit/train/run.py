@@ -6,8 +6,8 @@ or raises):
 
     replacing = claim_output_dir(...)          # before any work: refuse to mix with an earlier run
     ... load and validate the input, build the model ...
-    prepare_output_dir(d, control, replacing)  # only now: clear the earlier run, write config.yaml
     checkpoint = latest_checkpoint(control, compare, d, on_event)   # resume=true: the newest intact one
+    prepare_output_dir(d, control, replacing)  # only now: clear the earlier run, write config.yaml
     run = Run.open(control, d, emit, stop, Starting(checkpoint, restore, evaluate))   # resume or evaluate
     step = run.start
     with run:                                  # the metrics writer is closed however the loop ends
@@ -226,7 +226,9 @@ def prepare_output_dir(d: Any, control: RunControl, replacing: bool) -> None:
             clear_earlier_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         clear_staging(output_dir)  # killed runs' half-written checkpoints (under the lock: none is ours)
-        (output_dir / "config.yaml").write_text(control.config_yaml)
+        config = output_dir / "config.yaml"  # (a resume's is unchanged: left as it is)
+        if not config.is_file() or config.read_bytes() != control.config_yaml.encode():
+            config.write_text(control.config_yaml)
     distributed.barrier(d)
 
 

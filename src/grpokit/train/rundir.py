@@ -21,6 +21,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -30,9 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..config.load import RUN_CONFIG_MARKER
 from . import distributed
 
 CHECKPOINT_PREFIX = "checkpoint-"
+CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}[0-9]+")
 STAGING_PREFIX = f".tmp-{CHECKPOINT_PREFIX}"
 LOCK_NAME = ".grpokit.lock"
 # what flock raises where the filesystem has no locks (some FUSE and parallel filesystems)
@@ -49,7 +52,13 @@ RUN_FILES = (
     "reward_diagnostics.json",
     "config.yaml",
 )
-RUN_DIRS = ("tensorboard", "wandb", "report", "final")
+RUN_DIRS = ("tensorboard", "wandb", "final")
+REPORT_DIR = "report"  # `grpokit report` writes index.html and PNG plots there, and nothing else
+# What marks a directory as a checkpoint (grpokit's) or a saved model (anyone's): a run must not write there
+CHECKPOINT_FILES = ("state.pt", "manifest.json")
+MODEL_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "adapter_model.*")
+# the first line of the config.yaml a version before RUN_CONFIG_MARKER wrote (`applied.annotated_yaml`)
+_EARLIER_CONFIG_HEADER = "# every value is its default unless the comment above it says where it came from"
 
 
 class RunDirectoryError(ValueError):
@@ -89,6 +98,9 @@ class RunDirLock:
         """Create `output_dir` if needed and lock it, or raise a RunDirectoryError: in use (naming
         the holder's PID), a file, or not writable."""
         output_dir = Path(output_dir)
+        # before the lock file: nothing is written into a checkpoint, or beside a user's config.yaml
+        refuse_foreign_directory(output_dir)
+        refuse_replacing_user_config(output_dir)  # (`claim_output_dir` checks again, under the lock)
         created = [p for p in [output_dir, *output_dir.parents] if not p.exists()]
         try:
             return cls._acquire(output_dir, created)
@@ -255,6 +267,10 @@ def exclusive_output_dir(d: Any, output_dir: Path) -> Iterator[None]:
     _staging_tokens[key] = answer
     try:
         yield
+    except KeyboardInterrupt as interrupt:
+        if isinstance(interrupt, Interrupted):
+            raise
+        raise Interrupted(interrupted_line(output_dir)) from None
     finally:
         _staging_tokens.pop(key, None)
         if lock is not None:
@@ -271,6 +287,21 @@ def checkpoint_staging(output_dir: Path, step: int) -> Path:
 # ----------------------------------------------------------------------------- earlier runs
 
 
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoints that were renamed into place, oldest first: `checkpoint-<step>` directories holding
+    a state.pt or a manifest.json (a manifest names a missing state.pt). Temporary directories are
+    never listed; files are not checked here (this runs at every save): `newest_intact_checkpoint`
+    does, for the one a resume takes."""
+    found = [
+        p
+        for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*")
+        if CHECKPOINT_NAME.fullmatch(p.name)
+        and p.is_dir()
+        and any((p / name).is_file() for name in CHECKPOINT_FILES)
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
+
+
 def earlier_run(output_dir: Path) -> list[str]:
     """What in `output_dir` belongs to an earlier run (metrics or checkpoints), by name."""
     if not output_dir.is_dir():
@@ -285,20 +316,101 @@ def earlier_run(output_dir: Path) -> list[str]:
 def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool:
     """Refuse, before any work, to start a new run where an earlier one lives (its metrics would be
     mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
-    having higher step numbers). Returns whether there is an earlier run that `overwrite` asks to
-    delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a command
-    that fails on bad input never destroys anything. Called under the lock (`exclusive_output_dir`),
-    so what it finds cannot change before the run writes."""
+    having higher step numbers), to resume a run that has no checkpoint to resume from (starting it
+    again would delete its metrics and replace its checkpoint directories), and to replace a
+    config.yaml that grpokit did not write. Returns whether there is an earlier run that `overwrite`
+    asks to delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a
+    command that fails on bad input never destroys anything. Called under the lock
+    (`exclusive_output_dir`), so what it finds cannot change before the run writes."""
     found = earlier_run(output_dir)
+    refuse_replacing_user_config(output_dir, found)
+    shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    if found and resume and not list_checkpoints(output_dir):
+        raise EarlierRunError(
+            f"output_dir {str(output_dir)!r} holds a run ({shown}) but no checkpoint to resume from (a "
+            f"{CHECKPOINT_PREFIX}<step> directory with its state.pt), so resume=true has nothing to "
+            "continue; "
+            "nothing was changed: start it again with overwrite=true (deleting that run's files), or "
+            "choose another output_dir=..."
+        )
     if not found or resume:
         return False
     if not overwrite:
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
         raise EarlierRunError(
             f"output_dir {str(output_dir)!r} already holds a run ({shown}); continue it with resume=true, "
             "start a new one with another output_dir=..., or replace it with overwrite=true."
         )
     return True
+
+
+def written_by_grpokit(config: Path) -> bool:
+    """Whether `config` (an output_dir's config.yaml) is one a run wrote: it starts with
+    RUN_CONFIG_MARKER (or the header grpokit wrote before the marker existed)."""
+    try:
+        with config.open("rb") as f:
+            first = f.readline(512).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return False
+    return first.startswith(RUN_CONFIG_MARKER) or first == _EARLIER_CONFIG_HEADER
+
+
+def refuse_replacing_user_config(output_dir: Path, found: list[str] | None = None) -> None:
+    """One line, before anything is written, when `output_dir/config.yaml` is a file grpokit did not
+    write (`cd project && grpokit train config.yaml output_dir=.` would replace the user's config with
+    the resolved one). A config.yaml beside an earlier run's files is that run's (runs of versions
+    before the marker wrote none)."""
+    config = output_dir / "config.yaml"
+    found = earlier_run(output_dir) if found is None else found
+    if config.is_file() and not found and not written_by_grpokit(config):
+        raise RunDirectoryError(
+            f"output_dir {str(output_dir)!r} holds a config.yaml that grpokit did not write (your own "
+            "config?), which a run would replace with its resolved config; choose another output_dir=... "
+            "(runs/NAME, say)."
+        )
+
+
+def refuse_foreign_directory(output_dir: Path) -> None:
+    """One line, before the directory is touched, when `output_dir` is or lies inside a checkpoint or a
+    saved model: a run writing there would overwrite its config.yaml, and a resume of the checkpoint's
+    own run would then take the checkpoint as damaged."""
+    resolved = Path(os.path.abspath(output_dir))
+    for path in [resolved, *resolved.parents]:
+        what = _checkpoint_or_model(path)
+        if what is None:
+            continue
+        where = "is" if path == resolved else f"lies inside {str(path)!r},"
+        if what == "checkpoint":
+            raise RunDirectoryError(
+                f"output_dir {str(output_dir)!r} {where} a checkpoint of the run in {str(path.parent)!r}; "
+                f"continue that run with output_dir={str(path.parent)!r} resume=true, or train from these "
+                f"weights with model={str(path)!r} and another output_dir=..."
+            )
+        raise RunDirectoryError(
+            f"output_dir {str(output_dir)!r} {where} a saved model (config.json and weights), which a run "
+            f"would write its files among; train from it with model={str(path)!r} and choose another "
+            "output_dir=..."
+        )
+
+
+def _checkpoint_or_model(path: Path) -> str | None:
+    """ "checkpoint" for a grpokit checkpoint (its state.pt or manifest.json, or a checkpoint-<step>
+    directory beside a run's config.yaml or metrics), "model" for a saved model or adapter directory,
+    else None."""
+    try:
+        if not path.is_dir():
+            return None
+        if any((path / name).is_file() for name in CHECKPOINT_FILES) or (
+            CHECKPOINT_NAME.fullmatch(path.name)
+            and any((path.parent / name).is_file() for name in ("config.yaml", "metrics.jsonl"))
+        ):
+            return "checkpoint"
+        if ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()) and any(
+            next(path.glob(pattern), None) is not None for pattern in MODEL_WEIGHTS
+        ):
+            return "model"
+    except OSError:  # a directory this user cannot list is not one grpokit would write into either
+        return None
+    return None
 
 
 def clear_staging(output_dir: Path) -> None:
@@ -312,11 +424,45 @@ def clear_staging(output_dir: Path) -> None:
 
 
 def clear_earlier_run(output_dir: Path) -> None:
-    """Delete what a run writes into `output_dir` (`overwrite=true`); nothing else there is touched."""
+    """Delete what a run writes into `output_dir` (`overwrite=true`): its files, its
+    `checkpoint-<step>` directories, and what `grpokit report` wrote into report/. Nothing else there is
+    touched (a `checkpoint-best/` of the user's, notes in report/)."""
     for name in RUN_FILES:
         (output_dir / name).unlink(missing_ok=True)
     for path in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
-        shutil.rmtree(path, ignore_errors=True)
+        if CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
     clear_staging(output_dir)
     for name in RUN_DIRS:
         shutil.rmtree(output_dir / name, ignore_errors=True)
+    report = output_dir / REPORT_DIR
+    for path in [report / "index.html", *report.glob("*.png")]:
+        path.unlink(missing_ok=True)
+    if report.is_dir() and not any(report.iterdir()):
+        report.rmdir()
+
+
+# ----------------------------------------------------------------------------- interrupted
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run at once (a second Ctrl-C, or one before its stop handler was set): the
+    message says which checkpoint is the last complete one. A KeyboardInterrupt, so callers that let
+    Ctrl-C through still do; the command line prints the message as one line."""
+
+
+def interrupted_line(output_dir: Path) -> str:
+    """What a run stopped by Ctrl-C leaves to resume from, in one line. A checkpoint being written
+    when it came was removed (save_checkpoint) and does not block a resume."""
+    saved = list_checkpoints(output_dir)
+    if saved:
+        return (
+            f"interrupted (Ctrl-C); {str(saved[-1])!r} is the last complete checkpoint: continue with "
+            f"output_dir={str(output_dir)!r} resume=true"
+        )
+    if earlier_run(output_dir):
+        return (
+            "interrupted (Ctrl-C) before the first checkpoint was complete: start again with "
+            f"output_dir={str(output_dir)!r} overwrite=true"
+        )
+    return "interrupted (Ctrl-C) before anything was saved: run the same command again"
