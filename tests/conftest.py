@@ -64,8 +64,9 @@ def _is_loopback(address) -> bool:
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch, request):
     """Every test runs with internet sockets blocked: nothing may reach a model hub or anything else.
-    A test marked `loopback` may also connect to this machine's loopback addresses (127.0.0.0/8, ::1),
-    where it runs a server of its own; every other address stays blocked for it too."""
+    A test marked `loopback` may also connect to this machine's loopback addresses (127.0.0.0/8, ::1;
+    0.0.0.0, :: and ::ffff:127.x.x.x reach them too), where it runs a server of its own; every other
+    address stays blocked for it too."""
     import socket
 
     real_connect = socket.socket.connect

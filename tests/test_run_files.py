@@ -195,7 +195,10 @@ def test_a_field_of_the_wrong_type_is_named_with_its_file_line_and_the_fix(tmp_p
         ('{"step": 2, "loss": "low"}', "line 2: 'loss' must be a number or null (got 'low')"),
         ('{"step": 2, "a\\nb": [1]}', "line 2: 'a\\nb' must be a number or null (got a list)"),
         ('{"step": 2, "loss": 1e400e}', "line 2 is not valid JSON (Expecting ',' delimiter at column 26)"),
-        ('{"step": 2, "x": ' + "9" * 5000 + "}", "line 2 cannot be read as JSON (a number of more than 4300 digits)"),
+        (
+            '{"step": 2, "x": ' + "9" * 5000 + "}",
+            "line 2 cannot be read as JSON (a number of more than 4300 digits)",
+        ),
         (
             '{"step": 2, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
             "line 2 cannot be read as JSON (nested too",

@@ -151,6 +151,43 @@ def test_a_users_config_yaml_in_output_dir_is_never_replaced(tmp_path, capsys, m
     assert code == 0, capsys.readouterr().err
 
 
+# ----------------------------------------------------------------------------- the run's own files
+
+
+@pytest.mark.parametrize(
+    "name, damage, said",
+    [
+        (
+            "alerts.jsonl",
+            b'{"step": 1, "name": "zero_sp\xffread"}\n',
+            "alerts.jsonl: line 1 is not valid UTF-8",
+        ),
+        (
+            "metrics.jsonl",
+            b'{"step": 1, "loss": 0.5, "note": "\xfe"}\n',
+            "metrics.jsonl: line 1 is not valid UTF-8",
+        ),
+        (
+            "alerts.jsonl",
+            b'{"step": "two", "name": "zero_spread", "value": 1, "threshold": 0.5, "advice": "x"}\n',
+            "alerts.jsonl: line 1: 'step' must be a whole number",
+        ),
+    ],
+    ids=["alerts-not-utf8", "metrics-not-utf8", "alerts-string-step"],
+)
+def test_a_damaged_metrics_or_alerts_line_stops_a_resume_in_one_line_before_anything_changes(
+    finished_run, tmp_path, capsys, name, damage, said
+):
+    out = _copy(finished_run, tmp_path / "run")
+    (out / name).write_bytes(damage + (out / name).read_bytes() if (out / name).exists() else damage)
+    before = snapshot(out)
+    code, err = _train(capsys, out, "resume=true", steps=3)
+    assert code == 2
+    line = _one_line(err)
+    assert f"{out / name}" in line and said.split(": ", 1)[1] in line and "repair or delete that line" in line
+    assert snapshot(out) == before
+
+
 # ----------------------------------------------------------------------------- overwrite
 
 
@@ -203,11 +240,16 @@ def test_a_second_ctrl_c_while_a_checkpoint_is_written_is_one_line_and_resume_co
 
 
 def _leaves(value, path=()):
-    """(path, value) of every leaf of a state (tensors are leaves)."""
+    """(path, value) of every leaf of a state (tensors are leaves). A long list (the Python generator's
+    625 words, the curriculum's pool and streak of every prompt) is a leaf itself, and its first item
+    stands for the rest (the same check reads each)."""
     if isinstance(value, dict):
         for key, item in value.items():
             yield from _leaves(item, (*path, key))
-    elif isinstance(value, (list, tuple)) and not (path and path[-1] in ("python", "base_lrs", "_last_lr")):
+    elif isinstance(value, (list, tuple)) and len(value) > 8:
+        yield path, value
+        yield from _leaves(value[0], (*path, 0))
+    elif isinstance(value, (list, tuple)) and not (path and path[-1] in ("base_lrs", "_last_lr")):
         for i, item in enumerate(value):
             yield from _leaves(item, (*path, i))
     else:

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from grpokit import GRPOTrainer
+from grpokit.config.load import run_config_yaml
 from grpokit.train.rundir import claim_output_dir, clear_earlier_run
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import ZeroSpreadWatch
@@ -60,27 +61,29 @@ def test_overwrite_replaces_the_earlier_run_and_resume_continues_it(tmp_path):
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
 
 
-def test_resume_without_a_checkpoint_starts_fresh_metrics(tmp_path):
+def test_resume_without_a_checkpoint_is_refused_and_keeps_the_metrics(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text(
-        json.dumps({"step": 7, "loss": 1.0}) + "\n"
-    )  # died before a checkpoint
-    train_grpo(tiny_config(tmp_path, max_steps=1, resume=True), reward_funcs=[ones_reward])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert sorted({r["step"] for r in rows}) == [0, 1]  # the dead attempt's step-7 row is not this run's
+    died = json.dumps({"step": 7, "loss": 1.0}) + "\n"  # died before a checkpoint
+    (run / "metrics.jsonl").write_text(died)
+    with pytest.raises(FileExistsError, match="no checkpoint to resume from.*nothing was changed.*overwrite=true"):
+        train_grpo(tiny_config(tmp_path, max_steps=1, resume=True), reward_funcs=[ones_reward])
+    assert (run / "metrics.jsonl").read_text() == died
 
 
 def test_claim_output_dir_cases(tmp_path):
     assert not claim_output_dir(tmp_path / "new", resume=False, overwrite=False)  # nothing there: fine
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("x: 1")
+    (run / "config.yaml").write_text(run_config_yaml("x: 1\n"))
     (run / "sft_metrics.jsonl").write_text("")
     assert not claim_output_dir(run, resume=False, overwrite=False)  # a stopped warm start: not a run yet
     (run / "checkpoint-5").mkdir()
     with pytest.raises(FileExistsError, match="checkpoint-5"):
         claim_output_dir(run, resume=False, overwrite=False)
+    with pytest.raises(FileExistsError, match="no checkpoint to resume from"):  # checkpoint-5 has no state
+        claim_output_dir(run, resume=True, overwrite=False)
+    (run / "checkpoint-5" / "state.pt").write_bytes(b"")
     assert not claim_output_dir(run, resume=True, overwrite=False)
     assert claim_output_dir(run, resume=False, overwrite=True)  # to be deleted, by the caller, later
     assert (run / "checkpoint-5").is_dir()

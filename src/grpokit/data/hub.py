@@ -78,6 +78,7 @@ def load_dataset_dict(source: str | Path, config: str | None) -> tuple[Any, str]
     """(`datasets.DatasetDict` of every split, how errors name it) of a dataset directory or hub name,
     with `config` (a `dataset_config`; None: the dataset's only or default one). One DataError when
     the dataset, or the config, is not there."""
+    import datasets
     from datasets.exceptions import DatasetNotFoundError
 
     name = str(source)
@@ -85,8 +86,11 @@ def load_dataset_dict(source: str | Path, config: str | None) -> tuple[Any, str]
     if not Path(name).is_dir() and _offline():
         path = _cached_snapshot(name) or name  # not in the hub cache: datasets' own cache, if there
     label = f"dataset {name!r}" if config is None else f"dataset {name!r} (config {config})"
+    _refuse_script(path, name, label)
     try:
-        loaded = _load_without_script(path, name, config, label)
+        loaded = datasets.load_dataset(path, config)
+    except RuntimeError as error:  # a hub repository's loading script, found by `datasets` itself
+        raise _scripted(error, label) from None
     except ValueError as error:  # a config that is not there, or none chosen among several
         configs = _configs(path)
         if configs and config not in configs:
@@ -108,21 +112,20 @@ def load_dataset_dict(source: str | Path, config: str | None) -> tuple[Any, str]
     return loaded, label
 
 
-def _load_without_script(path: str, name: str, config: str | None, label: str) -> Any:
-    """`datasets.load_dataset(path, config)`, unless the dataset is a loading script: NAME.py in its
-    directory (a hub snapshot's: the repository's name), where `datasets` looks for one, or a hub
-    repository's that `datasets` finds itself."""
-    import datasets
-
+def _refuse_script(path: str, name: str, label: str) -> None:
+    """A dataset directory that is a loading script: NAME.py in it, where `datasets` looks for one (in
+    a hub snapshot, NAME is the repository's), is refused before `datasets` is asked."""
     for script in dict.fromkeys([Path(path) / f"{Path(path).name}.py", Path(path) / f"{Path(name).name}.py"]):
         if script.is_file():
             raise _script_refusal(label, script.name)
-    try:
-        return datasets.load_dataset(path, config)
-    except RuntimeError as error:  # "Dataset scripts are no longer supported, but found NAME.py"
-        if "scripts are no longer supported" not in str(error):
-            raise
-        raise _script_refusal(label, str(error).rpartition(" ")[2] or "a .py file") from None
+
+
+def _scripted(error: RuntimeError, label: str) -> Exception:
+    """`datasets`' refusal of a loading script it found ("Dataset scripts are no longer supported, but
+    found NAME.py") as grpokit's line; any other RuntimeError as it is."""
+    if "scripts are no longer supported" not in str(error):
+        return error
+    return _script_refusal(label, str(error).rpartition(" ")[2] or "a .py file")
 
 
 def _script_refusal(label: str, script: str) -> DataError:

@@ -16,7 +16,15 @@ from .builtin import (
 from .loading import RewardReferenceError, load_reward_reference, named_reward, split_reference
 from .remote import RemoteReward, RemoteRewardError
 from .reward_model import RewardModelFunction
-from .scoring import CallRules, RewardFunctionError, RewardScores, reward_name, score_completions
+from .scoring import (
+    CallRules,
+    RewardFunctionError,
+    RewardScores,
+    renamed_rewards,
+    reward_name,
+    reward_names,
+    score_completions,
+)
 from .serving import RewardServer
 
 __all__ = [
@@ -42,6 +50,8 @@ __all__ = [
     "math_answer",
     "overlong_penalty",
     "parse_number",
+    "renamed_rewards",
     "reward_name",
+    "reward_names",
     "score_completions",
 ]

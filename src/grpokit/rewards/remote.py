@@ -196,7 +196,6 @@ class RemoteReward:
         self.url = url.strip()
         self.timeout, self.retries, self.backoff = float(timeout), retries, float(backoff)
         self.__name__ = name.strip() if name else default_name(self.url)
-        self.ca_bundle = ca_bundle
         self._token = bearer_token(label, api_key_env) if api_key_env is not None else None
         self._verify = ca_context(label, ca_bundle) if ca_bundle is not None else None
         secrets = [*url_secrets(self.url), *([self._token] if self._token else [])]

@@ -14,6 +14,7 @@ would: they are joined at exit).
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import threading
@@ -77,6 +78,42 @@ def reward_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+def reward_names(reward_funcs: Sequence[Callable[..., Any]]) -> list[str]:
+    """The names the functions' metrics and errors go by (rewards/<name>/mean): each `reward_name`, and
+    a name given before gets the first free suffix, `_2`, `_3`... (reward_funcs=[exact_answer,
+    exact_answer] with two weights, or two files' `reward`), so that no function's metrics overwrite
+    another's. Made from the whole list, once every name is known: training, evaluation and the doctor
+    name each function alike."""
+    names = [reward_name(fn) for fn in reward_funcs]
+    taken, out = set(names), []
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            suffix = 2
+            while f"{name}_{suffix}" in taken:
+                suffix += 1
+            name = f"{name}_{suffix}"
+            taken.add(name)
+        out.append(name)
+    return out
+
+
+def renamed_rewards(reward_funcs: Sequence[Callable[..., Any]]) -> str | None:
+    """The line that says which functions `reward_names` renamed (None: no two share a name), said once
+    when a run, an evaluation or the doctor resolves its reward functions."""
+    pairs = [
+        f"{name!r} as {unique!r}"
+        for name, unique in zip(map(reward_name, reward_funcs), reward_names(reward_funcs), strict=True)
+        if name != unique
+    ]
+    if not pairs:
+        return None
+    return (
+        f"reward functions share a name: the later ones are reported as {', '.join(pairs)} "
+        "(rewards/<name>/mean); give each function a name of its own (__name__, or a url entry's name) "
+        "to choose them."
+    )
+
+
 def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """Call with the keyword arguments the function accepts (all of them if it takes **kwargs), as the
     scorer calls every reward function (a reward server calls its function the same way)."""
@@ -115,6 +152,7 @@ def _invoke(name: str, fn: Callable[..., Any], kwargs: dict[str, Any], limits: _
     it is the user's Ctrl-C (or their own code asking for one), never the function's failure."""
     if limits.deadline is not None and time.monotonic() >= limits.deadline:
         return "timeout", None  # no time left: the function is not even started
+    kwargs = _own_copy(kwargs)
     if limits.deadline is None and limits.should_stop is None:  # nothing to enforce: on this thread
         try:
             return "ok", call_reward(fn, kwargs)
@@ -138,6 +176,25 @@ def _invoke(name: str, fn: Callable[..., Any], kwargs: dict[str, Any], limits: _
     if outcome[0] == "error" and isinstance(outcome[1], KeyboardInterrupt):
         raise outcome[1]
     return outcome
+
+
+def _own_copy(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of one call, the function's own: each deep-copied (a conversation's messages are
+    dicts), so that a function that edits its prompts, completions or a column in place changes
+    nothing the next function, a row-by-row retry or the step reads. The token ids, lists of ints,
+    are copied a list each (deepcopy would visit every int: 50 ms for 512 rows of 300 tokens, this
+    1 ms; the prompts, completions and columns of 512 conversational rows deep-copy in about 5 ms).
+    A value deepcopy refuses (an object of the user's own in a column) is shared, in a list of its own."""
+    out = {}
+    for key, value in kwargs.items():
+        if key == "completion_ids":  # (score_completions made them: lists of ints)
+            out[key] = [list(ids) for ids in value]
+            continue
+        try:
+            out[key] = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - an uncopyable object: its list is still the call's own
+            out[key] = list(value) if isinstance(value, list) else value
+    return out
 
 
 def _finished(name: str, worker: threading.Thread, limits: _Limits) -> bool:
@@ -238,6 +295,7 @@ def _find_failing_row(
 
 
 def _score_one(
+    name: str,
     fn: Callable[..., Any],
     kwargs: dict[str, Any],
     size: int,
@@ -245,14 +303,13 @@ def _score_one(
     on_error: str,
     limits: _Limits,
 ) -> tuple[list[float], int]:
-    name = reward_name(fn)
     kind, values = _invoke(name, fn, kwargs, limits)
     if kind == "timeout":
         if on_error == "unscorable":  # every row of the batch is unscorable, and counted
             return [math.nan] * size, size
         raise _timed_out(name, limits, size)
     if kind == "error":
-        return _failed_batch(fn, kwargs, completions, on_error, limits, values)
+        return _failed_batch(name, fn, kwargs, completions, on_error, limits, values)
     if isinstance(values, torch.Tensor) or (type(values).__module__ == "numpy" and hasattr(values, "tolist")):
         values = values.tolist()  # a [B] tensor or numpy array (a 0-d one becomes a scalar: refused below)
     if not isinstance(values, (list, tuple)) or len(values) != size:
@@ -264,6 +321,7 @@ def _score_one(
 
 
 def _failed_batch(
+    name: str,
     fn: Callable[..., Any],
     kwargs: dict[str, Any],
     completions: Sequence[Any],
@@ -273,7 +331,7 @@ def _failed_batch(
 ) -> tuple[list[float], int]:
     """The function raised `error` on the whole batch: the error naming the row it raises on alone
     (or with on_error="unscorable", those rows None and counted)."""
-    name, size = reward_name(fn), len(completions)
+    size = len(completions)
     if not isinstance(error, Exception):  # SystemExit and kin: never a row's failure
         raise _exited(name, error) from error
     if isinstance(error, RewardFunctionError):  # the function's own account of the batch (a reward
@@ -390,19 +448,20 @@ def score_completions(
     if _conversational(prompts):
         as_turns = conversations or [[{"role": "assistant", "content": c}] for c in completions]
     table, failed = [], 0
-    for fn in reward_funcs:
+    names = reward_names(reward_funcs)
+    for name, fn in zip(names, reward_funcs, strict=True):
         limits = _Limits.start(rules.timeout, rules.should_stop)  # each function: the whole timeout
         given = (
             kwargs
             if as_turns is None or getattr(fn, "takes_text", False)
             else kwargs | {"completions": as_turns}
         )
-        scores, n_failed = _score_one(fn, given, size, completions, rules.on_error, limits)
+        scores, n_failed = _score_one(name, fn, given, size, completions, rules.on_error, limits)
         table.append(scores)
         failed += n_failed
     rewards_per_func = torch.tensor(table, dtype=torch.float32).T.reshape(size, len(reward_funcs))  # [B, R]
     return RewardScores(
-        names=[reward_name(fn) for fn in reward_funcs],
+        names=names,
         rewards_per_func=rewards_per_func,
         rewards=combine_rewards(rewards_per_func, weights),
         num_failed=failed,

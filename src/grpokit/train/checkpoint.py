@@ -21,9 +21,10 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..models import is_lora, load_lora_weights, quiet_saving, save_lora
 from . import distributed
@@ -183,6 +184,20 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class ManifestEntry(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    size: Annotated[int, Field(ge=0)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class Manifest(BaseModel):
+    """manifest.json, as `write_manifest` writes it: one size and SHA-256 per file."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    format: Literal[1]
+    files: dict[str, ManifestEntry]
+
+
 def write_manifest(checkpoint: Path) -> None:
     """`manifest.json`: the size and SHA-256 of every file under `checkpoint` (paths relative to it,
     with "/"). It detects damage (a truncated or altered file), not tampering: whoever can write the
@@ -211,10 +226,12 @@ def _problem(checkpoint: Path) -> str | None:
     if not manifest.is_file():
         return None if (checkpoint / "state.pt").is_file() else "state.pt is missing"
     try:
-        listed = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-        files = [(str(name), int(entry["size"]), str(entry["sha256"])) for name, entry in listed.items()]
-    except (ValueError, KeyError, TypeError, AttributeError) as error:  # not JSON, or not a manifest
-        return f"{MANIFEST} is unreadable ({type(error).__name__}: {error})"
+        listed = Manifest.model_validate_json(manifest.read_bytes()).files
+    except ValueError as error:  # not JSON, or not a manifest (pydantic's ValidationError is one)
+        first = error.errors(include_url=False)[0] if isinstance(error, ValidationError) else None
+        why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(error)
+        return f"{MANIFEST} is unreadable ({why})"
+    files = [(name, entry.size, entry.sha256) for name, entry in listed.items()]
     for name, size, _ in files:
         if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
             return f"{MANIFEST} names a file outside the checkpoint ({name})"

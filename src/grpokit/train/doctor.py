@@ -39,7 +39,7 @@ from ..models import (
     largest_micro_batch,
 )
 from ..ops import group_advantages
-from ..rewards import CallRules, reward_name, score_completions
+from ..rewards import CallRules, reward_names, score_completions
 from . import distributed
 from .grpo_setup import (
     Given,
@@ -55,6 +55,7 @@ from .grpo_setup import (
     tiny_context,
     warm_start,
 )
+from .memory_check import step_memory_refusal
 from .run import StopSignals, policy_and_tokenizer, seed_everything
 
 Level = Literal["ok", "warn", "fatal"]
@@ -139,6 +140,12 @@ def checkup(
     _rewards_section(report, plan, data)
     check_context(plan.data.prompt_column, model, tokenizer, data)
     d = distributed.init(plan.trainee.placement.device)
+    refusal = step_memory_refusal(  # sizes far beyond the device: sampling them would fail on allocation
+        plan, ModelShape.of(model), report.prompt_tokens or 1, data.max_completion_length, d.device
+    )
+    if refusal is not None:
+        report.add("memory", "one step", "far beyond this device", "fatal", refusal)
+        return report
     model = place_policy(precision_of(plan.trainee.engine), model, d)
     engine = probe_engine(plan.trainee.engine, model, tokenizer, data, d.device)
     if plan.warm_start.schedule.steps:
@@ -259,8 +266,8 @@ def _rewards_section(report: Checkup, plan: GRPOPlan, data: Any) -> None:
         references = [demonstration(r, answer, plan.data.answer_format) for r in rows]
         probes = {"reference answers": references} | probes
     rules = CallRules(on_error="unscorable", timeout=plan.trainee.step.reward_timeout)
-    for fn in data.reward_funcs:
-        name, means, seconds, unscored = reward_name(fn), {}, 0.0, 0
+    for name, fn in zip(reward_names(data.reward_funcs), data.reward_funcs, strict=True):  # as training's
+        means, seconds, unscored = {}, 0.0, 0
         for probe, completions in probes.items():
             began = time.perf_counter()
             scores = score_completions(

@@ -24,7 +24,7 @@ from ..config.plan import GRPOPlan, RunControl, grpo_plan
 from ..config.resume import resume_changes
 from ..data import solution_column
 from ..models import ModelShape, check_lora_targets, memory_metrics, release_cached_memory, require_peft
-from ..rewards import reward_name
+from ..rewards import reward_names
 from ..rewards.scoring import ScoringStopped
 from . import distributed
 from .alerts import AlertWatch
@@ -60,6 +60,7 @@ from .grpo_step import (
     grpo_step,
 )
 from .hub_push import check_push, push_final
+from .memory_check import check_step_memory
 from .metrics import InvariantWatch, check_reporters, warn
 from .optim import weights_finite
 from .run import (
@@ -171,6 +172,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
         [*columns, solution_column(columns[1])] if plan.warm_start.schedule.steps else [columns[0]],
     )
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
+    check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # gkd's off-policy steps: an answer in every row
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
     refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
@@ -179,7 +181,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
     if plan.lora is not None and plan.lora.target_modules:
         check_lora_targets(model, list(plan.lora.target_modules))
     resume_from = latest_checkpoint(control, compare, d, on_event)  # resume=true: the newest intact one
-    prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
+    prepare_output_dir(d, control, replacing, resume_from is not None)  # input valid: clear, config
     # ------------------------------------------------------------------ set-up: the policy
     model = place_policy(precision_of(spec.engine), model, d)  # on the device, weights in the master dtype
     # a supervised warm start (identical on every rank), unless resuming; its probe samples as training does
@@ -457,7 +459,7 @@ class UnscoredWatch:
     function that cannot score some kind of data would say so every step."""
 
     def __init__(self, reward_funcs: Sequence[Callable[..., Any]]) -> None:
-        self.names = [reward_name(fn) for fn in reward_funcs]
+        self.names = reward_names(reward_funcs)  # as the step's metrics name them
         self.warned: set[str] = set()
 
     def update(self, metrics: dict[str, Any]) -> list[str]:

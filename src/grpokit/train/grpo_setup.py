@@ -5,6 +5,7 @@ run's plan (`config.plan`) it reads, never the whole config."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -328,13 +329,16 @@ def resolve_data(
         funcs = [correctness_reward(is_correct)]  # evaluation alone: 1.0 for a right answer, else 0.0
     if not funcs:
         raise ValueError("no reward functions: pass reward_funcs, or use a built-in task.")
-    from ..rewards import answers_from
+    from ..rewards import answers_from, renamed_rewards
 
     funcs = [answers_from(fn, spec.answer_column) for fn in funcs]  # built-ins read answer_column
     if rewards.weights is not None and len(rewards.weights) != len(funcs):
         raise ValueError(
             f"reward_weights has {len(rewards.weights)} weights for {len(funcs)} reward functions."
         )
+    renamed = renamed_rewards(funcs)  # two of one name: the later ones' metrics get a suffix (said once)
+    if renamed is not None:
+        logging.getLogger("grpokit").warning(renamed)
     return RunData(
         train_rows=train_rows,
         eval_rows=eval_rows,

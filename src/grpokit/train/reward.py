@@ -383,7 +383,7 @@ def _train_reward(
             plan.model, alphabet, spec.max_length, dtype=precision.master
         )
     resume_from = latest_checkpoint(control, compare, d, on_event)  # resume=true: the newest intact one
-    prepare_output_dir(d, control, replacing)  # every rank's input is valid: clear an earlier run, config
+    prepare_output_dir(d, control, replacing, resume_from is not None)  # input valid: clear, config
     if replacing and d.is_main:  # an earlier run's diagnostics are not this run's
         (output_dir / DIAGNOSTICS_FILE).unlink(missing_ok=True)
     model = distributed.wrap(d, model.to(device=device, dtype=precision.master), strategy)

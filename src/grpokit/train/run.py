@@ -7,7 +7,7 @@ or raises):
     replacing = claim_output_dir(...)          # before any work: refuse to mix with an earlier run
     ... load and validate the input, build the model ...
     checkpoint = latest_checkpoint(control, compare, d, on_event)   # resume=true: the newest intact one
-    prepare_output_dir(d, control, replacing)  # only now: clear the earlier run, write config.yaml
+    prepare_output_dir(d, control, replacing, resuming=checkpoint is not None)  # clear an earlier run, config
     run = Run.open(control, d, emit, stop, Starting(checkpoint, restore, evaluate))   # resume or evaluate
     step = run.start
     with run:                                  # the metrics writer is closed however the loop ends
@@ -40,6 +40,7 @@ from ..models import build_policy, char_tokenizer, load_policy
 from . import distributed
 from .checkpoint import CHECKPOINT_PREFIX, newest_intact_checkpoint
 from .metrics import MetricsWriter, NullWriter, truncate_metrics_after, warn
+from .run_files import check_run_files
 from .rundir import clear_earlier_run, clear_staging
 
 Emit = Callable[[str, int, dict[str, Any]], None]  # on_event(kind, step, data)
@@ -187,7 +188,8 @@ def begin(d: Any, control: RunControl, starting: Starting, emit: Emit) -> tuple[
     output_dir = Path(control.output_dir)
     if starting.checkpoint is not None:
         start, eval_before = starting.restore(starting.checkpoint)
-        if d.is_main:
+        if d.is_main:  # restored: only now does the run directory change
+            write_run_config(output_dir, control.config_yaml)
             truncate_metrics_after(output_dir, start)
         emit("resumed", start, {"checkpoint": str(starting.checkpoint)})
     else:
@@ -216,9 +218,11 @@ def begin(d: Any, control: RunControl, starting: Starting, emit: Emit) -> tuple[
 # ----------------------------------------------------------------------------- the run scaffold
 
 
-def prepare_output_dir(d: Any, control: RunControl, replacing: bool) -> None:
+def prepare_output_dir(d: Any, control: RunControl, replacing: bool, resuming: bool = False) -> None:
     """Once every rank has validated its input: delete the earlier run that `overwrite=true` replaces
-    (`replacing`, from `claim_output_dir`), create `control.output_dir` and write its config.yaml."""
+    (`replacing`, from `claim_output_dir`), create `control.output_dir` and write its config.yaml. A
+    resume (`resuming`) writes its config.yaml only once the checkpoint is restored (`begin`): a
+    checkpoint refused on the way leaves the run directory as it was."""
     output_dir = Path(control.output_dir)
     distributed.barrier(d)  # every rank has checked the directory and its input before anything is deleted
     if d.is_main:
@@ -226,10 +230,16 @@ def prepare_output_dir(d: Any, control: RunControl, replacing: bool) -> None:
             clear_earlier_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         clear_staging(output_dir)  # killed runs' half-written checkpoints (under the lock: none is ours)
-        config = output_dir / "config.yaml"  # (a resume's is unchanged: left as it is)
-        if not config.is_file() or config.read_bytes() != control.config_yaml.encode():
-            config.write_text(control.config_yaml)
+        if not resuming:
+            write_run_config(output_dir, control.config_yaml)
     distributed.barrier(d)
+
+
+def write_run_config(output_dir: Path, text: str) -> None:
+    """output_dir/config.yaml, unless it already holds `text` (a resume's with no option changed)."""
+    config = output_dir / "config.yaml"
+    if not config.is_file() or config.read_bytes() != text.encode():
+        config.write_text(text)
 
 
 def latest_checkpoint(
@@ -252,6 +262,7 @@ def latest_checkpoint(
     `on_event` (else the `grpokit` logger), on rank 0 of `d` only."""
     if not control.resume:
         return None
+    check_run_files(Path(control.output_dir))  # the metrics and alerts a resume rewrites: sound, or one line
     chosen, corrupt = newest_intact_checkpoint(Path(control.output_dir))
     if chosen is None:
         return None
