@@ -86,6 +86,51 @@ SCENARIOS = [
         "test_several_refused_changes_are_all_named_in_one_error",
     ),
     (
+        "resume=true where no checkpoint can be resumed (state.pt and manifest.json gone)",
+        "tests.train.test_nothing_lost",
+        "test_resume_where_no_checkpoint_can_be_resumed_is_refused_and_touches_nothing",
+    ),
+    (
+        "a checkpoint (or a folder inside one) given as output_dir",
+        "tests.train.test_nothing_lost",
+        "test_a_checkpoint_given_as_output_dir_is_refused_and_the_run_resumes_from_it",
+    ),
+    (
+        "a saved model given as output_dir",
+        "tests.train.test_nothing_lost",
+        "test_a_saved_model_given_as_output_dir_is_refused",
+    ),
+    (
+        "output_dir=. beside the user's own config.yaml",
+        "tests.train.test_nothing_lost",
+        "test_a_users_config_yaml_in_output_dir_is_never_replaced",
+    ),
+    (
+        "overwrite=true beside the user's checkpoint-best/ and report notes",
+        "tests.train.test_nothing_lost",
+        "test_overwrite_deletes_only_what_grpokit_wrote",
+    ),
+    (
+        "a second Ctrl-C while a checkpoint is written",
+        "tests.train.test_nothing_lost",
+        "test_a_second_ctrl_c_while_a_checkpoint_is_written_is_one_line_and_resume_continues",
+    ),
+    (
+        "resume: a curriculum pool value of 7, a data position of 10^12, a state.pt step of 1e9",
+        "tests.train.test_nothing_lost",
+        "test_every_field_of_state_pt_with_a_value_no_run_writes_is_one_line",
+    ),
+    (
+        "resume: any field of state.pt of the wrong type, shape or range",
+        "tests.train.test_nothing_lost",
+        "test_a_resume_refuses_each_edited_field_in_one_line_and_leaves_the_run_unchanged",
+    ),
+    (
+        "resume: a non-UTF-8 byte in metrics.jsonl or alerts.jsonl, an alert with a string step",
+        "tests.train.test_nothing_lost",
+        "test_a_damaged_metrics_or_alerts_line_stops_a_resume_in_one_line_before_anything_changes",
+    ),
+    (
         "a reward that hangs through SIGTERM",
         "tests.train.test_reward_and_update_guards",
         "test_sigterm_while_a_reward_hangs_saves_the_step_before_and_exits",
@@ -270,6 +315,46 @@ SCENARIOS = [
         "tests.test_run_files",
         "test_report_a_config_that_is_not_utf8",
     ),
+    (
+        "rewards: a reward, tool or environment module that calls sys.exit at import",
+        "tests.test_bad_inputs_models_data",
+        "test_a_module_that_exits_at_import_is_one_line",
+    ),
+    (
+        "data: a chat template that rejects the messages",
+        "tests.test_bad_inputs_models_data",
+        "test_a_chat_template_that_rejects_the_messages_is_one_line",
+    ),
+    (
+        "models: a policy or teacher whose embedding has fewer rows than its tokenizer has ids",
+        "tests.test_bad_inputs_models_data",
+        "test_a_model_whose_embedding_misses_token_ids_is_one_line",
+    ),
+    (
+        "data: a dataset directory with a loading script",
+        "tests.test_bad_inputs_models_data",
+        "test_a_dataset_directory_with_a_loading_script_is_one_line",
+    ),
+    (
+        "models: an older LoRA checkpoint whose adapter_model.bin names code",
+        "tests.test_bad_inputs_models_data",
+        "test_a_pickled_lora_adapter_that_names_code_runs_nothing_and_is_one_line",
+    ),
+    (
+        "models: num_generations or max_completion_length far beyond the memory",
+        "tests.test_bad_inputs_models_data",
+        "test_num_generations_beyond_memory_is_refused_before_the_run_directory_and_the_fix_runs",
+    ),
+    (
+        "rewards: two reward functions of one name",
+        "tests.test_bad_inputs_models_data",
+        "test_two_reward_functions_of_one_name_keep_their_own_metrics",
+    ),
+    (
+        "rewards: a reward function that edits its arguments in place",
+        "tests.test_bad_inputs_models_data",
+        "test_a_reward_that_edits_its_arguments_in_place_changes_nothing_the_next_one_sees",
+    ),
 ]
 
 
@@ -286,13 +371,32 @@ def kind(expected: object) -> str:
     return "models, devices and files"
 
 
+# a scenario's class, by how its description starts (else: checkpoints and run directories)
+SCENARIO_CLASSES = {
+    "serve-reward:": "servers and remote rewards",
+    "remote reward:": "servers and remote rewards",
+    "report:": "report",
+    "rewards:": "rewards",
+    "data:": "data",
+    "models:": "models, devices and files",
+}
+
+
+def scenario_class(what: str) -> str:
+    return next(
+        (name for prefix, name in SCENARIO_CLASSES.items() if what.startswith(prefix)),
+        "checkpoints and run directories",
+    )
+
+
 def by_class() -> dict[str, list[str]]:
     """The cases of each class of bad input (the classes of the README's reliability section)."""
     classes: dict[str, list[str]] = {}
     for table in TABLES:
         for case, _, expected, _ in table:
             classes.setdefault(kind(expected), []).append(case)
-    classes["checkpoints and run directories"] = [what for what, _, _ in SCENARIOS]
+    for what, _, _ in SCENARIOS:
+        classes.setdefault(scenario_class(what), []).append(what)
     return classes
 
 

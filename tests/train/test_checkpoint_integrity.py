@@ -5,6 +5,7 @@ disk while saving keeps every earlier checkpoint."""
 from __future__ import annotations
 
 import errno
+import json
 import pickle
 import shutil
 import types
@@ -157,7 +158,8 @@ def test_the_manifest_names_what_is_wrong_and_only_the_newest_intact_checkpoint_
     )
     (one / MANIFEST).write_text("{not json")
     assert checkpoint_problem(one).startswith("manifest.json is unreadable")
-    (one / MANIFEST).write_text('{"format": 1, "files": {"../x": {"size": 1, "sha256": "0000000000000000000000000000000000000000000000000000000000000000"}}}')
+    outside = {"format": 1, "files": {"../x": {"size": 1, "sha256": "0" * 64}}}
+    (one / MANIFEST).write_text(json.dumps(outside))
     assert checkpoint_problem(one) == "manifest.json names a file outside the checkpoint (../x)"
     with pytest.raises(CheckpointError, match="no checkpoint in .* is intact"):
         newest_intact_checkpoint(tmp_path)

@@ -90,7 +90,7 @@ def test_resume_where_no_checkpoint_can_be_resumed_is_refused_and_touches_nothin
     assert snapshot(out) == before
 
 
-# ----------------------------------------------------------------------------- a checkpoint or a model as output_dir
+# ----------------------------------------------------------------------------- a checkpoint or a model as output
 
 
 @pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resume"])

@@ -66,7 +66,9 @@ def test_resume_without_a_checkpoint_is_refused_and_keeps_the_metrics(tmp_path):
     run.mkdir()
     died = json.dumps({"step": 7, "loss": 1.0}) + "\n"  # died before a checkpoint
     (run / "metrics.jsonl").write_text(died)
-    with pytest.raises(FileExistsError, match="no checkpoint to resume from.*nothing was changed.*overwrite=true"):
+    with pytest.raises(
+        FileExistsError, match="no checkpoint to resume from.*nothing was changed.*overwrite=true"
+    ):
         train_grpo(tiny_config(tmp_path, max_steps=1, resume=True), reward_funcs=[ones_reward])
     assert (run / "metrics.jsonl").read_text() == died
 
