@@ -408,9 +408,10 @@ def test_a_pickled_lora_adapter_of_tensors_loads_merged_and_trains(tmp_path, cap
 def test_num_generations_beyond_memory_is_refused_before_the_run_directory_and_the_fix_runs(
     tmp_path, capsys, monkeypatch
 ):
-    """Forecast against a machine of 256 MiB (the refusal's threshold is twice the total: on a real
-    machine the same sizes scaled up): one line naming num_generations, nothing left in output_dir,
-    and the same command with num_generations=4 then trains."""
+    """Against a machine of 256 MiB, which the test's tiny model (about 0.6 GiB for 4 × 100000 rows)
+    exceeds twice over, as the preset's (123 GiB at prompts_per_step=32) does any machine under 61 GiB:
+    one line naming num_generations, nothing left in output_dir, and the same command with
+    num_generations=4 then trains."""
     from grpokit.train import memory_check
 
     monkeypatch.setattr(
@@ -434,7 +435,7 @@ def test_num_generations_beyond_memory_is_refused_before_the_run_directory_and_t
 @pytest.mark.parametrize("value", ["1e8", "100000000"])
 def test_max_completion_length_beyond_any_memory_is_one_line(tmp_path, capsys, value):
     """The built-in tiny model is built to fit any length: the memory is what refuses it (the
-    preset's model, unmocked: exabytes, beyond any machine)."""
+    preset's model, unmocked: 95 TiB, beyond any machine)."""
     run = tmp_path / "run"
     assert main(["train", f"max_completion_length={value}", f"output_dir={run}", "sft_steps=0"]) == 2
     line = one_line(capsys, "train")

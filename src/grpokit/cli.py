@@ -362,7 +362,7 @@ def _cmd_serve_reward(args: argparse.Namespace) -> int:
     import signal
 
     from .rewards import RewardServer, named_reward, reward_name
-    from .rewards.serving import API_KEY_ENV, check_api_key, exposure_warning
+    from .rewards.serving import API_KEY_ENV, ServeLimits, check_api_key, exposure_warning
 
     _check_serve_options(args)
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
@@ -373,11 +373,13 @@ def _cmd_serve_reward(args: argparse.Namespace) -> int:
             fn,
             args.host,
             args.port,
-            concurrency=args.concurrency,
+            limits=ServeLimits(
+                concurrency=args.concurrency,
+                max_body_mb=args.max_body_mb,
+                request_timeout=args.request_timeout,
+                max_connections=args.max_connections,
+            ),
             api_key=api_key,
-            max_body_mb=args.max_body_mb,
-            request_timeout=args.request_timeout,
-            max_connections=args.max_connections,
         )
     except OSError as error:
         raise ValueError(

@@ -29,6 +29,7 @@ from grpokit.rewards import (
     RemoteRewardError,
     RewardFunctionError,
     RewardServer,
+    ServeLimits,
     named_reward,
     score_completions,
 )
@@ -53,7 +54,9 @@ def serve():
     logs: list[str] = []
 
     def start(fn: Any, **options: Any) -> RewardServer:
-        server = RewardServer(fn, "127.0.0.1", 0, log=logs.append, **options).start()
+        key = options.pop("api_key", None)
+        server = RewardServer(fn, "127.0.0.1", 0, limits=ServeLimits(**options), api_key=key, log=logs.append)
+        server.start()
         servers.append(server)
         return server
 

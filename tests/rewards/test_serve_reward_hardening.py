@@ -16,7 +16,7 @@ import pytest
 
 import grpokit.rewards
 from grpokit.rewards import RemoteReward, RemoteRewardError, RewardServer
-from grpokit.rewards.serving import exposure_warning
+from grpokit.rewards.serving import ServeLimits, exposure_warning
 
 loopback = pytest.mark.loopback
 TOKEN = "s3cret-Token-81f2"
@@ -34,7 +34,9 @@ def serve():
     logs: list[str] = []
 
     def start(fn: Any = scores, **options: Any) -> RewardServer:
-        server = RewardServer(fn, "127.0.0.1", 0, log=logs.append, **options).start()
+        key = options.pop("api_key", None)
+        server = RewardServer(fn, "127.0.0.1", 0, limits=ServeLimits(**options), api_key=key, log=logs.append)
+        server.start()
         servers.append(server)
         return server
 

@@ -25,7 +25,7 @@ from .scoring import (
     reward_names,
     score_completions,
 )
-from .serving import RewardServer
+from .serving import RewardServer, ServeLimits
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -37,6 +37,7 @@ __all__ = [
     "RemoteRewardError",
     "RewardModelFunction",
     "RewardServer",
+    "ServeLimits",
     "RewardReferenceError",
     "load_reward_reference",
     "named_reward",

@@ -45,6 +45,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .scoring import as_number, call_reward, reward_name
@@ -259,12 +260,39 @@ def _protocol_class(log: Callable[[str], None], request_timeout: float, keep_ali
     return RewardProtocol
 
 
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one server gives its clients at most (the module docstring): `concurrency` calls of the
+    function at once, `max_body_mb` MiB a request body, `request_timeout` seconds for a request's
+    headers and again for its body, `max_connections` open at once, `keep_alive` idle seconds."""
+
+    concurrency: int = 1
+    max_body_mb: float = DEFAULT_MAX_BODY_MB
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(
+                f"concurrency {self.concurrency} must be at least 1 (calls of the function at once)"
+            )
+        if not self.max_body_mb > 0:
+            raise ValueError(f"max_body_mb {self.max_body_mb} must be above 0 (MiB)")
+        if not self.request_timeout > 0 or not self.keep_alive > 0:
+            raise ValueError(
+                f"request_timeout {self.request_timeout} and keep_alive {self.keep_alive} must be above 0 s"
+            )
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections {self.max_connections} must be at least 1")
+
+
 class RewardServer:
     """`fn` served on (host, port) (port 0: a free one, then `url` says which). Binding happens here
     (an OSError when the port is taken); `start()` answers on a daemon thread until `close()` (or use it
     as a context manager), and `serve_forever()` answers until Ctrl-C or `close()` from another thread.
-    With `api_key`, every request needs `Authorization: Bearer <api_key>`. The bounds (module docstring):
-    `max_body_mb`, `request_timeout` seconds, `max_connections`, `keep_alive` idle seconds."""
+    With `api_key`, every request needs `Authorization: Bearer <api_key>`; `limits` bounds what clients
+    get (`ServeLimits`)."""
 
     def __init__(
         self,
@@ -272,35 +300,22 @@ class RewardServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        concurrency: int = 1,
+        limits: ServeLimits | None = None,
         api_key: str | None = None,
-        max_body_mb: float = DEFAULT_MAX_BODY_MB,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        keep_alive: float = DEFAULT_KEEP_ALIVE,
         log: Callable[[str], None] = _stderr,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency {concurrency} must be at least 1 (calls of the function at once)")
-        if not max_body_mb > 0:
-            raise ValueError(f"max_body_mb {max_body_mb} must be above 0 (MiB)")
-        if not request_timeout > 0 or not keep_alive > 0:
-            raise ValueError(
-                f"request_timeout {request_timeout} and keep_alive {keep_alive} must be above 0 s"
-            )
-        if max_connections < 1:
-            raise ValueError(f"max_connections {max_connections} must be at least 1")
+        limits = limits or ServeLimits()
         check_api_key(api_key)
         self.fn, self.name, self.log = fn, reward_name(fn), log
-        self.slots = threading.BoundedSemaphore(concurrency)
-        self.max_body, self.max_body_mb = int(max_body_mb * 2**20), float(max_body_mb)
-        self.request_timeout = float(request_timeout)
+        self.slots = threading.BoundedSemaphore(limits.concurrency)
+        self.max_body, self.max_body_mb = int(limits.max_body_mb * 2**20), float(limits.max_body_mb)
+        self.request_timeout = float(limits.request_timeout)
         self._key = api_key.encode() if api_key is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server((host, port), family=family)  # SO_REUSEADDR, listening
         self.thread: threading.Thread | None = None
         try:
-            self._server = self._uvicorn(max_connections, keep_alive)
+            self._server = self._uvicorn(limits.max_connections, limits.keep_alive)
         except BaseException:
             self.socket.close()
             raise

@@ -165,14 +165,28 @@ def fit_problem(parsed: TrainingState, step: int, optimizer: Any, scheduler: Any
                 f"{curriculum.size} training prompts"
             )
     problem = _structure_problem("scheduler", parsed.scheduler, scheduler.state_dict())
-    # the schedule steps once per update: never more often than the checkpoint's steps
-    for key, most in (("last_epoch", step), ("_step_count", step + 1)):
-        counted = parsed.scheduler.get(key)
-        if problem is None and isinstance(counted, int) and counted > most:
-            problem = f"scheduler.{key} is {counted}, more than the {step} steps of this checkpoint allow"
     if problem is None and optimizer is not None:
-        problem = _optimizer_problem(parsed.optimizer, optimizer)
+        problem = _optimizer_problem(parsed.optimizer, optimizer) or _schedule_count_problem(parsed)
     return problem
+
+
+def _schedule_count_problem(parsed: TrainingState) -> str | None:
+    """The schedule steps with the optimizer (once per update; a skipped update steps neither), so its
+    count is never past the optimizer's own (AdamW's `step`): an edited `last_epoch` would otherwise
+    resume at a learning rate the run never reached."""
+    counts = [
+        float(values["step"])
+        for values in (parsed.optimizer or {}).get("state", {}).values()
+        if isinstance(values, dict) and isinstance(values.get("step"), torch.Tensor)
+    ]
+    if not counts:
+        return None
+    updates = max(counts)
+    for key, most in (("last_epoch", updates), ("_step_count", updates + 1)):
+        counted = parsed.scheduler.get(key)
+        if isinstance(counted, int) and counted > most:
+            return f"scheduler.{key} is {counted}, past the optimizer's {int(updates)} updates"
+    return None
 
 
 def reference_problem(
