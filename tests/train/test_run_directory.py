@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpokit.config.load import run_config_yaml
 from grpokit.train.checkpoint import list_checkpoints
 from grpokit.train.metrics import truncate_metrics_after
 from grpokit.train.rundir import (
@@ -111,7 +112,7 @@ def test_the_lock_is_per_run_even_within_one_process_and_released_for_the_next(t
     first = RunDirLock.acquire(out)
     with pytest.raises(RunDirectoryInUse, match=f"PID {os.getpid()}"):
         RunDirLock.acquire(out)  # another run in this process (a thread, a nested call)
-    (out / "config.yaml").write_text("x: 1")  # the run wrote something: the directory is kept
+    (out / "config.yaml").write_text(run_config_yaml("x: 1\n"))  # the run wrote: the directory is kept
     first.release()
     assert not first.held and (out / LOCK_NAME).is_file()  # the lock file stays
     again = RunDirLock.acquire(out)
