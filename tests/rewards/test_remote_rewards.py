@@ -28,8 +28,6 @@ from grpokit.rewards import (
     RemoteReward,
     RemoteRewardError,
     RewardFunctionError,
-    RewardServer,
-    ServeLimits,
     named_reward,
     score_completions,
 )
@@ -44,26 +42,6 @@ PROMPTS = ["12+3=", "4+5=", "7+7=", "1+1="]
 COMPLETIONS = ["15", "8", "", "2"]
 ANSWERS = ["15", "9", "14", "2"]
 IDS = [[1, 5], [8], [], [2]]
-
-
-@pytest.fixture
-def serve():
-    """start(fn, **options) -> a RewardServer answering on 127.0.0.1 from a thread; all are closed at
-    the end of the test. Its log lines are kept in `start.logs`."""
-    servers: list[RewardServer] = []
-    logs: list[str] = []
-
-    def start(fn: Any, **options: Any) -> RewardServer:
-        key = options.pop("api_key", None)
-        server = RewardServer(fn, "127.0.0.1", 0, limits=ServeLimits(**options), api_key=key, log=logs.append)
-        server.start()
-        servers.append(server)
-        return server
-
-    start.logs = logs  # type: ignore[attr-defined]
-    yield start
-    for server in servers:
-        server.close()
 
 
 class Scripted(ThreadingHTTPServer):

@@ -16,7 +16,7 @@ import pytest
 
 import grpokit.rewards
 from grpokit.rewards import RemoteReward, RemoteRewardError, RewardServer
-from grpokit.rewards.serving import ServeLimits, exposure_warning
+from grpokit.rewards.serving import exposure_warning
 
 loopback = pytest.mark.loopback
 TOKEN = "s3cret-Token-81f2"
@@ -24,26 +24,6 @@ TOKEN = "s3cret-Token-81f2"
 
 def scores(prompts, completions, **_):
     return [float(len(c)) for c in completions]
-
-
-@pytest.fixture
-def serve():
-    """start(fn, **options) -> a RewardServer on 127.0.0.1 answering from a thread, closed at the end;
-    its log lines are kept in `start.logs`."""
-    servers: list[RewardServer] = []
-    logs: list[str] = []
-
-    def start(fn: Any = scores, **options: Any) -> RewardServer:
-        key = options.pop("api_key", None)
-        server = RewardServer(fn, "127.0.0.1", 0, limits=ServeLimits(**options), api_key=key, log=logs.append)
-        server.start()
-        servers.append(server)
-        return server
-
-    start.logs = logs  # type: ignore[attr-defined]
-    yield start
-    for server in servers:
-        server.close()
 
 
 def exchange(server: RewardServer, data: bytes, *, wait: float = 5.0) -> tuple[float, bytes]:
