@@ -279,7 +279,7 @@ def test_with_an_api_key_every_request_needs_the_bearer_token(serve, capfd):
         "error": "the API key is wrong (Authorization: Bearer KEY must carry the server's key)"
     }
     assert right.status_code == 200 and right.json() == {"rewards": [3.0, 2.0]}
-    assert right_up.json() == {"reward_function": "scores"}
+    assert right_up.json() == {"reward_function": "lengths"}
     assert len(serve.logs) == 4 and all(line.startswith("serve-reward: 401 for ") for line in serve.logs)
     printed = capfd.readouterr()
     assert TOKEN not in "\n".join(serve.logs) + printed.out + printed.err
