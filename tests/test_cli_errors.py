@@ -292,6 +292,19 @@ BAD_CLI_INPUTS = [
         "checkpoint-9' does not exist",
     ),
     ("eval of a directory that is no model", _not_a_model, 2, "has no config.json"),
+    (
+        # (simulated: a real one on a machine with more memory would allocate, not fail)
+        "eval of a completion length far past the host's memory",
+        lambda t: _main_raising(
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                "you tried to allocate 25586634752 bytes. Error code 12 (Cannot allocate memory)"
+            ),
+            command="eval",
+        ),
+        2,
+        "out of host memory: a tensor of 23.8 GiB could not be allocated; lower max_completion_length",
+    ),
 ]
 
 

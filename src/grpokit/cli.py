@@ -22,6 +22,7 @@ shows its traceback.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -774,6 +775,21 @@ def environment_error(error: OSError, command: str) -> str | None:
     return None
 
 
+def host_memory_error(error: RuntimeError) -> str | None:
+    """The one line for the host's allocator refusing a tensor (None for any other RuntimeError, a bug):
+    a size far beyond the machine's memory, usually from max_completion_length, num_generations or
+    num_eval_prompts; nothing has been written by then (a run refuses such sizes before its directory)."""
+    found = re.search(r"can't allocate memory: you tried to allocate (\d+) bytes", str(error))
+    if found is None:
+        return None
+    gib = int(found.group(1)) / 2**30
+    return (
+        f"out of host memory: a tensor of {gib:,.1f} GiB could not be allocated; lower "
+        "max_completion_length, num_generations, prompts_per_step, num_eval_prompts or micro_batch_size "
+        "(`grpokit doctor` forecasts a step's memory)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(help_preset(argv)).parse_args(argv)
@@ -809,6 +825,10 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             raise
         line = found
+    except RuntimeError as error:  # the host's allocator refusing (torch raises no OutOfMemoryError there)
+        line = host_memory_error(error)
+        if line is None:
+            raise
     except KeyboardInterrupt as interrupt:  # a run's says which checkpoint is the last complete one
         print(f"grpokit {args.command}: {str(interrupt) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
         return 130  # the shell's code for a command ended by SIGINT
