@@ -487,13 +487,25 @@ def test_realistic_steps_are_never_refused(monkeypatch):
         assert refusal is not None and refusal.startswith(f"num_generations={typo['num_generations']}:")
 
 
-def test_the_machine_s_memory_is_read(monkeypatch):
+def test_the_machine_s_memory_is_read_and_a_lower_limit_on_the_process_wins(monkeypatch, tmp_path):
     import os
+    import resource
 
-    from grpokit.train.memory_check import device_memory
+    from grpokit.train import memory_check
 
-    total, where = device_memory(torch.device("cpu"))
-    assert total == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") and "RAM" in where
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.setattr(memory_check, "CGROUP_LIMITS", (str(tmp_path / "memory.max"),))
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    (tmp_path / "memory.max").write_text("max\n")  # cgroup v2 without a limit
+    total, where = memory_check.device_memory(torch.device("cpu"))
+    assert total == physical and "RAM" in where
+    (tmp_path / "memory.max").write_text(f"{2**31}\n")  # a container's 2 GiB
+    assert memory_check.device_memory(torch.device("cpu")) == (
+        2**31,
+        "the 2.0 GiB this process may use (its cgroup's or ulimit's limit)",
+    )
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (2**30, resource.RLIM_INFINITY))  # ulimit -v
+    assert memory_check.device_memory(torch.device("cpu"))[0] == 2**30
 
 
 # ----------------------------------------------------------------------------- 7. two rewards of one name

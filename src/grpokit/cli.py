@@ -182,10 +182,26 @@ def _sft_progress(console: Any, threads: Any, step: int, loss: float) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
+    from .config import SFTConfig, load_config
+    from .train.distributed import Dist
+    from .train.rundir import claim_output_dir, exclusive_output_dir
+
+    path, overrides = _split_args(args.items)
+    cfg = load_config(SFTConfig, path, overrides)
+    # one run at a time in output_dir, never into a checkpoint, a model, beside a user's config.yaml
+    # or over an earlier run unless overwrite=true (train/rundir.py)
+    out_dir = Path(cfg.output_dir)
+    with exclusive_output_dir(Dist(), out_dir):
+        replacing = claim_output_dir(out_dir, resume=False, overwrite=cfg.overwrite)
+        return _sft(cfg, replacing)
+
+
+def _sft(cfg: Any, replacing: bool) -> int:
+    """`grpokit sft` with `cfg` (an SFTConfig) in the output_dir it holds; `replacing`: an earlier run
+    there that overwrite=true deletes once the input is valid."""
     from dataclasses import replace
 
-    from .config import SFTConfig, load_config, to_yaml
-    from .config.load import run_config_yaml
+    from .config.load import run_config_yaml, to_yaml
     from .config.plan import (
         EngineSettings,
         EpisodeSpec,
@@ -199,15 +215,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from .models import save_policy
     from .train.grpo_setup import held_out_metrics, probe_engine, resolve_data
     from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
-    from .train.rundir import refuse_foreign_directory, refuse_replacing_user_config
+    from .train.rundir import clear_earlier_run
     from .train.sft import SFTHooks, run_sft
     from .train.threads import ThreadGovernor
 
-    path, overrides = _split_args(args.items)
-    cfg = load_config(SFTConfig, path, overrides)
-    # (not a checkpoint or a saved model, nor a config.yaml of the user's: it writes both)
-    refuse_foreign_directory(Path(cfg.output_dir))
-    refuse_replacing_user_config(Path(cfg.output_dir))
     if not cfg.task and cfg.dataset is None:
         raise ValueError("nothing to train on: set task, or dataset to a file of prompt/answer rows.")
     spec = sft_data(cfg)
@@ -240,6 +251,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     check_known_characters(tokenizer, cfg.model, [(data.train_source, data.train_rows)], columns)
     check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
     console = _console()
+    if replacing:  # the input is valid: only now is the earlier run deleted
+        clear_earlier_run(Path(cfg.output_dir))
     run_sft(
         model,
         tokenizer,
@@ -786,7 +799,8 @@ def host_memory_error(error: RuntimeError) -> str | None:
     return (
         f"out of host memory: a tensor of {gib:,.1f} GiB could not be allocated; lower "
         "max_completion_length, num_generations, prompts_per_step, num_eval_prompts or micro_batch_size "
-        "(`grpokit doctor` forecasts a step's memory)"
+        "(`grpokit doctor` forecasts a step's memory); a run it stopped continues with resume=true from "
+        "its last checkpoint, or starts again with overwrite=true"
     )
 
 

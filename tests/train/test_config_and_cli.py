@@ -103,6 +103,17 @@ def test_bad_files(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1,\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(GRPOConfig, tmp_path / "bad.yaml")
+    # one line, and the snippet of the file it quotes shows no password of a reward server's url
+    (tmp_path / "secret.yaml").write_text(
+        'reward_funcs: [{url: "http://alice:s3cretPW@127.0.0.1:1/ok"\nmax_steps: 1\n'
+    )
+    with pytest.raises(ConfigError, match="not valid YAML") as refused:
+        load_config(GRPOConfig, tmp_path / "secret.yaml")
+    assert "\n" not in str(refused.value) and "s3cretPW" not in str(refused.value)
+    assert str(refused.value).endswith(
+        "not valid YAML (while parsing a flow mapping at line 1, column 16: expected ',' or '}', but got "
+        "'<scalar>' at line 2, column 1)."
+    )
 
 
 def test_override_values_are_yaml_scalars():

@@ -90,7 +90,7 @@ def test_resume_where_no_checkpoint_can_be_resumed_is_refused_and_touches_nothin
     assert snapshot(out) == before
 
 
-# ----------------------------------------------------------------------------- a checkpoint or a model as output
+# ----------------------------------------------------------------------------- a checkpoint or a model
 
 
 @pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resume"])
@@ -128,6 +128,27 @@ def test_a_saved_model_given_as_output_dir_is_refused(finished_run, tmp_path, ca
     assert snapshot(model) == before
 
 
+def test_a_symbolic_link_to_a_checkpoint_names_the_run_it_points_into(finished_run, tmp_path, capsys):
+    out = _copy(finished_run, tmp_path / "runs" / "x")
+    link = tmp_path / "link"
+    link.symlink_to(out / "checkpoint-2")
+    code, err = _train(capsys, link)
+    assert code == 2
+    line = _one_line(err)
+    assert f"a checkpoint of the run in {str(out.resolve())!r}" in line
+    assert f"output_dir={str(out.resolve())!r} resume=true" in line
+
+
+def test_a_directory_holding_only_tensorboard_events_is_an_earlier_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"an older run's curves")
+    for extra in ([], ["resume=true"]):
+        code, err = _train(capsys, out, *extra)
+        assert code == 2 and "holds a run (tensorboard)" in _one_line(err)
+        assert (out / "tensorboard" / "events.out.tfevents.1").read_bytes() == b"an older run's curves"
+
+
 # ----------------------------------------------------------------------------- the user's config.yaml
 
 
@@ -149,6 +170,22 @@ def test_a_users_config_yaml_in_output_dir_is_never_replaced(tmp_path, capsys, m
     assert code == 0, capsys.readouterr().err
     code = main(["train", "config.yaml", "output_dir=runs/x", "overwrite=true", *TINY])
     assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "reward", "sft"])
+def test_overwrite_never_deletes_a_users_config_yaml_beside_a_checkpoint_best(tmp_path, capsys, command):
+    """A checkpoint-best/ of the user's is no run of grpokit's, so output_dir=. is refused for the
+    config.yaml there, with overwrite=true too (which would have deleted it)."""
+    project = tmp_path / "proj"
+    (project / "checkpoint-best").mkdir(parents=True)
+    mine = "# mine\nmax_steps: 1\n"
+    (project / "config.yaml").write_text(mine)
+    before = snapshot(project)
+    overrides = TINY if command == "train" else ["max_steps=1"]
+    code = main([command, f"output_dir={project}", "overwrite=true", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds a config.yaml that grpokit did not write" in err and "Traceback" not in err
+    assert snapshot(project) == before
 
 
 # ----------------------------------------------------------------------------- the run's own files
@@ -234,6 +271,47 @@ def test_a_second_ctrl_c_while_a_checkpoint_is_written_is_one_line_and_resume_co
     code, err = _train(capsys, out, "resume=true", steps=3)
     assert code == 0, err
     assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_ctrl_c_that_breaks_torch_save_mid_write_is_still_one_line(tmp_path, capsys, monkeypatch):
+    """A second Ctrl-C inside torch.save: its zip writer fails as the interrupt unwinds it (a
+    RuntimeError whose context is the KeyboardInterrupt), which is still the interrupt's one line."""
+    from grpokit.train import checkpoint
+
+    real = checkpoint.torch.save
+
+    def broken_by_ctrl_c(obj, f, *args, **kwargs):
+        if ".tmp-checkpoint-2-" in str(getattr(f, "name", "")):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64") from None
+        return real(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", broken_by_ctrl_c)
+    out = tmp_path / "run"
+    code = main(["train", f"output_dir={out}", "max_steps=3", *TINY])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{str(out / 'checkpoint-1')!r} is the last complete checkpoint" in err
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_sft_holds_its_output_dir_and_never_replaces_an_earlier_run(tmp_path, capsys, finished_run):
+    sft = ["max_steps=2", "tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2"]
+    out = tmp_path / "sft"
+    assert main(["sft", f"output_dir={out}", *sft]) == 0
+    capsys.readouterr()
+    before = snapshot(out)
+    assert main(["sft", f"output_dir={out}", *sft]) == 2
+    assert "already holds a run (final)" in capsys.readouterr().err
+    assert snapshot(out) == before
+    assert main(["sft", f"output_dir={out}", "overwrite=true", *sft]) == 0
+    grpo = _copy(finished_run, tmp_path / "grpo")  # a GRPO run's config.yaml is not replaced either
+    before = snapshot(grpo)
+    assert main(["sft", f"output_dir={grpo}", *sft]) == 2
+    assert "already holds a run (checkpoint-1, checkpoint-2" in capsys.readouterr().err
+    assert snapshot(grpo) == before
 
 
 # ----------------------------------------------------------------------------- every field of state.pt

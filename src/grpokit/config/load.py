@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, shorten, shown
+from .remote_reward import redact_text
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -175,10 +176,23 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     except _Refused as error:
         raise ConfigError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({error}).") from None
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(error)}).") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of key: value at the top level.")
     return data
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text, in one line, by line and column: PyYAML's own message without
+    the snippet of the file it quotes (which would repeat, or cut in half, a password in a url)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(redact_text(str(error)).split())
+
+    def at(mark: Any) -> str:
+        return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+    context = f"{error.context}{at(error.context_mark)}: " if error.context else ""
+    return f"{context}{error.problem or 'malformed'}{at(error.problem_mark)}"
 
 
 # pydantic's errors about a number: the message then also says the field's allowed range

@@ -880,6 +880,9 @@ class SFTConfig(_Placement, _TinyModel):
     model_config = STRICT
 
     output_dir: str = Field("runs/sft", description="where the final model and config go")
+    overwrite: bool = Field(
+        False, description="delete an earlier run in output_dir first (without it: an error)"
+    )
     seed: Seed = Field(42, description="seeds initialisation and example order")
     model: str = Field(
         "tiny", description="a hub id (through the Hugging Face cache), a local model directory, or 'tiny'"

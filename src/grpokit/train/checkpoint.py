@@ -110,6 +110,8 @@ def save_checkpoint(
         _fsync_tree(tmp)  # every byte on disk before the rename makes the checkpoint visible
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)  # earlier checkpoints are not touched
+        if isinstance(error.__context__, KeyboardInterrupt):  # torch's writer failing as Ctrl-C unwound it
+            raise error.__context__ from None
         disk = _as_os_error(error, writing) if isinstance(error, Exception) else None  # not Ctrl-C
         if disk is None or disk is error:
             raise

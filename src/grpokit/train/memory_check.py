@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,7 +77,33 @@ def device_memory(device: torch.device) -> tuple[int | None, str]:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError):
         return None, "RAM"
+    allowed = process_memory_limit()
+    if allowed is not None and allowed < total:
+        return allowed, f"the {_gib(allowed)} this process may use (its cgroup's or ulimit's limit)"
     return int(total), f"this machine's {_gib(total)} of RAM"
+
+
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def process_memory_limit() -> int | None:
+    """The least of the limits set on this process's memory, in bytes: its cgroup's (v2 memory.max, or
+    v1 memory.limit_in_bytes: a container's, a batch job's) and its address space's (`ulimit -v`);
+    None when none is set."""
+    import resource
+
+    limits = []
+    for path in CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max", or v1's huge number: no limit
+            limits.append(int(text))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        limits.append(int(soft))
+    return min(limits) if limits else None
 
 
 def step_memory_refusal(

@@ -27,7 +27,6 @@ the guard against runs of non-finite updates.
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,13 +191,8 @@ def begin(d: Any, control: RunControl, starting: Starting, emit: Emit) -> tuple[
             write_run_config(output_dir, control.config_yaml)
             truncate_metrics_after(output_dir, start)
         emit("resumed", start, {"checkpoint": str(starting.checkpoint)})
-    else:
+    else:  # (a fresh start: `claim_output_dir` has refused any earlier metrics, or overwrite cleared them)
         start, eval_before = 0, starting.evaluate()
-        # a fresh start (resume found no checkpoint): earlier rows are not this run's. Safe to delete:
-        # the run holds output_dir's lock, so no other run can be writing them
-        if d.is_main:
-            (output_dir / "metrics.jsonl").unlink(missing_ok=True)
-            shutil.rmtree(output_dir / "tensorboard", ignore_errors=True)
     writer = (
         MetricsWriter(
             output_dir,

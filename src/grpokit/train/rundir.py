@@ -306,10 +306,13 @@ def earlier_run(output_dir: Path) -> list[str]:
     """What in `output_dir` belongs to an earlier run (metrics or checkpoints), by name."""
     if not output_dir.is_dir():
         return []
-    found = [p.name for p in sorted(output_dir.glob(f"{CHECKPOINT_PREFIX}*")) if p.is_dir()]
+    found = sorted(
+        (p.name for p in output_dir.glob(f"{CHECKPOINT_PREFIX}*") if CHECKPOINT_NAME.fullmatch(p.name)),
+        key=lambda name: int(name[len(CHECKPOINT_PREFIX) :]),
+    )  # (a checkpoint-best/ of the user's is not a run's)
     # (a warm start stopped by a signal leaves only config.yaml and sft_metrics.jsonl: not a run yet,
     # so the same command starts again)
-    found += [name for name in ("metrics.jsonl", "final") if (output_dir / name).exists()]
+    found += [name for name in ("metrics.jsonl", "final", "tensorboard") if (output_dir / name).exists()]
     return found
 
 
@@ -379,11 +382,12 @@ def refuse_foreign_directory(output_dir: Path) -> None:
         if what is None:
             continue
         where = "is" if path == resolved else f"lies inside {str(path)!r},"
+        real = path.resolve()  # (the run a symbolic link points into, not the link's own folder)
         if what == "checkpoint":
             raise RunDirectoryError(
-                f"output_dir {str(output_dir)!r} {where} a checkpoint of the run in {str(path.parent)!r}; "
-                f"continue that run with output_dir={str(path.parent)!r} resume=true, or train from these "
-                f"weights with model={str(path)!r} and another output_dir=..."
+                f"output_dir {str(output_dir)!r} {where} a checkpoint of the run in {str(real.parent)!r}; "
+                f"continue that run with output_dir={str(real.parent)!r} resume=true, or train from these "
+                f"weights with model={str(real)!r} and another output_dir=..."
             )
         raise RunDirectoryError(
             f"output_dir {str(output_dir)!r} {where} a saved model (config.json and weights), which a run "
@@ -428,7 +432,8 @@ def clear_earlier_run(output_dir: Path) -> None:
     `checkpoint-<step>` directories, and what `grpokit report` wrote into report/. Nothing else there is
     touched (a `checkpoint-best/` of the user's, notes in report/)."""
     for name in RUN_FILES:
-        (output_dir / name).unlink(missing_ok=True)
+        if name != "config.yaml" or written_by_grpokit(output_dir / name):  # a user's config.yaml stays
+            (output_dir / name).unlink(missing_ok=True)
     for path in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
         if CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
