@@ -466,6 +466,9 @@ def test_a_server_answering_a_byte_at_a_time_is_cut_off_at_the_timeout(peer):
         "::",
         "::ffff:127.0.0.1",
         "::ffff:0.0.0.0",
+        "127.1",  # the shorthand IPv4 forms a connect takes too
+        "2130706433",
+        "0x7f000001",
     ],
 )
 def test_every_address_of_this_machine_is_loopback(host):
@@ -473,7 +476,17 @@ def test_every_address_of_this_machine_is_loopback(host):
 
 
 @pytest.mark.parametrize(
-    "host", ["10.0.0.1", "::ffff:10.0.0.1", "notlocalhost", "localhost.example.com", "fe80::1", "2001:db8::1"]
+    "host",
+    [
+        "10.0.0.1",
+        "::ffff:10.0.0.1",
+        "notlocalhost",
+        "localhost.example.com",
+        "fe80::1",
+        "2001:db8::1",
+        "10.1",
+        "1",
+    ],
 )
 def test_other_hosts_are_not_loopback(host):
     assert not is_loopback(host)

@@ -38,6 +38,7 @@ import contextlib
 import ipaddress
 import json
 import math
+import socket
 import ssl
 import threading
 import time
@@ -87,7 +88,10 @@ def is_loopback(host: str) -> bool:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        try:  # the shorthand IPv4 forms a connect also takes: 127.1, 2130706433, 0x7f000001
+            address = ipaddress.ip_address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return False
     mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:a.b.c.d is the IPv4 address a.b.c.d
     return any(a is not None and (a.is_loopback or a.is_unspecified) for a in (address, mapped))
 
