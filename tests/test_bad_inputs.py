@@ -126,6 +126,11 @@ SCENARIOS = [
         "test_a_resume_refuses_each_edited_field_in_one_line_and_leaves_the_run_unchanged",
     ),
     (
+        "resume: any field of metrics.jsonl, alerts.jsonl, manifest.json or config.yaml of the wrong kind",
+        "tests.train.test_nothing_lost",
+        "test_every_field_of_the_other_files_a_resume_reads_edited_is_one_line_and_changes_nothing",
+    ),
+    (
         "resume: a non-UTF-8 byte in metrics.jsonl or alerts.jsonl, an alert with a string step",
         "tests.train.test_nothing_lost",
         "test_a_damaged_metrics_or_alerts_line_stops_a_resume_in_one_line_before_anything_changes",

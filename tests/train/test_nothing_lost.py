@@ -472,3 +472,105 @@ def test_a_resume_refuses_each_edited_field_in_one_line_and_leaves_the_run_uncha
         line = _one_line(capsys.readouterr().err)
         assert code == 2 and "in its state.pt, " in line, (path, line)
         assert snapshot(run) == before, path
+
+
+ALERT = {"step": 1, "name": "zero_spread", "value": 1.0, "threshold": 0.5, "advice": "a warm start"}
+
+
+def _edit_jsonl(path: Path, row: int, field: str | None, value) -> None:
+    """Line `row` of a JSONL file with `field` set to `value` (the whole row replaced when None)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[row] = value if field is None else {**rows[row], field: value}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _edit_manifest(checkpoint: Path, edit) -> None:
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    edit(manifest)
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _edit_config(checkpoint: Path, key: str, value: str) -> None:
+    lines = (checkpoint / "config.yaml").read_text().splitlines()
+    lines = [f"{key}: {value}" if line.startswith(f"{key}:") else line for line in lines]
+    (checkpoint / "config.yaml").write_text("\n".join(lines) + "\n")
+
+
+def _state_file_edits():
+    """(what, edit(run)) for each field of each other file a resume reads: metrics.jsonl, alerts.jsonl,
+    the checkpoint's manifest.json and config.yaml; valid JSON (or YAML) of the wrong shape or range."""
+    edits = []
+    for field, bad in [
+        ("step", "x"),
+        ("step", -1),
+        ("step", 1.5),
+        ("step", [1]),
+        ("loss", "x"),
+        ("loss", [1]),
+    ]:
+        edits.append(
+            (
+                f"metrics.jsonl {field}={bad!r}",
+                lambda run, f=field, b=bad: _edit_jsonl(run / "metrics.jsonl", 1, f, b),
+            )
+        )
+    edits.append(("metrics.jsonl row=[]", lambda run: _edit_jsonl(run / "metrics.jsonl", 1, None, [])))
+    for field, bad in [
+        ("step", "x"),
+        ("step", -1),
+        ("name", 5),
+        ("name", ""),
+        ("value", "x"),
+        ("threshold", [1]),
+        ("advice", 7),
+    ]:
+        edits.append(
+            (
+                f"alerts.jsonl {field}={bad!r}",
+                lambda run, f=field, b=bad: _edit_jsonl(run / "alerts.jsonl", 0, f, b),
+            )
+        )
+    edits.append(("alerts.jsonl row=[]", lambda run: _edit_jsonl(run / "alerts.jsonl", 0, None, [])))
+    for what, edit in [
+        ("format=2", lambda m: m.update(format=2)),
+        ("files=[]", lambda m: m.update(files=[])),
+        ("size=-1", lambda m: m["files"]["state.pt"].update(size=-1)),
+        ("size='x'", lambda m: m["files"]["state.pt"].update(size="x")),
+        ("sha256='zz'", lambda m: m["files"]["state.pt"].update(sha256="zz")),
+    ]:
+        edits.append((f"manifest.json {what}", lambda run, e=edit: _edit_manifest(run / "checkpoint-2", e)))
+    for key, bad in [("learning_rate", "x"), ("seed", "-5"), ("num_generations", "[4]")]:
+        edits.append(
+            (f"config.yaml {key}={bad}", lambda run, k=key, b=bad: _edit_config(run / "checkpoint-2", k, b))
+        )
+    return edits
+
+
+@pytest.mark.slow
+def test_every_field_of_the_other_files_a_resume_reads_edited_is_one_line_and_changes_nothing(
+    resumable, tmp_path, capsys
+):
+    """metrics.jsonl, alerts.jsonl, the checkpoint's manifest.json and config.yaml: one field at a time
+    set to valid JSON (or YAML) of the wrong type or range, then a resume: exit code 2, one line, the
+    run directory byte for byte (a manifest that no longer vouches for the only checkpoint leaves
+    nothing to resume from; a config.yaml value is refused as the option's own error)."""
+    import shutil
+
+    out, extra, _, _ = resumable
+    base = tmp_path / "base"
+    shutil.copytree(out, base)
+    (base / "alerts.jsonl").write_text(json.dumps(ALERT) + "\n")
+    for what, edit in _state_file_edits():
+        run = tmp_path / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(base, run)
+        edit(run)
+        before = snapshot(run)
+        code = main(["train", f"output_dir={run}", "max_steps=3", "resume=true", *TINY, *extra])
+        err = capsys.readouterr().err
+        assert code == 2, (what, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 2, (
+            what,
+            err,
+        )  # + the --debug hint
+        assert snapshot(run) == before, what
