@@ -383,6 +383,29 @@ def test_a_crash_while_resume_rewrites_metrics_leaves_them_intact(tmp_path, monk
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
 
 
+def test_a_crash_while_resume_rewrites_alerts_leaves_them_intact(tmp_path, monkeypatch):
+    from grpokit.train.alerts import AlertWatch
+
+    alert = {"name": "zero_spread", "value": 1.0, "threshold": 0.5, "advice": "a warm start"}
+    path = tmp_path / "alerts.jsonl"
+    path.write_text("".join(json.dumps({"step": s, **alert}) + "\n" for s in (2, 5, 9)))
+    before = path.read_text()
+    real_open = Path.open
+
+    def open_failing_writes(self, mode="r", *args, **kwargs):
+        file = real_open(self, mode, *args, **kwargs)
+        return _DiskFullHalfway(file) if "w" in mode else file
+
+    monkeypatch.setattr(Path, "open", open_failing_writes)
+    with pytest.raises(OSError, match="No space left"):
+        AlertWatch().resume(tmp_path, 6)
+    monkeypatch.undo()
+    assert path.read_text() == before  # every alert still there: the resume can be tried again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl"]  # no temporary file left
+    AlertWatch().resume(tmp_path, 6)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [2, 5]
+
+
 # ----------------------------------------------------------------------------- one line for the user
 
 

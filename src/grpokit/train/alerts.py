@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.alerts import ALERT_THRESHOLDS
-from .metrics import ZeroSpreadWatch
+from .metrics import ZeroSpreadWatch, replace_file
 from .run_files import AlertRow, MetricsRow, read_jsonl
 
 WINDOW = 5  # steps in a trend's mean
@@ -244,8 +244,8 @@ class AlertWatch:
         kept = [row for row in _read(path, AlertRow) if row["step"] <= step] if step else []
         replayed = _read(output_dir / "metrics.jsonl", MetricsRow) if step else []
         self.fired |= {row["name"] for row in kept}
-        if kept:
-            path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+        if kept:  # (through a temporary file and a rename: a crash mid-write loses no alert)
+            replace_file(path, "".join(json.dumps(row) + "\n" for row in kept))
         else:
             path.unlink(missing_ok=True)
         for row in replayed:

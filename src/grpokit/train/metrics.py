@@ -140,17 +140,24 @@ def truncate_metrics_after(output_dir: Path, step: int) -> None:
     if not path.is_file():
         return
     kept = [json.dumps(row) for row in read_jsonl(path, MetricsRow) if row["step"] <= step]
+    replace_file(path, "".join(line + "\n" for line in kept))
+
+
+def replace_file(path: Path, text: str) -> None:
+    """`path` holding `text`, written to a temporary file beside it (`.NAME.tmp-PID`, which a killed
+    run's successor clears: rundir.clear_staging), fsynced, then renamed over it: a crash or a full
+    disk at any moment leaves either the old file or the new one, whole."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # same directory: the rename is atomic
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in kept))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())  # the new rows on disk before the rename makes them the file
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    directory = os.open(output_dir, os.O_RDONLY)
+    directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # the rename itself on disk
     finally:

@@ -419,11 +419,11 @@ def _checkpoint_or_model(path: Path) -> str | None:
 
 def clear_staging(output_dir: Path) -> None:
     """Delete what killed runs left half-written: checkpoint staging directories of any name, and
-    the temporary file of a metrics rewrite (`truncate_metrics_after`). Only under the lock: no one
+    the temporary files of a metrics or alerts rewrite (`metrics.replace_file`). Only under the lock: no one
     else can be writing them."""
     for path in output_dir.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(path, ignore_errors=True)
-    for path in output_dir.glob(".metrics.jsonl.tmp-*"):
+    for path in output_dir.glob(".*.jsonl.tmp-*"):  # (metrics.replace_file's)
         path.unlink(missing_ok=True)
 
 
