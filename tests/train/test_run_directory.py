@@ -363,10 +363,8 @@ class _DiskFullHalfway:
         self._file.close()
 
 
-def test_a_crash_while_resume_rewrites_metrics_leaves_them_intact(tmp_path, monkeypatch):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 0.5 * s}) + "\n" for s in range(12)))
-    before = path.read_text()
+def _disk_full_on_writes(monkeypatch) -> None:
+    """Every file opened for writing through Path.open fills the disk halfway through its write."""
     real_open = Path.open
 
     def open_failing_writes(self, mode="r", *args, **kwargs):
@@ -374,6 +372,13 @@ def test_a_crash_while_resume_rewrites_metrics_leaves_them_intact(tmp_path, monk
         return _DiskFullHalfway(file) if "w" in mode else file
 
     monkeypatch.setattr(Path, "open", open_failing_writes)
+
+
+def test_a_crash_while_resume_rewrites_metrics_leaves_them_intact(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 0.5 * s}) + "\n" for s in range(12)))
+    before = path.read_text()
+    _disk_full_on_writes(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         truncate_metrics_after(tmp_path, 3)
     monkeypatch.undo()
@@ -390,13 +395,7 @@ def test_a_crash_while_resume_rewrites_alerts_leaves_them_intact(tmp_path, monke
     path = tmp_path / "alerts.jsonl"
     path.write_text("".join(json.dumps({"step": s, **alert}) + "\n" for s in (2, 5, 9)))
     before = path.read_text()
-    real_open = Path.open
-
-    def open_failing_writes(self, mode="r", *args, **kwargs):
-        file = real_open(self, mode, *args, **kwargs)
-        return _DiskFullHalfway(file) if "w" in mode else file
-
-    monkeypatch.setattr(Path, "open", open_failing_writes)
+    _disk_full_on_writes(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         AlertWatch().resume(tmp_path, 6)
     monkeypatch.undo()
