@@ -29,6 +29,7 @@ from ..rewards.scoring import ScoringStopped
 from . import distributed
 from .alerts import AlertWatch
 from .checkpoint import SaveTo, list_checkpoints, rng_state, set_rng_state
+from .events import EventKind
 from .grpo_setup import (
     Given,
     Hooks,
@@ -89,7 +90,7 @@ class TrainResult(RunResult):
 def _stopped_early(emit: Emit, stop: StopSignals, output_dir: Path, phase: str) -> TrainResult:
     """A signal arrived before the first GRPO step: nothing to checkpoint, the same command starts over."""
     signal = stop.signal or "a signal on another rank"
-    emit("stopped", 0, {"signal": signal, "phase": phase, "output_dir": str(output_dir)})
+    emit(EventKind.STOPPED, 0, {"signal": signal, "phase": phase, "output_dir": str(output_dir)})
     return TrainResult(output_dir, 0, {}, {}, stopped_by=stop.signal or "SIGTERM", phase=phase)
 
 
@@ -250,7 +251,7 @@ def _train_grpo(  # noqa: C901 - the loop is deliberately one function that read
             if control.log_completions_steps and step % control.log_completions_steps == 0:
                 batch = out.batch
                 texts = {"prompts": batch.prompts, "completions": batch.completions}
-                emit("completions", step, texts | {"rewards": batch.rewards.tolist()})
+                emit(EventKind.COMPLETIONS, step, texts | {"rewards": batch.rewards.tolist()})
             try:
                 evaluated = run.evaluate_if_due(step)
             except ScoringStopped as stopped:  # the update is done: finish_step saves it and stops
@@ -312,7 +313,7 @@ def _abandoned(
     if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in list_checkpoints(output_dir):
         checkpoint(step - 1)  # (one already there holds this very state)
     signal = stop.signal or "a signal on another rank"
-    emit("stopped", step - 1, {"signal": signal, "output_dir": str(output_dir)})
+    emit(EventKind.STOPPED, step - 1, {"signal": signal, "output_dir": str(output_dir)})
     return run.result(TrainResult, step - 1)
 
 

@@ -61,6 +61,7 @@ from ..rollout import SamplingParams
 from . import distributed
 from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
 from .evaluation import EvalTask, evaluate
+from .events import EventKind
 from .grpo_step import EntropyControl, StepParams, Trainee, Update
 from .metrics import write_sft_metrics
 from .optim import make_optimizer, make_scheduler
@@ -692,15 +693,15 @@ def warm_start(
     to output_dir/sft_metrics.jsonl, and with sft_target_accuracy it ends once a probe of training
     prompts is solved (greedy, through `engine`)."""
     emit, stop, threads = hooks.emit, hooks.stop, hooks.threads
-    emit("sft_start", 0, {})
+    emit(EventKind.SFT_START, 0, {})
     probed: list[float] = []
     goal = warm_start_goal(spec, engine, data, probed)
 
     def sft_step(step: int, loss: float) -> None:
-        emit("sft_step", step, {"loss": loss})
+        emit(EventKind.SFT_STEP, step, {"loss": loss})
         note = threads.tick() if threads is not None else None  # fewer CPU threads under load
         if note:
-            emit("warning", step, {"message": note})
+            emit(EventKind.WARNING, step, {"message": note})
 
     warm = run_sft(
         engine.module,
@@ -725,7 +726,7 @@ def warm_start(
     if d.is_main:
         write_sft_metrics(output_dir, warm.losses)
     if probed:
-        emit("sft_done", len(warm.losses), {"probe_accuracy": probed[-1], "reached": warm.reached})
+        emit(EventKind.SFT_DONE, len(warm.losses), {"probe_accuracy": probed[-1], "reached": warm.reached})
     return warm
 
 

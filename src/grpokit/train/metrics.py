@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .events import Emit, EventKind
 from .run_files import MetricsRow, read_jsonl
 
 
@@ -164,10 +165,10 @@ def replace_file(path: Path, text: str) -> None:
         os.close(directory)
 
 
-def warn(on_event: Callable[[str, int, dict[str, Any]], None] | None, step: int, message: str) -> None:
+def warn(on_event: Emit | None, step: int, message: str) -> None:
     """A warning for the user: to the progress display when there is one, else to the `grpokit` logger."""
     if on_event is not None:
-        on_event("warning", step, {"message": message})
+        on_event(EventKind.WARNING, step, {"message": message})
     else:
         logging.getLogger("grpokit").warning("step %d: %s", step, message)
 

@@ -38,11 +38,11 @@ from ..config.plan import LoraSpec, ModelSpec, RunControl
 from ..models import build_policy, char_tokenizer, load_policy
 from . import distributed
 from .checkpoint import CHECKPOINT_PREFIX, newest_intact_checkpoint
+from .events import Emit, EventKind
 from .metrics import MetricsWriter, NullWriter, truncate_metrics_after, warn
 from .run_files import check_run_files
 from .rundir import clear_earlier_run, clear_staging
 
-Emit = Callable[[str, int, dict[str, Any]], None]  # on_event(kind, step, data)
 Result = TypeVar("Result", bound="RunResult")
 
 # ----------------------------------------------------------------------------- set-up
@@ -190,7 +190,7 @@ def begin(d: Any, control: RunControl, starting: Starting, emit: Emit) -> tuple[
         if d.is_main:  # restored: only now does the run directory change
             write_run_config(output_dir, control.config_yaml)
             truncate_metrics_after(output_dir, start)
-        emit("resumed", start, {"checkpoint": str(starting.checkpoint)})
+        emit(EventKind.RESUMED, start, {"checkpoint": str(starting.checkpoint)})
     else:  # (a fresh start: `claim_output_dir` has refused any earlier metrics, or overwrite cleared them)
         start, eval_before = 0, starting.evaluate()
     writer = (
@@ -205,7 +205,7 @@ def begin(d: Any, control: RunControl, starting: Starting, emit: Emit) -> tuple[
     )
     if start == 0:
         writer.write(0, eval_before, prefix="eval/")
-    emit("start", start, eval_before)
+    emit(EventKind.START, start, eval_before)
     return start, eval_before, writer
 
 
@@ -336,7 +336,7 @@ class Run:
         if step % self.control.logging_steps == 0 or step == self.control.max_steps:
             if self.threads is not None:
                 metrics = metrics | {"cpu_threads": float(self.threads.current)}
-            self.emit("step", step, self.writer.write(step, metrics))
+            self.emit(EventKind.STEP, step, self.writer.write(step, metrics))
 
     def evaluate_if_due(self, step: int) -> dict[str, Any] | None:
         """Evaluate every `eval_steps` steps and at the last; returns the row written (eval/ keys), or
@@ -344,7 +344,7 @@ class Run:
         every = self.control.eval_steps
         if step == self.control.max_steps or (every and step % every == 0):
             row = self.writer.write(step, self.evaluate(), prefix="eval/")
-            self.emit("eval", step, row)
+            self.emit(EventKind.EVAL, step, row)
             return row
         return None
 
@@ -359,7 +359,7 @@ class Run:
         self.follow_load(step)
         if stopping:
             self.emit(
-                "stopped",
+                EventKind.STOPPED,
                 step,
                 {"signal": self.stop.signal or "a signal on another rank", "output_dir": self.output_dir},
             )
@@ -369,7 +369,7 @@ class Run:
         """Let the CPU-thread governor take a load reading (once a window); say a change once."""
         note = self.threads.tick() if self.threads is not None else None
         if note:
-            self.emit("warning", step, {"message": note})
+            self.emit(EventKind.WARNING, step, {"message": note})
 
     def result(self, kind: type[Result], steps: int) -> Result:
         """The run's outcome after `steps` steps, as a `kind` (a RunResult)."""
