@@ -36,4 +36,3 @@ class EventKind(str, Enum):
 
 
 Emit = Callable[[EventKind, int, dict[str, Any]], None]  # on_event(kind, step, data)
-

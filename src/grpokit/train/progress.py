@@ -9,8 +9,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..config.plan import Display
+from .events import EventKind
 
 Events = Callable[[str, int, dict[str, Any]], None]
+# the kinds the display deliberately shows nothing for, and why
+IGNORED = {
+    EventKind.SFT_START: "the warm start's bar is there from the start (sft_steps is known)",
+}
 
 
 def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
@@ -49,6 +54,18 @@ class RichReporter:
         self.label = display.label
         self.progress: Any = None
         self.sft_task = self.grpo_task = None
+        # what the display does with each kind of event; the kinds in `IGNORED` it does not show
+        self.handlers: dict[EventKind, Callable[[int, dict[str, Any]], None]] = {
+            EventKind.SFT_STEP: self._on_sft_step,
+            EventKind.SFT_DONE: self._on_sft_done,
+            EventKind.START: self._on_start,
+            EventKind.RESUMED: self._on_resumed,
+            EventKind.STEP: self._on_step,
+            EventKind.EVAL: self._on_eval,
+            EventKind.STOPPED: self._on_stopped,
+            EventKind.WARNING: self._on_warning,
+            EventKind.COMPLETIONS: self._on_completions,
+        }
 
     def __enter__(self) -> RichReporter:
         from rich.progress import (
@@ -82,8 +99,11 @@ class RichReporter:
         self.progress.__exit__(*exc)
 
     def on_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
-        """Show one event of the run (`_on_<kind>`); kinds without a display are ignored."""
-        handler = getattr(self, f"_on_{kind}", None)
+        """Show one event of the run (`handlers`); a kind in `IGNORED`, or one no run emits, shows nothing."""
+        try:
+            handler = self.handlers.get(EventKind(kind))
+        except ValueError:  # not a declared kind (a caller's own event)
+            return
         if handler is not None:
             handler(step, data)
 

@@ -1,0 +1,61 @@
+"""The events a run reports are one declared set (train/events.py): every call site names a declared
+kind, and the progress display handles each kind or deliberately ignores it."""
+
+from __future__ import annotations
+
+import ast
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from grpokit.config.plan import Display
+from grpokit.train.events import EventKind
+from grpokit.train.progress import IGNORED, RichReporter
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "grpokit"
+REPORTERS = ("emit", "on_event")  # the names a run reports through: emit(kind, ...), on_event(kind, ...)
+
+
+def _reports(tree: ast.AST) -> list[ast.Call]:
+    """The calls `emit(...)`, `on_event(...)`, `self.emit(...)`, ... with arguments."""
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args]
+    name = lambda f: f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""  # noqa: E731
+    return [call for call in calls if name(call.func) in REPORTERS]
+
+
+def test_every_report_names_a_declared_kind():
+    sites, undeclared = 0, []
+    for path in sorted(SRC.rglob("*.py")):
+        for call in _reports(ast.parse(path.read_text(), str(path))):
+            kind = call.args[0]
+            declared = (
+                isinstance(kind, ast.Attribute)
+                and isinstance(kind.value, ast.Name)
+                and kind.value.id == "EventKind"
+                and kind.attr in EventKind.__members__
+            )
+            sites += 1
+            if not declared:
+                undeclared.append(f"{path.relative_to(SRC.parent)}:{call.lineno} {ast.unparse(kind)}")
+    assert undeclared == []
+    assert sites >= 14  # the scan finds the sites (train/run.py, grpo.py, grpo_setup.py, metrics.py, sft)
+
+
+def test_every_kind_is_shown_or_deliberately_ignored():
+    reporter = RichReporter(Console(file=io.StringIO()), Display())
+    shown = set(reporter.handlers)
+    assert shown | set(IGNORED) == set(EventKind)
+    assert shown & set(IGNORED) == set()
+    assert all(why.strip() for why in IGNORED.values())
+
+
+def test_a_kind_is_its_plain_name():
+    """A callback written for the names ("step", "stopped") keeps working, and prints the name."""
+    assert EventKind.STEP == "step" and f"{EventKind.STOPPED}" == "stopped" and str(EventKind.EVAL) == "eval"
+    assert {"warning": 1}[EventKind.WARNING] == 1
+    console = Console(file=io.StringIO(), width=200)
+    with RichReporter(console, Display(progress=False), enabled=False) as reporter:
+        reporter.on_event("warning", 3, {"message": "careful"})  # a plain name dispatches as its kind
+        reporter.on_event("no_such_kind", 3, {})  # a caller's own event shows nothing
+    assert "warning at step 3: careful" in console.file.getvalue()
