@@ -82,7 +82,7 @@ SCENARIOS = [
     ),
     (
         "resume with options that cannot change",
-        "tests.train.test_config_resume",
+        "tests.config.test_config_resume",
         "test_several_refused_changes_are_all_named_in_one_error",
     ),
     (

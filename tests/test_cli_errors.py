@@ -444,7 +444,7 @@ def test_the_suite_passes_where_an_earlier_run_lives(tmp_path):
     started_in.mkdir()
     _fake_earlier_run(started_in)
     tests = [
-        "tests/train/test_config_and_cli.py::test_bad_config_fails_before_any_model_is_loaded",
+        "tests/config/test_config_and_cli.py::test_bad_config_fails_before_any_model_is_loaded",
         "tests/test_cli_errors.py::test_every_test_runs_in_its_own_empty_directory",
     ]
     result = subprocess.run(

@@ -307,7 +307,7 @@ ELSEWHERE = {
     "max_consecutive_skips": "tests/test_reliability.py::test_consecutive_non_finite_updates_stop",
     "overwrite": "test_run_safety.py::test_overwrite_replaces_the_earlier_run_and_resume_continues_it",
     "sft_target_accuracy": "test_run_safety.py::test_warm_start_stops_once_the_probe_reaches_the_target",
-    "report_to": "test_trl_names_and_reporting.py::test_a_grpo_run_reports_to_wandb_and_tensorboard",
+    "report_to": "test_reporting.py::test_a_grpo_run_reports_to_wandb_and_tensorboard",
     "answer_column": "test_own_task.py::test_answer_column_names_the_column_answers_come_from",
     "model_revision": "tests/models/test_hub_models.py (a revision loads; a missing one is one line)",
     "push_to_hub": "tests/train/test_hub_push.py (the final model uploaded, and it loads)",

@@ -9,7 +9,7 @@ config that describes neither. Those are refused, every difference in one Config
 that only says how the rest of the run is watched, saved or bounded may change: it is applied and
 said once.
 
-RESUME_RULES classifies every option of GRPOConfig and RewardConfig (tests/train/test_config_resume.py
+RESUME_RULES classifies every option of GRPOConfig and RewardConfig (tests/config/test_config_resume.py
 fails for a field that is not in it); an option missing from it is treated as fixed.
 No torch import here.
 """

@@ -1,9 +1,7 @@
-"""The config (validation, YAML + overrides, print-config) and the command line."""
+"""The config (validation, YAML + overrides, print-config, presets) as the command line reads it. The
+command line end to end on a tiny run is tests/train/test_cli_runs.py."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
@@ -146,71 +144,6 @@ def test_bad_config_fails_before_any_model_is_loaded(tmp_path, capsys, monkeypat
     assert "num_generations" in err and "--debug" in err and "Traceback" not in err
     assert main(["train", out, "task=null"]) == 2
     assert "nothing to train on" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_cli_train_and_report_on_a_tiny_run(tmp_path):
-    run = tmp_path / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "grpokit",
-        "train",
-        f"output_dir={run}",
-        "sft_steps=20",
-        "max_steps=2",
-        "tiny_hidden_size=16",
-        "tiny_num_layers=1",
-        "tiny_num_heads=2",
-        "tiny_intermediate_size=32",
-        "prompts_per_step=4",
-        "num_generations=4",
-        "micro_batch_size=16",
-        "num_eval_prompts=8",
-        "progress=false",
-        "log_completions_steps=1",
-    ]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "held-out greedy accuracy" in result.stdout and "sample completions at step 1" in result.stdout
-    report = subprocess.run(
-        [sys.executable, "-m", "grpokit", "report", str(run)], capture_output=True, text=True, timeout=120
-    )
-    assert report.returncode == 0 and (run / "report" / "index.html").is_file()
-    evaluation = subprocess.run(
-        [sys.executable, "-m", "grpokit", "eval", f"model={run / 'checkpoint-2'}", "num_eval_prompts=8"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert evaluation.returncode == 0, evaluation.stderr
-    assert '"accuracy"' in evaluation.stdout
-
-
-@pytest.mark.slow
-def test_cli_sft(tmp_path):
-    out = tmp_path / "sft"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpokit",
-            "sft",
-            f"output_dir={out}",
-            "max_steps=3",
-            "batch_size=8",
-            "tiny_hidden_size=16",
-            "tiny_num_layers=1",
-            "tiny_num_heads=2",
-            "tiny_intermediate_size=32",
-            "num_eval_prompts=8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert (out / "final" / "model.safetensors").is_file() and "held-out greedy accuracy" in result.stdout
 
 
 def test_every_built_in_preset_is_valid_and_named_presets_resolve(tmp_path, monkeypatch):
