@@ -390,10 +390,7 @@ def _train_reward(
     optimizer = make_optimizer(model.parameters(), plan.optimizer)
     scheduler = make_scheduler(optimizer, plan.optimizer)
     sampler = PromptSampler(pretokenize(tokenizer, train_pairs), plan.batch_size, seed=plan.seed)
-    share = plan.batch_size // d.world_size  # pairs per rank and step
     parts = TrainingParts(model, tokenizer, optimizer, scheduler, sampler)
-    saves_to = SaveTo(output_dir, control.config_yaml, control.save_total_limit)
-
     held_out = HeldOut(
         model,
         tokenizer,
@@ -408,21 +405,31 @@ def _train_reward(
         state = restore_distributed(d, strategy, path, parts)
         return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
 
-    def save(step: int) -> None:
-        save_distributed(d, strategy, saves_to, step, parts, run.eval_before)
-
     stop = StopSignals()  # SIGINT / SIGTERM are honoured from the first step on
     starting = Starting(resume_from, restore, held_out.evaluate)
     run = Run.open(control, d, emit, stop, starting, threads)
+    return _reward_loop(plan, d, parts, run, held_out)
 
-    # ------------------------------------------------------------------ the loop
+
+def _reward_loop(plan: RewardPlan, d: Any, parts: TrainingParts, run: Run, held_out: HeldOut) -> RewardResult:
+    """The steps of a started reward-model run (`_train_reward`), then the final model's diagnostics
+    and, if asked, its upload."""
+    control, spec, strategy = plan.run, plan.step, plan.placement.strategy
+    saves_to = SaveTo(Path(control.output_dir), control.config_yaml, control.save_total_limit)
+    share = plan.batch_size // d.world_size  # pairs per rank and step
+
+    def save(step: int) -> None:
+        save_distributed(d, strategy, saves_to, step, parts, run.eval_before)
+
     step = run.start
-    with run, stop:  # the signal handlers are restored, then the metrics writer closed
+    with run, run.stop:  # the signal handlers are restored, then the metrics writer closed
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
-            model.train()
-            rows = sampler.next_batch()[d.rank * share : (d.rank + 1) * share]  # this rank's pairs
-            metrics = reward_step(spec, model, tokenizer, rows, optimizer, scheduler, d)
+            parts.model.train()
+            rows = parts.sampler.next_batch()[d.rank * share : (d.rank + 1) * share]  # this rank's pairs
+            metrics = reward_step(
+                spec, parts.model, parts.tokenizer, rows, parts.optimizer, parts.scheduler, d
+            )
             metrics["step_time"] = time.perf_counter() - began
             metrics = distributed.mean_metrics(d, metrics)
             run.log(step, metrics)
