@@ -1,8 +1,104 @@
-"""Test helpers importable as `tests.helpers`."""
+"""Test helpers importable as `tests.helpers`: the tiny run's settings, a run's metrics and alerts,
+the tests a string names, random batches and small transformers models."""
 
 from __future__ import annotations
 
+import ast
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import torch
+
+# ----------------------------------------------------------------------------- the tiny run
+
+# The tests' tiny Llama (model=tiny): 16 wide, 1 layer of 2 heads. Config keywords, for the API.
+TINY_MODEL_VALUES: dict[str, Any] = {
+    "tiny_hidden_size": 16,
+    "tiny_num_layers": 1,
+    "tiny_num_heads": 2,
+    "tiny_intermediate_size": 32,
+}
+# A GRPO run of seconds: 2 steps of 4 prompts x 4 completions of at most 4 tokens, no evaluation,
+# checkpoint or sample completions but at the end. `tests.train.helpers.tiny_config` builds on it.
+TINY_RUN_VALUES: dict[str, Any] = {
+    **TINY_MODEL_VALUES,
+    "max_steps": 2,
+    "prompts_per_step": 4,
+    "num_generations": 4,
+    "micro_batch_size": 8,
+    "max_completion_length": 4,
+    "num_eval_prompts": 4,
+    "eval_steps": 0,
+    "save_steps": 0,
+    "log_completions_steps": 0,
+    "learning_rate": 1e-2,
+    "progress": False,
+}
+
+
+def overrides(values: Mapping[str, Any]) -> list[str]:
+    """Config keywords as the command line's key=value overrides (True -> true, None -> null, lists)."""
+
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if value is None:
+            return "null"
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(map(text, value)) + "]"
+        return str(value)
+
+    return [f"{key}={text(value)}" for key, value in values.items()]
+
+
+def tiny_run(*unset: str, **values: Any) -> list[str]:
+    """TINY_RUN with `values` replacing or adding to its settings, and the keys named in `unset`
+    left out (to the preset and the defaults): a test's differences from the tiny run, explicitly."""
+    settings = TINY_RUN_VALUES | {"sft_steps": 0}  # the addition preset warms up for 1000 steps
+    missing = set(unset) - set(settings)
+    assert not missing, f"tiny_run: {sorted(missing)} are not set by the tiny run"
+    return overrides({k: v for k, v in settings.items() if k not in unset} | values)
+
+
+# `grpokit train` (the addition preset) made tiny and fast: TINY_RUN_VALUES, without the warm start
+TINY_RUN: list[str] = tiny_run()
+# the tiny model alone, for the commands that are not a GRPO run (sft, reward) and for runs of their own
+TINY_MODEL: list[str] = overrides(TINY_MODEL_VALUES)
+
+# ----------------------------------------------------------------------------- a run's files
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `run_dir`/metrics.jsonl, in order (step rows hold "loss"; evaluation rows too are
+    written); FileNotFoundError where the run wrote none."""
+    return _jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def read_alerts(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The alerts in `run_dir`/alerts.jsonl, in order; none where the file is absent (a run writes it
+    at its first alert)."""
+    path = Path(run_dir) / "alerts.jsonl"
+    return _jsonl(path) if path.is_file() else []
+
+
+def defined_tests(path: str | Path) -> set[str]:
+    """The test functions defined at the top level of the test file `path` (read with ast: nothing is
+    imported); FileNotFoundError where there is no such file."""
+    tree = ast.parse(Path(path).read_text())
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")
+    }
+
+
+# ----------------------------------------------------------------------------- batches and models
 
 
 def random_batch(

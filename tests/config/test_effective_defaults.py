@@ -17,21 +17,10 @@ from grpokit.config import GRPOConfig, load_config
 from grpokit.config.applied import CHOSEN, applied, preset_values
 from grpokit.config.plan import grpo_plan
 from grpokit.train.grpo_setup import RunData, check_context, fitting_lengths, tiny_context
+from tests.helpers import read_metrics, tiny_run
 
-TINY = ["tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2", "tiny_intermediate_size=32"]
-SHORT = [
-    *TINY,
-    "progress=false",
-    "report_to=[]",
-    "prompts_per_step=4",
-    "num_generations=4",
-    "micro_batch_size=16",
-    "max_completion_length=4",
-    "eval_steps=0",
-    "save_steps=0",
-    "log_completions_steps=0",
-    "num_eval_prompts=4",
-]
+# the tiny run, with the steps, the learning rate and the warm start left to model=tiny and the defaults
+SHORT = tiny_run("max_steps", "learning_rate", "sft_steps", micro_batch_size=16, report_to=[])
 
 
 def _own_task(tmp_path) -> str:
@@ -208,7 +197,7 @@ def test_a_tiny_run_records_the_chosen_values_and_resumes_with_them(tmp_path, ca
         "learning_rate: 0.0001",
     )
     assert _entry(saved, "dataset") == ("# yours", f"dataset: {train}")
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(out)
     assert [m["learning_rate"] for m in metrics if "learning_rate" in m] == [1e-4]  # the rate applied
     # the same command resumes: the checkpoint's chosen values are what the run applies again
     assert main(["train", "own.yaml", *SHORT, "max_steps=2", "resume=true"]) == 0, capsys.readouterr().err

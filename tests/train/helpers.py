@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
+from tests.helpers import TINY_RUN_VALUES
 
 
 def ones_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
@@ -15,27 +16,8 @@ def ones_reward(prompts: list[str], completions: list[str], **_: Any) -> list[fl
 
 
 def tiny_config(tmp_path, **overrides: Any) -> GRPOConfig:
-    base = dict(
-        output_dir=str(tmp_path / "run"),
-        task="addition",
-        model="tiny",
-        seed=3,
-        tiny_hidden_size=16,
-        tiny_num_layers=1,
-        tiny_num_heads=2,
-        tiny_intermediate_size=32,
-        max_steps=2,
-        prompts_per_step=4,
-        num_generations=4,
-        micro_batch_size=8,
-        max_completion_length=4,
-        num_eval_prompts=4,
-        eval_steps=0,
-        save_steps=0,
-        log_completions_steps=0,
-        learning_rate=1e-2,
-        progress=False,
-    )
+    """The tiny run (tests.helpers.TINY_RUN_VALUES) on the addition task, seed 3, into tmp_path/run."""
+    base = dict(output_dir=str(tmp_path / "run"), task="addition", model="tiny", seed=3) | TINY_RUN_VALUES
     return GRPOConfig(**(base | overrides))
 
 
