@@ -36,6 +36,7 @@ from grpokit.config import ConfigError, GRPOConfig, load_config
 from grpokit.config.remote_reward import redact_url
 from grpokit.rewards import RemoteReward, RemoteRewardError
 from grpokit.rewards.remote import MAX_ANSWER_BYTES, default_name, is_loopback
+from tests.helpers import read_metrics, tiny_run
 
 loopback = pytest.mark.loopback
 
@@ -43,26 +44,17 @@ PASSWORD = "s3cretPW"
 TOKEN = "tok-9f8e7d6c5b4a3210"
 TOKEN_ENV = "GRPOKIT_TEST_REWARD_TOKEN"
 BASIC = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
-# what a run writes and prints, small and fast: the tests' tiny model, two steps, a checkpoint each
-TINY = [
-    "task=addition",
-    "tiny_hidden_size=16",
-    "tiny_num_layers=1",
-    "tiny_num_heads=2",
-    "tiny_intermediate_size=32",
-    "prompts_per_step=4",
-    "num_generations=4",
-    "micro_batch_size=16",
-    "max_completion_length=4",
-    "num_eval_prompts=4",
-    "eval_steps=1",
-    "log_completions_steps=1",
-    "progress=false",
-    "learning_rate=1e-2",
-    "sft_steps=0",
-    "save_steps=1",
-    "report_to=[tensorboard]",
-]
+# what a run writes and prints, small and fast: the tests' tiny run, an evaluation, sample completions
+# and a checkpoint at each step, TensorBoard events (each caller names the steps)
+TINY = tiny_run(
+    "max_steps",
+    task="addition",
+    micro_batch_size=16,
+    eval_steps=1,
+    log_completions_steps=1,
+    save_steps=1,
+    report_to=["tensorboard"],
+)
 
 Respond = Callable[["Handler", bytes], None]
 
@@ -248,7 +240,7 @@ def test_a_password_in_the_url_is_written_and_printed_nowhere(tmp_path, peer, ca
     code, printed = _cli(capfd, "train", f"output_dir={out}", "max_steps=2", *TINY, entry)
     assert code == 0, printed
     assert server.authorizations and set(server.authorizations) == {BASIC}  # the password was sent
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     name = f"remote:127.0.0.1:{server.port}/ok"
     assert all(f"rewards/{name}/mean" in row for row in rows if "loss" in row) and len(rows) == 5
     assert f"url: http://alice:***@127.0.0.1:{server.port}/ok" in (out / "config.yaml").read_text()
