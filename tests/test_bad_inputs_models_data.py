@@ -32,22 +32,11 @@ from grpokit.rewards import (
     reward_names,
     score_completions,
 )
+from tests.helpers import read_metrics, tiny_run
 from tests.hub_cache import build_qwen
 
-TINY = ["tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2", "tiny_intermediate_size=32"]
-SMALL = [
-    *TINY,
-    "progress=false",
-    "sft_steps=0",
-    "max_steps=1",
-    "prompts_per_step=4",
-    "num_generations=4",
-    "micro_batch_size=8",
-    "max_completion_length=4",
-    "num_eval_prompts=4",
-    "eval_steps=0",
-    "save_steps=0",
-]
+# one step of the tiny run, its sample completions and learning rate left to the preset and model=tiny
+SMALL = tiny_run("log_completions_steps", "learning_rate", max_steps=1)
 HINT = "(run with --debug for the traceback)"
 PROGRESS = re.compile(r"^(Loading|Writing) [\w ]+: +\d+%\|")  # transformers' bars ("Loading weights:  0%|")
 
@@ -545,7 +534,7 @@ def test_two_reward_functions_of_one_name_keep_their_own_metrics(tmp_path, caplo
         "(rewards/<name>/mean); give each function a name of its own (__name__, or a url entry's name) "
         "to choose them."
     ]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run)
     step = next(r for r in rows if "rewards/reward/mean" in r)
     assert (step["rewards/reward/mean"], step["rewards/reward_2/mean"]) == (0.25, 0.75)
     evaluated = next(r for r in rows if "eval/rewards/reward/mean" in r)  # evaluation names them alike
