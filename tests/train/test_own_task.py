@@ -13,29 +13,10 @@ from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig, load_config
 from grpokit.data import DataError, check_characters, data_alphabet, require_answers
 from grpokit.rewards import RewardReferenceError, load_reward_reference
+from tests.helpers import TINY_MODEL, read_metrics, tiny_run
 
-TINY = [
-    "tiny_hidden_size=16",
-    "tiny_num_layers=1",
-    "tiny_num_heads=2",
-    "tiny_intermediate_size=32",
-    "progress=false",
-]
-GRPO_SMALL = [
-    *TINY,
-    "max_steps=2",
-    "prompts_per_step=4",
-    "num_generations=4",
-    "micro_batch_size=8",
-    "max_completion_length=4",
-    "eval_steps=0",
-    "save_steps=0",
-    "log_completions_steps=0",
-    "learning_rate=1e-2",
-    "num_eval_prompts=4",
-    "sft_steps=0",
-    "sft_batch_size=4",
-]
+TINY = [*TINY_MODEL, "progress=false"]  # sft and eval
+GRPO_SMALL = tiny_run(sft_batch_size=4)
 ONES = "reward_funcs=[{python: tests.train.helpers:ones_reward}]"  # dense: the adapters must move
 REWARDS = '''
 def sorted_digits(prompts, completions, **columns):
@@ -147,7 +128,7 @@ def test_train_on_an_own_dataset_with_a_reward_by_reference_then_eval(own_task, 
     checkpoint = run / "checkpoint-2"
     vocab = json.loads((checkpoint / "tokenizer.json").read_text())["model"]["vocab"]
     assert "".join(t for t in vocab if len(t) == 1) == "12345:"  # the data's own characters, sorted
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(run)
     assert "rewards/sorted_digits/mean" in metrics[-2] and "eval/accuracy" in metrics[-1]
     capsys.readouterr()
 
