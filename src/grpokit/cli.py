@@ -519,65 +519,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _choices(annotation: Any) -> list[Any]:
-    """The values a Literal type (inside Optional or list too) allows; [] for other types."""
-    from typing import Literal, get_args, get_origin
-
-    if get_origin(annotation) is Literal:
-        return list(get_args(annotation))
-    return [value for arg in get_args(annotation) for value in _choices(arg)]
-
-
-def options_help(schema: Any, preset: str | None = None, named: bool = False) -> str:
-    """Every option of a config class with its default and description: a command's --help epilog.
-    With `preset` (the built-in preset the command runs without CONFIG, or, `named`, the one named on
-    its command line: `train gsm8k --help`) each option the preset sets also shows its value, and for
-    GRPO the value chosen for model: tiny when the option is unset (config/applied.py): what actually
-    applies."""
-    import textwrap
-
-    import yaml
-
-    from .config import GRPOConfig
-    from .config.applied import TINY, preset_values, tiny_choices
-
-    def flow(value: Any) -> str:
-        text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**6)
-        return text.removesuffix("...\n").strip()
-
-    intro = (
-        f"options ({schema.__name__}; keys of CONFIG.yaml or key=value, values in YAML: null, true, [a, b]). "
-        "Each option: its default (TRL's where TRL has the option), then in parentheses its choices"
-        + (
-            f", the {preset} preset's value (what the command runs {'so' if named else 'without CONFIG'})"
-            if preset
-            else ""
-        )
-        + (f", the value chosen for {TINY} when the option is unset" if schema is GRPOConfig else "")
-        + ". `grpokit print-config [CONFIG] [k=v ...]` shows every value a train run applies and where it "
-        "came from. TRL's names (bf16, per_device_train_batch_size, ...) are translated or answered."
-    )
-    lines = [*textwrap.wrap(intro, 100), ""]
-    sets = preset_values(preset) if preset else {}
-    chosen = tiny_choices(GRPOConfig(model="tiny")) if schema is GRPOConfig else {}
-    indent = " " * 6
-    own = getattr(schema, "__annotations__", {})  # the class's own options first, then the shared ones
-    for name in sorted(schema.model_fields, key=lambda n: n not in own):
-        field = schema.model_fields[name]
-        choices = _choices(field.annotation)
-        applies = (
-            [f"{preset} preset: {flow(sets[name])}"] if sets.get(name, field.default) != field.default else []
-        )
-        applies += [f"{TINY} when unset: {flow(chosen[name])}"] if name in chosen else []
-        lines.append(
-            f"  {name} = {flow(field.default)}"
-            + (f"   ({' | '.join(map(str, choices))})" if choices else "")
-            + (f"   ({'; '.join(applies)})" if applies else "")
-        )
-        lines += textwrap.wrap(field.description or "", 100, initial_indent=indent, subsequent_indent=indent)
-    return "\n".join(lines)
-
-
 GRPO_COMMANDS = ("train", "eval", "print-config", "doctor")  # the commands whose presets are GRPO configs
 
 
@@ -603,6 +544,7 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     """The command line; `named` ({command: preset}, `help_preset`): a command whose help shows the
     values of the preset named on its command line rather than of the one it runs without CONFIG."""
     from .config import GRPOConfig, RewardConfig, SFTConfig
+    from .config.reference import options_help
     from .ops import POLICY_LOSS_TYPES
 
     parser = argparse.ArgumentParser(

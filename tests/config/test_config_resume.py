@@ -1,15 +1,17 @@
 """Resuming with a changed config: options that shaped the checkpoint are refused (every difference
-in one ConfigError), the others are applied and said once; every option of the GRPO and reward
-configs is classified."""
+in one ConfigError), the others are applied and said once; every option of every config is classified
+on its own field (a field without a rule fails when its class is defined)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
-from grpokit.config import ConfigError, GRPOConfig, RewardConfig, to_yaml
-from grpokit.config.resume import RESUME_RULES, resume_changes
+from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, to_yaml
+from grpokit.config.options import RULES, Resume, option
+from grpokit.config.resume import resume_changes, resume_rules
 from tests.train.helpers import tiny_config
 
 
@@ -95,17 +97,43 @@ def test_an_invalid_checkpoint_config_is_one_error_naming_the_file(tmp_path):
         resume_changes(tiny_config(tmp_path), path)
 
 
-@pytest.mark.parametrize("schema", [GRPOConfig, RewardConfig])
+@pytest.mark.parametrize("schema", [GRPOConfig, RewardConfig, SFTConfig])
 def test_every_option_is_classified(schema):
-    """A new option must be placed in RESUME_RULES (fixed, applied or invocation) with its reason."""
-    missing = set(schema.model_fields) - set(RESUME_RULES)
-    assert not missing, f"classify in config/resume.py RESUME_RULES: {sorted(missing)}"
+    """Every field declares its rule (fixed, applied or invocation) and why, on the field itself."""
+    rules = resume_rules(schema)
+    assert set(rules) == set(schema.model_fields)
+    assert all(rule.rule in RULES and rule.why.strip() for rule in rules.values())
 
 
-def test_the_table_names_only_options_that_exist():
-    known = set(GRPOConfig.model_fields) | set(RewardConfig.model_fields)
-    assert set(RESUME_RULES) <= known, sorted(set(RESUME_RULES) - known)
-    assert all(rule in ("fixed", "applied", "invocation") and why for rule, why in RESUME_RULES.values())
+def test_a_field_without_a_rule_fails_when_its_class_is_defined():
+    with pytest.raises(TypeError, match=r"Extended: declare new_option with option\(default, resume="):
+
+        class Extended(GRPOConfig):
+            new_option: int = Field(1, description="a new option")
+
+    with pytest.raises(TypeError, match="resume"):
+
+        class Undeclared(GRPOConfig):
+            new_option: int = option(1, description="a new option")  # type: ignore[call-arg]
+
+    with pytest.raises(ValueError, match="a resume rule is one of fixed, applied, invocation"):
+        Resume.fixed("")
+
+
+def test_a_new_option_needs_only_its_field(tmp_path):
+    """A field declared with its rule and its TRL name is compared on resume and translated from
+    TRL's name with no table elsewhere."""
+
+    class Extended(GRPOConfig):
+        new_option: int = option(
+            1, ge=1, trl="trl_new_option", description="a new option", resume=Resume.fixed("it shapes it")
+        )
+
+    before = Extended(output_dir=str(tmp_path / "run"))
+    path = saved(tmp_path, before)
+    with pytest.raises(ConfigError, match="new_option: checkpoint 1, now 2"):
+        resume_changes(Extended(output_dir=str(tmp_path / "run"), trl_new_option=2), path)
+    assert resume_rules(Extended)["new_option"] == Resume.fixed("it shapes it")
 
 
 def test_a_checkpoint_from_before_an_option_was_removed_still_resumes(tmp_path):

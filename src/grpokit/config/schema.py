@@ -27,12 +27,50 @@ from ..ops.loss_types import LossType
 from . import trl_names
 from .alerts import ALERT_THRESHOLDS
 from .load import shown
+from .options import Resume, option, undeclared
 from .remote_reward import REMOTE_OPTIONS, check_remote_reward, redacted_entries
 
 # Every config class: unknown keys rejected, immutable, defaults validated, and no float option takes
 # inf, -inf or nan (nor what YAML and the overrides read as them: .inf, .nan, 1e999). Pydantic merges
 # a class's model_config with its bases', so the mixins and the three configs all share this one.
 STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+# Why an option cannot change on resume (each field's `resume`, read by config/resume.py), where many
+# share the reason. A checkpoint holds weights, optimizer and scheduler state, sampler positions and RNG
+# states made under its config; an option that shaped them is fixed. One that only says how the rest of
+# the run is watched, saved or bounded is applied.
+FIXED_MODEL = Resume.fixed("the weights in the checkpoint have this shape and origin")
+FIXED_DATA = Resume.fixed("the prompts, their order and the held-out split come from it")
+FIXED_HELD_OUT = Resume.fixed("held-out metrics before and after would not be comparable")
+FIXED_ALGO = Resume.fixed("the loss and the updates so far were computed with it")
+FIXED_CURRICULUM = Resume.fixed(
+    "the prompts drawn so far were chosen by it, and its pools are in the checkpoint"
+)
+FIXED_SAMPLING = Resume.fixed(
+    "the completions trained on so far were drawn with it (temperature also scales log-probs)"
+)
+FIXED_BATCH = Resume.fixed(
+    "the batch geometry: the prompt sampler's position and every update so far depend on it"
+)
+FIXED_OPTIM = Resume.fixed(
+    "restored from the checkpoint's optimizer/scheduler state, so a new value would be ignored"
+)
+FIXED_SCHEDULE = Resume.fixed("the schedule so far followed it")
+FIXED_WARM_START = Resume.fixed("the supervised warm start ran before step 1 and does not run again")
+APPLIED = Resume.applied("only how the rest of the run is watched, saved, bounded or placed")
+INVOCATION = Resume.invocation("how this command treats output_dir")
+# max_steps: the scheduler's step count is restored but its decay is rebuilt from the config
+# (train/optim.py make_scheduler: lr_factor(step, max_steps=max_steps·num_iterations), a lambda that is
+# not part of the saved state): with a linear or cosine schedule the learning rate from the resumed step
+# on follows the decay to the new max_steps, a jump where the two schedules differ. Allowed (extending a
+# finished run is the common case), and the note says so (config/resume.py); a max_steps below the
+# checkpoint's step is refused (it would save an older step's name over newer weights).
+MAX_STEPS_RESUME = Resume.applied("where the run ends (and a decaying schedule reaches 0)")
+MICRO_BATCH_RESUME = Resume.applied(
+    "memory and speed: the loss's normaliser weighs each micro-batch by the whole batch (the same "
+    "updates to round-off), except what is taken per micro-batch: loss_type=bnpo's token mean, "
+    "top_entropy_quantile's threshold, target_entropy's measured entropy, dropout's masks"
+)
 
 # Bounds no real run exceeds; past them a value is a typo (a missing minus sign in an exponent) that
 # would wreck the weights or hang a step, so it is refused before anything is built.
@@ -175,7 +213,19 @@ ANSWER_FORMAT = (
 
 class _Keys(BaseModel):
     """Every config: TRL's names are translated or answered, unknown keys get the closest valid name
-    (config/trl_names.py), for YAML, key=value and Python alike."""
+    (config/trl_names.py), for YAML, key=value and Python alike. Every field is declared with `option`
+    (config/options.py): a class with a field that has no resume rule or description fails here, when
+    it is defined."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        missing = undeclared(cls.model_fields)
+        if missing:
+            raise TypeError(
+                f"{cls.__name__}: declare {', '.join(missing)} with option(default, resume=..., "
+                "description=...) (config/options.py): its resume rule and its description sit on the field"
+            )
 
     @model_validator(mode="before")
     @classmethod
@@ -188,10 +238,10 @@ class _TinyModel(_Keys):
 
     model_config = STRICT
 
-    tiny_hidden_size: int = Field(128, ge=8, description="model=tiny: hidden size")
-    tiny_num_layers: int = Field(4, ge=1, description="model=tiny: decoder layers")
-    tiny_num_heads: int = Field(4, ge=1, description="model=tiny: attention heads")
-    tiny_intermediate_size: int = Field(256, ge=8, description="model=tiny: MLP width")
+    tiny_hidden_size: int = option(128, ge=8, description="model=tiny: hidden size", resume=FIXED_MODEL)
+    tiny_num_layers: int = option(4, ge=1, description="model=tiny: decoder layers", resume=FIXED_MODEL)
+    tiny_num_heads: int = option(4, ge=1, description="model=tiny: attention heads", resume=FIXED_MODEL)
+    tiny_intermediate_size: int = option(256, ge=8, description="model=tiny: MLP width", resume=FIXED_MODEL)
 
 
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
@@ -202,19 +252,21 @@ class _Placement(_Keys):
 
     model_config = STRICT
 
-    device: str = Field(
+    device: str = option(
         "auto",
         pattern=DEVICE_PATTERN,
         description="auto (CUDA when available, else CPU), cpu, cuda or cuda:N; under torchrun each rank "
         "takes cuda:LOCAL_RANK (auto/cuda) or the CPU; metrics and checkpoints are always on the host",
+        resume=Resume.applied("checkpoints are on the host: any device can continue them"),
     )
-    num_threads: int | None = Field(
+    num_threads: int | None = option(
         None,
         ge=1,
         le=1024,
         description="torch's intra-op CPU threads: a number pins it (bitwise reproducible whatever else "
         "runs); None = torch's default, and on a CPU fewer while other processes hold cores, so that "
         "runs sharing a CPU do not stall each other (train/threads.py)",
+        resume=Resume.applied("threads change the speed, and the last bits of parallel sums"),
     )
 
 
@@ -223,16 +275,18 @@ class _Precision(_Keys):
 
     model_config = STRICT
 
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
         "float32",
         description="compute precision: matmuls run in it under autocast, log-softmax and loss in float32; "
         "trainable weights and AdamW state stay float32 unless master_weights=dtype "
         "(TRL's bf16=true / fp16=true map here)",
+        resume=Resume.fixed("the weights and updates so far were computed in it"),
     )
-    master_weights: Literal["float32", "dtype"] = Field(
+    master_weights: Literal["float32", "dtype"] = option(
         "float32",
         description="precision of the trainable weights and AdamW state: float32 (mixed precision) or "
         "dtype (everything in dtype: least memory, less exact updates)",
+        resume=Resume.fixed("the weights and AdamW state are stored in this precision"),
     )
 
     @model_validator(mode="after")
@@ -246,20 +300,26 @@ class _Optimisation(_Keys):
 
     model_config = STRICT
 
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
-        "linear", description="after warm-up: constant, or linear / cosine decay to 0 at max_steps"
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = option(
+        "linear",
+        description="after warm-up: constant, or linear / cosine decay to 0 at max_steps",
+        resume=FIXED_SCHEDULE,
     )
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up to learning_rate")
+    warmup_steps: int = option(
+        0, ge=0, description="optimizer steps of linear warm-up to learning_rate", resume=FIXED_SCHEDULE
+    )
     # decoupled decay multiplies each weight by 1 - learning_rate·weight_decay per step: with both ≤ 1
     # the factor stays ≥ 0 (used values: 0 to 0.1)
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
+    weight_decay: float = option(0.0, ge=0.0, le=1.0, description="AdamW weight decay", resume=FIXED_OPTIM)
+    adam_beta1: float = option(0.9, ge=0.0, lt=1.0, description="AdamW beta1", resume=FIXED_OPTIM)
+    adam_beta2: float = option(0.999, ge=0.0, lt=1.0, description="AdamW beta2", resume=FIXED_OPTIM)
     # past 1 the epsilon outweighs the root of any real second moment: AdamW becomes SGD at rate lr/eps
     # ≥ 1e-30: a smaller ε rounds to 0 in float32 kernels, and 0/0 = NaN where a gradient stayed 0
-    adam_epsilon: float = Field(1e-8, ge=1e-30, le=1.0, description="AdamW epsilon")
+    adam_epsilon: float = option(1e-8, ge=1e-30, le=1.0, description="AdamW epsilon", resume=FIXED_OPTIM)
     # no upper bound: a very large norm (1e9) is how clipping is switched off
-    max_grad_norm: float = Field(1.0, gt=0.0, description="clip the gradient norm to this before each update")
+    max_grad_norm: float = option(
+        1.0, gt=0.0, description="clip the gradient norm to this before each update", resume=FIXED_ALGO
+    )
 
 
 class _RunControl(_Keys):
@@ -267,29 +327,38 @@ class _RunControl(_Keys):
 
     model_config = STRICT
 
-    resume: bool = Field(False, description="continue from the last complete checkpoint in output_dir")
-    overwrite: bool = Field(
-        False, description="delete an earlier run in output_dir first (without it or resume: an error)"
+    resume: bool = option(
+        False, description="continue from the last complete checkpoint in output_dir", resume=INVOCATION
     )
-    progress: bool = Field(True, description="show a progress bar")
-    report_to: ReportTo = Field(
+    overwrite: bool = option(
+        False,
+        description="delete an earlier run in output_dir first (without it or resume: an error)",
+        resume=INVOCATION,
+    )
+    progress: bool = option(True, description="show a progress bar", resume=APPLIED)
+    report_to: ReportTo = option(
         ["tensorboard"],
         description="where metrics go besides metrics.jsonl: tensorboard (output_dir/tensorboard), wandb "
         "(offline unless WANDB_MODE or WANDB_API_KEY is set); [] or none = nowhere else (TRL: none; "
         "TensorBoard here, as it is installed with grpokit)",
+        resume=APPLIED,
     )
 
-    push_to_hub: bool = Field(
+    push_to_hub: bool = option(
         False,
         description="at the end, upload the final checkpoint's model (weights, config, tokenizer, chat "
         "template) to the Hugging Face Hub; needs a login (`hf auth login` or HF_TOKEN) (TRL's name)",
+        resume=Resume.applied("it decides only whether the final model is uploaded at the end"),
     )
-    hub_model_id: str | None = Field(
+    hub_model_id: str | None = option(
         None,
         description="push_to_hub's repository, ORG/NAME (None: output_dir's folder name, under your account)",
+        resume=Resume.applied("it names only where the final model is uploaded"),
     )
-    hub_private_repo: bool | None = Field(
-        None, description="push_to_hub creates the repository private (None: the hub's default)"
+    hub_private_repo: bool | None = option(
+        None,
+        description="push_to_hub creates the repository private (None: the hub's default)",
+        resume=Resume.applied("it decides only the visibility of a repository the push creates"),
     )
 
     @model_validator(mode="after")
@@ -310,282 +379,423 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     model_config = STRICT
 
     # ---------------------------------------------------------------- run
-    output_dir: str = Field("runs/grpo", description="where metrics, checkpoints and the report go")
-    seed: Seed = Field(42, description="seeds initialisation, prompt order and sampling (TRL: 42)")
-    max_steps: int = Field(200, ge=1, description="GRPO steps (one generation batch each)")
-    logging_steps: int = Field(1, ge=1, description="write metrics every N steps")
-    save_steps: int = Field(50, ge=0, description="checkpoint every N steps (0 = only at the end)")
-    save_total_limit: int = Field(2, ge=1, description="keep the last K checkpoints")
-    eval_steps: int = Field(
-        50, ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)"
+    output_dir: str = option(
+        "runs/grpo",
+        description="where metrics, checkpoints and the report go",
+        resume=Resume.applied("a run directory may be moved or renamed between runs"),
     )
-    log_completions_steps: int = Field(
-        50, ge=0, description="print a table of sample completions every N steps"
+    seed: Seed = option(
+        42,
+        description="seeds initialisation, prompt order and sampling (TRL: 42)",
+        resume=Resume.fixed("initialisation, prompt order and every sampling seed derive from it"),
     )
-    auto_find_batch_size: bool = Field(
+    max_steps: int = option(
+        200, ge=1, description="GRPO steps (one generation batch each)", resume=MAX_STEPS_RESUME
+    )
+    logging_steps: int = option(1, ge=1, description="write metrics every N steps", resume=APPLIED)
+    save_steps: int = option(
+        50, ge=0, description="checkpoint every N steps (0 = only at the end)", resume=APPLIED
+    )
+    save_total_limit: int = option(2, ge=1, description="keep the last K checkpoints", resume=APPLIED)
+    eval_steps: int = option(
+        50,
+        ge=0,
+        description="evaluate on held-out prompts every N steps (0 = start and end only)",
+        resume=APPLIED,
+    )
+    log_completions_steps: int = option(
+        50, ge=0, description="print a table of sample completions every N steps", resume=APPLIED
+    )
+    auto_find_batch_size: bool = option(
         False,
         description="when the device runs out of memory in a step's reference pass or update, redo the "
         "step with micro_batch_size halved (TRL's name: a batch that fits, by exponential decay); one "
         "process only",
+        resume=Resume.applied("it decides only how a step that runs out of memory is redone"),
     )
-    strict_invariants: bool = Field(
+    strict_invariants: bool = option(
         False,
         description="stop (with a checkpoint of the step) when a runtime invariant breaks, instead of "
         "warning once (README: What grpokit checks for you)",
+        resume=Resume.applied("it decides only whether a broken invariant stops the run"),
     )
-    alert_thresholds: dict[str, float] = Field(
+    alert_thresholds: dict[str, float] = option(
         {},
         description="training-health alert thresholds to change, by name: entropy_collapse, length_growth, "
         "truncation_share, clip_ratio, kl, zero_spread, reward_hacking, logp_mismatch (defaults in "
         "README: What grpokit checks for you)",
+        resume=Resume.applied("they decide only when a warning is given"),
     )
 
     # ---------------------------------------------------------------- model
-    model: str = Field(
+    model: str = option(
         "tiny",
         description="a hub id (e.g. Qwen/Qwen2.5-0.5B-Instruct: through the Hugging Face cache, downloaded "
         "unless HF_HUB_OFFLINE=1), a local model directory, or 'tiny' to build a small Llama",
+        resume=FIXED_MODEL,
     )
-    model_revision: str | None = Field(
-        None, description="a hub id's branch, tag or commit (None = its default branch; TRL's name)"
+    model_revision: str | None = option(
+        None,
+        description="a hub id's branch, tag or commit (None = its default branch; TRL's name)",
+        resume=FIXED_MODEL,
     )
-    strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)"
+    strategy: Literal["ddp", "fsdp"] = option(
+        "ddp",
+        description="under torchrun: ddp (whole model per rank) or fsdp (FSDP2 sharding)",
+        resume=Resume.fixed("an FSDP checkpoint is sharded (dcp/), a DDP one is not"),
     )
-    fsdp_cpu_offload: bool = Field(False, description="fsdp: keep parameters and optimizer state on the CPU")
-    trust_remote_code: bool = Field(False, description="run a model directory's own Python code (off: safe)")
-    gradient_checkpointing: bool = Field(
+    fsdp_cpu_offload: bool = option(
+        False,
+        description="fsdp: keep parameters and optimizer state on the CPU",
+        resume=Resume.applied("memory only: where FSDP keeps the same shards"),
+    )
+    trust_remote_code: bool = option(
+        False,
+        description="run a model directory's own Python code (off: safe)",
+        resume=Resume.applied("it decides only whether the model directory's own code may run"),
+    )
+    gradient_checkpointing: bool = option(
         False,
         description="keep each layer's input only and recompute the layer in the backward: the same "
         "gradients, a fraction of the activation memory, about an eighth more update time (TRL: True; "
         "off here: small models gain nothing)",
+        resume=Resume.applied("memory only: the same gradients"),
     )
-    fused_logps: bool = Field(
+    fused_logps: bool = option(
         True,
         description="log-probs from hidden states and the LM head in chunks, never [B,T,V] logits "
         "(single process, plain linear head; otherwise the logits path)",
+        resume=Resume.applied("the same log-probs, computed in chunks or not"),
     )
 
     # ---------------------------------------------------------------- data
-    task: TaskName | None = Field(
+    task: TaskName | None = option(
         "addition",
         description="a built-in task (prompts, reward, accuracy): addition, countdown, reverse, "
         "tool_addition (multi-turn, a calc tool), or reasoning_gym:NAME (a reasoning-gym generator and "
         "its scorer; pip install reasoning-gym); None to use `dataset`",
+        resume=FIXED_DATA,
     )
-    dataset: str | None = Field(
+    dataset: str | None = option(
         None,
+        trl="dataset_name",  # TRL's ScriptArguments (its dataset_config too)
         description="prompts when task is None: a file (.jsonl/.json/.csv/.parquet), a Hugging Face Hub "
         "dataset (e.g. openai/gsm8k, through the HF cache; offline with HF_HUB_OFFLINE=1) or a directory "
         "laid out like one",
+        resume=FIXED_DATA,
     )
-    eval_dataset: str | None = Field(
-        None, description="held-out prompts (a file, hub dataset or directory), when task is None"
+    eval_dataset: str | None = option(
+        None,
+        description="held-out prompts (a file, hub dataset or directory), when task is None",
+        resume=FIXED_HELD_OUT,
     )
-    dataset_config: str | None = Field(None, description=DATASET_CONFIG)
-    dataset_train_split: str = Field("train", description=DATASET_TRAIN_SPLIT)
-    dataset_test_split: str = Field("test", description=DATASET_TEST_SPLIT)
-    prompt_column: str = Field("prompt", description="the column holding the prompt")
-    system_prompt: str | None = Field(
+    dataset_config: str | None = option(None, description=DATASET_CONFIG, resume=FIXED_DATA)
+    dataset_train_split: str = option("train", description=DATASET_TRAIN_SPLIT, resume=FIXED_DATA)
+    dataset_test_split: str = option("test", description=DATASET_TEST_SPLIT, resume=FIXED_HELD_OUT)
+    prompt_column: str = option("prompt", description="the column holding the prompt", resume=FIXED_DATA)
+    system_prompt: str | None = option(
         None,
         description="a system message opening every prompt: text prompts become [system, user] conversations "
         "rendered with the model's chat template (None = prompts as the data has them)",
+        resume=FIXED_DATA,
     )
-    chat_template_kwargs: dict[str, Any] | None = Field(
+    chat_template_kwargs: dict[str, Any] | None = option(
         None,
         description="extra variables for the chat template, e.g. {enable_thinking: false} (TRL's name)",
+        resume=FIXED_DATA,
     )
-    num_eval_prompts: int = Field(200, ge=1, description="held-out prompts used by evaluation")
+    num_eval_prompts: int = option(
+        200,
+        ge=1,
+        description="held-out prompts used by evaluation",
+        resume=Resume.fixed("a task's held-out split (and so its training prompts) depends on it"),
+    )
 
     # ---------------------------------------------------------------- supervised warm start
-    sft_steps: int = Field(
-        0, ge=0, description="supervised steps on the task's answers before GRPO (0 = none)"
+    sft_steps: int = option(
+        0,
+        ge=0,
+        description="supervised steps on the task's answers before GRPO (0 = none)",
+        resume=FIXED_WARM_START,
     )
-    sft_examples: int | None = Field(
+    sft_examples: int | None = option(
         None,
         ge=1,
         description="the warm start learns from the first N training rows (demonstrations; None = all); "
         "GRPO then trains on every prompt",
+        resume=FIXED_WARM_START,
     )
-    sft_warmup_steps: int = Field(
-        0, ge=0, description="warm start: linear warm-up steps before its cosine decay to 0"
+    sft_warmup_steps: int = option(
+        0,
+        ge=0,
+        description="warm start: linear warm-up steps before its cosine decay to 0",
+        resume=FIXED_WARM_START,
     )
-    sft_target_accuracy: float | None = Field(
+    sft_target_accuracy: float | None = option(
         None,
         gt=0.0,
         le=1.0,
         description="end the warm start early once greedy accuracy on a probe of training prompts "
         "reaches this (checked every 10 steps; needs an exact accuracy: a task or an answer column); "
         "None = run sft_steps",
+        resume=FIXED_WARM_START,
     )
-    sft_batch_size: int = Field(256, ge=1, description="warm start: examples per step")
-    sft_learning_rate: LearningRate = Field(3e-3, description="warm start: peak learning rate")
+    sft_batch_size: int = option(
+        256, ge=1, description="warm start: examples per step", resume=FIXED_WARM_START
+    )
+    sft_learning_rate: LearningRate = option(
+        3e-3, description="warm start: peak learning rate", resume=FIXED_WARM_START
+    )
 
     # ---------------------------------------------------------------- generation
-    decode_loop: Literal["auto", "eager", "static", "compiled", "cuda_graph"] = Field(
+    decode_loop: Literal["auto", "eager", "static", "compiled", "cuda_graph"] = option(
         "auto",
         description="how grpokit's one KV-cached decode loop runs: eager (a loop with growing shapes), "
         "static (a static-shape step over preallocated buffers, finished rows compacted away), "
         "compiled (static + torch.compile), "
         "cuda_graph (compiled, replayed as CUDA graphs); auto = cuda_graph on a GPU, eager on a CPU "
         "(measured fastest there: benchmarks/RESULTS.md)",
+        resume=Resume.applied("a speed choice; the same distribution"),
     )
-    num_generations: int = Field(8, ge=2, description="G, completions per prompt (TRL: 8)")
-    prompts_per_step: int = Field(32, ge=1, description="P, prompts per generation batch (B = P·G rows)")
-    micro_batch_size: int = Field(
+    num_generations: int = option(
+        8, ge=2, description="G, completions per prompt (TRL: 8)", resume=FIXED_BATCH
+    )
+    prompts_per_step: int = option(
+        32, ge=1, description="P, prompts per generation batch (B = P·G rows)", resume=FIXED_BATCH
+    )
+    micro_batch_size: int = option(
         MICRO_BATCH_MAX,
         ge=1,
         description="rows per forward/backward; gradients accumulate. Unset: the largest divisor of "
         f"prompts_per_step·num_generations up to {MICRO_BATCH_MAX}; set: it must divide that",
+        resume=MICRO_BATCH_RESUME,
     )
-    max_prompt_length: int | None = Field(
-        None, ge=1, description="prompt tokens (None = the task's, or no limit)"
+    max_prompt_length: int | None = option(
+        None, ge=1, description="prompt tokens (None = the task's, or no limit)", resume=FIXED_BATCH
     )
-    max_completion_length: int | None = Field(
-        None, ge=1, description="tokens per completion (None = the task's; TRL: 256)"
+    max_completion_length: int | None = option(
+        None, ge=1, description="tokens per completion (None = the task's; TRL: 256)", resume=FIXED_BATCH
     )
-    prompt_truncation: Literal["left", "error"] = Field(
-        "left", description="prompts over max_prompt_length: cut from the left (counted) or an error"
+    prompt_truncation: Literal["left", "error"] = option(
+        "left",
+        description="prompts over max_prompt_length: cut from the left (counted) or an error",
+        resume=FIXED_BATCH,
     )
     # > 0: greedy sampling gives every group G equal completions, no spread, nothing to learn. ≤ 10:
     # softmax(logits / 10) is close to uniform, noise rather than the policy's samples
-    temperature: float = Field(
+    temperature: float = option(
         1.0,
         gt=0.0,
         le=10.0,
         description="sampling temperature of training completions and pass@k (> 0; evaluation's accuracy "
         "is greedy regardless)",
+        resume=FIXED_SAMPLING,
     )
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the top-p probability mass")
-    top_k: int = Field(0, ge=0, description="sample from the k likeliest tokens (0 = off; TRL: 0)")
-    min_p: float | None = Field(
-        None, ge=0.0, le=1.0, description="drop tokens below min_p × the top token's probability (None = off)"
+    top_p: float = option(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="nucleus sampling: keep the top-p probability mass",
+        resume=FIXED_SAMPLING,
     )
-    repetition_penalty: float = Field(  # 10 already all but bans a repeat (logits divided by it)
-        1.0, gt=0.0, le=10.0, description="penalise tokens already generated, as transformers does (1 = off)"
+    top_k: int = option(
+        0, ge=0, description="sample from the k likeliest tokens (0 = off; TRL: 0)", resume=FIXED_SAMPLING
+    )
+    min_p: float | None = option(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="drop tokens below min_p × the top token's probability (None = off)",
+        resume=FIXED_SAMPLING,
+    )
+    repetition_penalty: float = option(  # 10 already all but bans a repeat (logits divided by it)
+        1.0,
+        gt=0.0,
+        le=10.0,
+        description="penalise tokens already generated, as transformers does (1 = off)",
+        resume=FIXED_SAMPLING,
     )
 
     # ---------------------------------------------------------------- multi-turn: tools and environments
-    tools: list[str] | None = Field(
+    tools: list[str] | None = option(
         None,
         description="tools the policy may call in multi-turn episodes: built-in names (calc) or your "
         "functions as FILE.py:NAME | package.module:NAME (their signatures and docstrings describe them); "
         "None = the task's tools (tool_addition: [calc]), [] = none (single-turn)",
+        resume=Resume.fixed("the episodes trained on so far had these tools"),
     )
-    environment: str | None = Field(
+    environment: str | None = option(
         None,
         description="your environment as FILE.py:NAME | package.module:NAME: a class or function "
         "returning a fresh object with reset(row) -> text and step(text) -> (text, reward | None, done)",
+        resume=Resume.fixed("the episodes trained on so far came from it"),
     )
-    max_turns: int = Field(4, ge=1, description="multi-turn: policy turns per episode at most")
-    tool_call_format: Literal["hermes", "brackets"] | None = Field(
+    max_turns: int = option(
+        4,
+        ge=1,
+        description="multi-turn: policy turns per episode at most",
+        resume=Resume.fixed("the episodes trained on so far were this long"),
+    )
+    tool_call_format: Literal["hermes", "brackets"] | None = option(
         None,
         description="how a tool call is written: hermes = <tool_call>…</tool_call> with "
         "<tool_response>…</tool_response>, brackets = […] with {…}; None = the task's, else hermes",
+        resume=Resume.fixed("the policy learned to call tools in this format"),
     )
-    tool_timeout: Seconds = Field(
-        5.0, description="seconds a tool may run before the policy is told it timed out"
+    tool_timeout: Seconds = option(
+        5.0,
+        description="seconds a tool may run before the policy is told it timed out",
+        resume=Resume.applied("a bound on a slow tool, as reward_timeout"),
     )
 
     # ---------------------------------------------------------------- algorithm
-    loss_type: LossType = Field("dapo", description="the GRPO variant's surrogate and normaliser (TRL: dapo)")
-    # in use: 0 to 0.1 (DeepSeekMath 0.04); 10 already pins the policy to the reference
-    beta: float = Field(0.0, ge=0.0, le=10.0, description="KL coefficient (TRL: 0.0)")
-    epsilon: float = Field(  # ≤ 1: the lower clip 1 - epsilon of a ratio (> 0) is otherwise no bound
-        0.2, ge=0.0, le=1.0, description="clip range: the ratio is kept within [1-epsilon, 1+epsilon_high]"
+    loss_type: LossType = option(
+        "dapo", description="the GRPO variant's surrogate and normaliser (TRL: dapo)", resume=FIXED_ALGO
     )
-    epsilon_high: float | None = Field(
+    # in use: 0 to 0.1 (DeepSeekMath 0.04); 10 already pins the policy to the reference
+    beta: float = option(0.0, ge=0.0, le=10.0, description="KL coefficient (TRL: 0.0)", resume=FIXED_ALGO)
+    epsilon: float = option(  # ≤ 1: the lower clip 1 - epsilon of a ratio (> 0) is otherwise no bound
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="clip range: the ratio is kept within [1-epsilon, 1+epsilon_high]",
+        resume=FIXED_ALGO,
+    )
+    epsilon_high: float | None = option(
         None,
         ge=0.0,
         le=RATIO_BOUND_MAX,
         description="upper clip range (None = epsilon); for cispo the absolute weight cap",
+        resume=FIXED_ALGO,
     )
-    delta: float | None = Field(
-        None, gt=1.0, le=RATIO_BOUND_MAX, description="two-sided clipping cap on the ratio (> 1)"
+    delta: float | None = option(
+        None,
+        gt=1.0,
+        le=RATIO_BOUND_MAX,
+        description="two-sided clipping cap on the ratio (> 1)",
+        resume=FIXED_ALGO,
     )
-    importance_sampling_level: Literal["token", "sequence", "sequence_token"] = Field(
-        "token", description="the ratio per token, per sequence (GSPO) or sequence_token (GSPO-token)"
+    importance_sampling_level: Literal["token", "sequence", "sequence_token"] = option(
+        "token",
+        description="the ratio per token, per sequence (GSPO) or sequence_token (GSPO-token)",
+        resume=FIXED_ALGO,
     )
-    top_entropy_quantile: float = Field(
-        1.0, gt=0.0, le=1.0, description="policy loss only on tokens in the top quantile of entropy (1 = all)"
+    top_entropy_quantile: float = option(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="policy loss only on tokens in the top quantile of entropy (1 = all)",
+        resume=FIXED_ALGO,
     )
-    target_entropy: float | None = Field(
+    target_entropy: float | None = option(
         None,
         gt=0.0,
         le=20.0,
         description="adaptive entropy control: an entropy bonus −c·H whose coefficient c ≥ 0 moves after "
         "each step by entropy_coef_lr × (target − mean token entropy), so the entropy tracks this many "
         "nats (None = no bonus)",
+        resume=FIXED_ALGO,
     )
-    entropy_coef_lr: float = Field(
-        0.3, gt=0.0, le=10.0, description="target_entropy: how fast the bonus's coefficient follows the gap"
+    entropy_coef_lr: float = option(
+        0.3,
+        gt=0.0,
+        le=10.0,
+        description="target_entropy: how fast the bonus's coefficient follows the gap",
+        resume=FIXED_ALGO,
     )
-    teacher_model: str | None = Field(
+    teacher_model: str | None = option(
         None,
         description="loss_type=opd or gkd: the teacher, a hub id or a model directory (a checkpoint of "
         "another run), with the policy's tokenizer; opd: its log-probs of the student's completions join the "
         "advantages; gkd: the loss is the divergence to its next-token distributions",
+        resume=FIXED_ALGO,
     )
-    teacher_model_revision: str | None = Field(
-        None, description="teacher_model's branch, tag or commit, when it is a hub id (model_revision's twin)"
+    teacher_model_revision: str | None = option(
+        None,
+        description="teacher_model's branch, tag or commit, when it is a hub id (model_revision's twin)",
+        resume=FIXED_ALGO,
     )
-    distill_coef: float = Field(
-        1.0, ge=0.0, le=100.0, description="loss_type=opd: λ, the weight of the teacher reverse KL term"
+    distill_coef: float = option(
+        1.0,
+        ge=0.0,
+        le=100.0,
+        description="loss_type=opd: λ, the weight of the teacher reverse KL term",
+        resume=FIXED_ALGO,
     )
-    gkd_beta: float = Field(
+    gkd_beta: float = option(
         0.5,
         ge=0.0,
         le=1.0,
         description="loss_type=gkd: β of the generalised Jensen–Shannon divergence to the teacher (0: "
         "forward KL, 1: reverse KL; TRL's GKDConfig.beta, renamed: beta is the reference KL's coefficient)",
+        resume=FIXED_ALGO,
     )
-    lmbda: float = Field(
+    lmbda: float = option(
         0.5,
         ge=0.0,
         le=1.0,
         description="loss_type=gkd: the share of steps that learn from the student's own samples "
         "(on-policy); the others from the dataset's answers (answer_column) as completions (TRL's lmbda)",
+        resume=Resume.fixed(
+            "the loss and the updates so far were computed with it; which steps learn from the dataset's "
+            "answers derives from it"
+        ),
     )
-    seq_kd: bool = Field(
+    seq_kd: bool = option(
         False,
         description="loss_type=gkd: the steps that are not on-policy learn from the teacher's own samples "
         "of each prompt (sequence-level KD) instead of the dataset's answers (TRL's GKDConfig.seq_kd)",
+        resume=FIXED_ALGO,
     )
-    teacher_device: str | None = Field(
+    teacher_device: str | None = option(
         None,
         pattern=DEVICE_PATTERN,
         description="loss_type=opd or gkd: where the teacher runs: cpu, cuda or cuda:N (None: the policy's "
         "device)",
+        resume=Resume.applied("where the teacher runs changes its log-probs only by round-off"),
     )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)"
+    scale_rewards: Literal["group", "batch", "none"] = option(
+        "group",
+        description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)",
+        resume=FIXED_ALGO,
     )
-    num_iterations: int = Field(1, ge=1, description="μ: optimizer steps per generation batch")
+    num_iterations: int = option(
+        1,
+        ge=1,
+        description="μ: optimizer steps per generation batch",
+        resume=Resume.fixed(
+            "the loss and the updates so far were computed with it; the schedule counts "
+            "max_steps·num_iterations updates"
+        ),
+    )
     sampling_correction: Literal[
         "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
-    ] = Field(
+    ] = option(
         "none",
         description="weight each token's policy term by pi_old/q when completions are drawn from q other "
         "than the training policy (top-k/top-p/min-p/repetition penalty, reduced-precision decoding); "
         "per token or per sequence, out-of-range ratios truncated or masked (TRL's vLLM importance "
         "sampling modes); none = off",
+        resume=FIXED_ALGO,
     )
-    sampling_correction_max: float | None = Field(
+    sampling_correction_max: float | None = option(
         3.0,
         gt=0.0,
         le=RATIO_BOUND_MAX,
         description="sampling_correction: upper bound C_max of the ratio (None = none)",
+        resume=FIXED_ALGO,
     )
-    sampling_correction_min: float | None = Field(
+    sampling_correction_min: float | None = option(
         None,
         ge=0.0,
         le=RATIO_BOUND_MAX,
         description="sampling_correction: lower bound C_min of the ratio (None = none)",
+        resume=FIXED_ALGO,
     )
-    mask_truncated_completions: bool = Field(
-        False, description="completions cut at max_completion_length get no loss (DAPO)"
+    mask_truncated_completions: bool = option(
+        False, description="completions cut at max_completion_length get no loss (DAPO)", resume=FIXED_ALGO
     )
-    reward_funcs: RewardEntries = Field(
+    reward_funcs: RewardEntries = option(
         None,
         description="None = the task's reward; else entries {model: DIR} (a trained reward model, "
         "optional batch_size, device), {builtin: exact_answer | math_answer | format_tags | env | task}, "
@@ -593,82 +803,125 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "or {url: http://HOST:PORT/PATH} (a reward server, one POST a batch; optional timeout, retries, "
         "name, api_key_env, ca_bundle); a bare name is a builtin's when it is one, a url's when it is one, "
         "else a python reference (reward_funcs=exact_answer)",
+        resume=Resume.fixed("the rewards trained on so far came from them"),
     )
-    reward_weights: list[RewardWeight] | None = Field(
-        None, description="one weight per reward function, summed into the reward (None = all 1)"
+    reward_weights: list[RewardWeight] | None = option(
+        None,
+        description="one weight per reward function, summed into the reward (None = all 1)",
+        resume=Resume.fixed("the rewards trained on so far were summed with them"),
     )
-    use_bias_correction_kl: bool = Field(True, description="multiply the KL term by the ratio (TRL 1.16)")
-    sync_ref_model: bool = Field(
-        False, description="move the reference toward the policy every ref_model_sync_steps (TR-DPO)"
+    use_bias_correction_kl: bool = option(
+        True, description="multiply the KL term by the ratio (TRL 1.16)", resume=FIXED_ALGO
     )
-    ref_model_mixup_alpha: float = Field(
-        0.6, ge=0.0, le=1.0, description="sync: reference = alpha·policy + (1-alpha)·reference"
+    sync_ref_model: bool = option(
+        False,
+        description="move the reference toward the policy every ref_model_sync_steps (TR-DPO)",
+        resume=Resume.fixed("the reference model so far was (or was not) moved toward the policy"),
     )
-    ref_model_sync_steps: int = Field(512, ge=1, description="sync the reference every N steps")
-    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards all agree, draw more")
-    max_resample_batches: int = Field(4, ge=1, description="bound on extra generation batches per step")
-    curriculum: bool = Field(
+    ref_model_mixup_alpha: float = option(
+        0.6,
+        ge=0.0,
+        le=1.0,
+        description="sync: reference = alpha·policy + (1-alpha)·reference",
+        resume=Resume.fixed("the reference model so far was moved by it"),
+    )
+    ref_model_sync_steps: int = option(
+        512,
+        ge=1,
+        description="sync the reference every N steps",
+        resume=Resume.fixed("the reference model so far was moved on this period"),
+    )
+    dynamic_sampling: bool = option(
+        False, description="DAPO: drop groups whose rewards all agree, draw more", resume=FIXED_ALGO
+    )
+    max_resample_batches: int = option(
+        4, ge=1, description="bound on extra generation batches per step", resume=FIXED_ALGO
+    )
+    curriculum: bool = option(
         False,
         description="set aside prompts whose groups had zero reward spread (every completion solved, or "
         "every one failed) on curriculum_patience visits in a row; draw them again only now and then "
         "(data/curriculum.py)",
+        resume=FIXED_CURRICULUM,
     )
     # 1: a prompt comes round once an epoch, so k visits take k epochs; at 2 a run of under two epochs
     # (the main job: 1.35) sets nothing aside in time (benchmarks/RESULTS.md, issue 27)
-    curriculum_patience: int = Field(
-        1, ge=1, description="curriculum: visits in a row, all solved or all failed, that set a prompt aside"
+    curriculum_patience: int = option(
+        1,
+        ge=1,
+        description="curriculum: visits in a row, all solved or all failed, that set a prompt aside",
+        resume=FIXED_CURRICULUM,
     )
-    curriculum_revisit: float = Field(
+    curriculum_revisit: float = option(
         0.1,
         ge=0.0,
         le=1.0,
         description="curriculum: the probability that a set-aside prompt is drawn when its turn in an epoch "
         "comes",
+        resume=FIXED_CURRICULUM,
     )
-    on_reward_error: Literal["raise", "unscorable"] = Field(
-        "raise", description="a failing reward function: stop naming it, or score the row None (counted)"
+    on_reward_error: Literal["raise", "unscorable"] = option(
+        "raise",
+        description="a failing reward function: stop naming it, or score the row None (counted)",
+        resume=Resume.applied("what happens to the next failing reward call"),
     )
-    reward_timeout: float | None = Field(
+    reward_timeout: float | None = option(
         300.0,
         gt=0.0,
         le=SECONDS_MAX,
         description="seconds the reward functions may take for one batch; past it the batch is an error "
         "naming the function (or its rows unscorable with on_reward_error=unscorable); None = no limit",
+        resume=APPLIED,
     )
 
     # ---------------------------------------------------------------- optimisation
-    learning_rate: LearningRate = Field(1e-6, description="peak AdamW learning rate (TRL: 1e-6)")
-    max_consecutive_skips: int = Field(
+    learning_rate: LearningRate = option(
+        1e-6, description="peak AdamW learning rate (TRL: 1e-6)", resume=FIXED_OPTIM
+    )
+    max_consecutive_skips: int = option(
         3,
         ge=1,
         description="stop (with a checkpoint) after this many updates in a row with a non-finite loss",
+        resume=APPLIED,
     )
 
     # ---------------------------------------------------------------- evaluation
-    pass_at_k: int = Field(
-        0, ge=0, description="also sample k completions per held-out prompt and report pass@k"
+    pass_at_k: int = option(
+        0,
+        ge=0,
+        description="also sample k completions per held-out prompt and report pass@k",
+        resume=Resume.applied("an extra evaluation metric; training is unchanged"),
     )
 
     # ---------------------------------------------------------------- own data; LoRA (TRL ModelConfig names)
-    answer_column: str = Field(
+    answer_column: str = option(
         "answer",
         description="the column of a dataset's rows holding the reference answer: what sft_steps learns, "
         "and the exact-match accuracy evaluation reports when every held-out row has one",
+        resume=FIXED_DATA,
     )
-    answer_format: Literal["raw", "gsm8k"] = Field("raw", description=ANSWER_FORMAT)
-    use_peft: bool = Field(
-        False, description="train LoRA adapters (after any warm start) instead of every weight (needs peft)"
+    answer_format: Literal["raw", "gsm8k"] = option("raw", description=ANSWER_FORMAT, resume=FIXED_DATA)
+    use_peft: bool = option(
+        False,
+        description="train LoRA adapters (after any warm start) instead of every weight (needs peft)",
+        resume=Resume.fixed("the checkpoint holds LoRA adapters or whole weights"),
     )
-    lora_r: int = Field(16, ge=1, description="LoRA rank (TRL: 16)")
-    lora_alpha: int = Field(32, ge=1, description="LoRA scale numerator: adapters scale by alpha/r (TRL: 32)")
-    lora_dropout: float = Field(
-        0.05, ge=0.0, lt=1.0, description="dropout on the adapters' input (TRL: 0.05)"
+    lora_r: int = option(16, ge=1, description="LoRA rank (TRL: 16)", resume=FIXED_MODEL)
+    lora_alpha: int = option(
+        32,
+        ge=1,
+        description="LoRA scale numerator: adapters scale by alpha/r (TRL: 32)",
+        resume=Resume.fixed("the adapters were trained at this scale"),
     )
-    lora_target_modules: list[str] | None = Field(
+    lora_dropout: float = option(
+        0.05, ge=0.0, lt=1.0, description="dropout on the adapters' input (TRL: 0.05)", resume=FIXED_ALGO
+    )
+    lora_target_modules: list[str] | None = option(
         None,
         min_length=1,
         description="module names to adapt (e.g. [q_proj, v_proj]); None = every linear projection "
         "except the LM head",
+        resume=FIXED_MODEL,
     )
 
     @field_validator("alert_thresholds")
@@ -879,39 +1132,64 @@ class SFTConfig(_Placement, _TinyModel):
 
     model_config = STRICT
 
-    output_dir: str = Field("runs/sft", description="where the final model and config go")
-    overwrite: bool = Field(
-        False, description="delete an earlier run in output_dir first (without it: an error)"
+    output_dir: str = option(
+        "runs/sft",
+        description="where the final model and config go",
+        resume=Resume.applied("a run directory may be moved or renamed between runs"),
     )
-    seed: Seed = Field(42, description="seeds initialisation and example order")
-    model: str = Field(
-        "tiny", description="a hub id (through the Hugging Face cache), a local model directory, or 'tiny'"
+    overwrite: bool = option(
+        False,
+        description="delete an earlier run in output_dir first (without it: an error)",
+        resume=INVOCATION,
     )
-    model_revision: str | None = Field(None, description="a hub id's branch, tag or commit (TRL's name)")
-    task: Literal["addition", "countdown", "reverse"] | None = Field(
-        "addition", description="a built-in task; None to train on `dataset`"
+    seed: Seed = option(
+        42,
+        description="seeds initialisation and example order",
+        resume=Resume.fixed("initialisation, prompt order and every sampling seed derive from it"),
     )
-    num_eval_prompts: int = Field(200, ge=1, description="held-out prompts for the accuracy after training")
-    max_steps: int = Field(600, ge=1, description="supervised steps")
-    batch_size: int = Field(256, ge=1, description="examples per step")
-    learning_rate: LearningRate = Field(3e-3, description="peak learning rate")
-    progress: bool = Field(True, description="show progress")
+    model: str = option(
+        "tiny",
+        description="a hub id (through the Hugging Face cache), a local model directory, or 'tiny'",
+        resume=FIXED_MODEL,
+    )
+    model_revision: str | None = option(
+        None, description="a hub id's branch, tag or commit (TRL's name)", resume=FIXED_MODEL
+    )
+    task: Literal["addition", "countdown", "reverse"] | None = option(
+        "addition", description="a built-in task; None to train on `dataset`", resume=FIXED_DATA
+    )
+    num_eval_prompts: int = option(
+        200,
+        ge=1,
+        description="held-out prompts for the accuracy after training",
+        resume=Resume.fixed("a task's held-out split (and so its training prompts) depends on it"),
+    )
+    max_steps: int = option(600, ge=1, description="supervised steps", resume=MAX_STEPS_RESUME)
+    batch_size: int = option(256, ge=1, description="examples per step", resume=FIXED_BATCH)
+    learning_rate: LearningRate = option(3e-3, description="peak learning rate", resume=FIXED_OPTIM)
+    progress: bool = option(True, description="show progress", resume=APPLIED)
 
     # ---------------------------------------------------------------- own data (as GRPOConfig)
-    dataset: str | None = Field(
+    dataset: str | None = option(
         None,
+        trl="dataset_name",  # TRL's ScriptArguments (its dataset_config too)
         description="prompt/answer rows when task is None: a file (.jsonl/.json/.csv/.parquet), a Hugging "
         "Face Hub dataset (through the HF cache) or a directory laid out like one",
+        resume=FIXED_DATA,
     )
-    eval_dataset: str | None = Field(
-        None, description="held-out prompt/answer rows: greedy exact-answer accuracy after training"
+    eval_dataset: str | None = option(
+        None,
+        description="held-out prompt/answer rows: greedy exact-answer accuracy after training",
+        resume=FIXED_HELD_OUT,
     )
-    dataset_config: str | None = Field(None, description=DATASET_CONFIG)
-    dataset_train_split: str = Field("train", description=DATASET_TRAIN_SPLIT)
-    dataset_test_split: str = Field("test", description=DATASET_TEST_SPLIT)
-    prompt_column: str = Field("prompt", description="the column holding the prompt")
-    answer_column: str = Field("answer", description="the column holding the answer the model learns")
-    answer_format: Literal["raw", "gsm8k"] = Field("raw", description=ANSWER_FORMAT)
+    dataset_config: str | None = option(None, description=DATASET_CONFIG, resume=FIXED_DATA)
+    dataset_train_split: str = option("train", description=DATASET_TRAIN_SPLIT, resume=FIXED_DATA)
+    dataset_test_split: str = option("test", description=DATASET_TEST_SPLIT, resume=FIXED_HELD_OUT)
+    prompt_column: str = option("prompt", description="the column holding the prompt", resume=FIXED_DATA)
+    answer_column: str = option(
+        "answer", description="the column holding the answer the model learns", resume=FIXED_DATA
+    )
+    answer_format: Literal["raw", "gsm8k"] = option("raw", description=ANSWER_FORMAT, resume=FIXED_DATA)
 
 
 class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation):
@@ -921,55 +1199,96 @@ class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisatio
     model_config = STRICT
 
     # ---------------------------------------------------------------- run
-    output_dir: str = Field("runs/reward", description="where metrics, checkpoints and calibration go")
-    seed: Seed = Field(42, description="seeds initialisation, pair order and the built-in pairs")
-    max_steps: int = Field(300, ge=1, description="optimizer steps")
-    logging_steps: int = Field(1, ge=1, description="write metrics every N steps")
-    save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0 = only at the end)")
-    save_total_limit: int = Field(2, ge=1, description="keep the last K checkpoints")
-    eval_steps: int = Field(50, ge=0, description="evaluate every N steps (0 = start and end only)")
+    output_dir: str = option(
+        "runs/reward",
+        description="where metrics, checkpoints and calibration go",
+        resume=Resume.applied("a run directory may be moved or renamed between runs"),
+    )
+    seed: Seed = option(
+        42,
+        description="seeds initialisation, pair order and the built-in pairs",
+        resume=Resume.fixed("initialisation, prompt order and every sampling seed derive from it"),
+    )
+    max_steps: int = option(300, ge=1, description="optimizer steps", resume=MAX_STEPS_RESUME)
+    logging_steps: int = option(1, ge=1, description="write metrics every N steps", resume=APPLIED)
+    save_steps: int = option(
+        100, ge=0, description="checkpoint every N steps (0 = only at the end)", resume=APPLIED
+    )
+    save_total_limit: int = option(2, ge=1, description="keep the last K checkpoints", resume=APPLIED)
+    eval_steps: int = option(
+        50, ge=0, description="evaluate every N steps (0 = start and end only)", resume=APPLIED
+    )
 
     # ---------------------------------------------------------------- model
-    model: str = Field(
+    model: str = option(
         "tiny",
         description="a sequence-classification or causal LM: a hub id (through the Hugging Face cache), a "
         "local directory, or 'tiny'",
+        resume=FIXED_MODEL,
     )
-    model_revision: str | None = Field(None, description="a hub id's branch, tag or commit (TRL's name)")
-    strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="under torchrun: ddp or fsdp (FSDP2 sharding)"
+    model_revision: str | None = option(
+        None, description="a hub id's branch, tag or commit (TRL's name)", resume=FIXED_MODEL
     )
-    trust_remote_code: bool = Field(False, description="run a model directory's own Python code (off: safe)")
+    strategy: Literal["ddp", "fsdp"] = option(
+        "ddp",
+        description="under torchrun: ddp or fsdp (FSDP2 sharding)",
+        resume=Resume.fixed("an FSDP checkpoint is sharded (dcp/), a DDP one is not"),
+    )
+    trust_remote_code: bool = option(
+        False,
+        description="run a model directory's own Python code (off: safe)",
+        resume=Resume.applied("it decides only whether the model directory's own code may run"),
+    )
 
     # ---------------------------------------------------------------- data
-    task: Literal["addition", "countdown", "reverse"] | None = Field(
-        "addition", description="built-in preference pairs from a task (chosen right, rejected wrong)"
+    task: Literal["addition", "countdown", "reverse"] | None = option(
+        "addition",
+        description="built-in preference pairs from a task (chosen right, rejected wrong)",
+        resume=FIXED_DATA,
     )
-    near_miss: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of rejected answers that are near misses"
+    near_miss: float = option(
+        0.0, ge=0.0, le=1.0, description="share of rejected answers that are near misses", resume=FIXED_DATA
     )
-    dataset: str | None = Field(
-        None, description="preference file with chosen/rejected (prompt, margin optional)"
+    dataset: str | None = option(
+        None,
+        trl="dataset_name",
+        description="preference file with chosen/rejected (prompt, margin optional)",
+        resume=FIXED_DATA,
     )
-    eval_dataset: str | None = Field(None, description="held-out preference file when task is None")
-    num_eval_pairs: int = Field(200, ge=1, description="held-out pairs used by evaluation")
-    max_length: int = Field(1024, ge=2, description="tokens per sequence (TRL: 1024)")
-    long_pairs: Literal["drop", "truncate"] = Field(
-        "drop", description="pairs over max_length: dropped (TRL) or cut"
+    eval_dataset: str | None = option(
+        None, description="held-out preference file when task is None", resume=FIXED_HELD_OUT
+    )
+    num_eval_pairs: int = option(
+        200,
+        ge=1,
+        description="held-out pairs used by evaluation",
+        resume=Resume.fixed("a task's held-out split (and so its training pairs) depends on it"),
+    )
+    max_length: int = option(1024, ge=2, description="tokens per sequence (TRL: 1024)", resume=FIXED_DATA)
+    long_pairs: Literal["drop", "truncate"] = option(
+        "drop", description="pairs over max_length: dropped (TRL) or cut", resume=FIXED_DATA
     )
 
     # ---------------------------------------------------------------- optimisation
-    batch_size: int = Field(64, ge=1, description="pairs per optimizer step")
-    micro_batch_size: int = Field(64, ge=1, description="pairs per forward/backward; gradients accumulate")
-    center_rewards_coefficient: float | None = Field(  # in use 0.01 to 0.1; 10 outweighs the loss itself
+    batch_size: int = option(64, ge=1, description="pairs per optimizer step", resume=FIXED_BATCH)
+    micro_batch_size: int = option(
+        64,
+        ge=1,
+        description="pairs per forward/backward; gradients accumulate",
+        resume=MICRO_BATCH_RESUME,
+    )
+    center_rewards_coefficient: float | None = option(  # in use 0.01 to 0.1; 10 outweighs the loss itself
         None,
         ge=0.0,
         le=10.0,
         description="adds this × mean((r_chosen + r_rejected)²), centring rewards (TRL: None; EasyDeL: 0.1)",
+        resume=FIXED_ALGO,
     )
-    learning_rate: LearningRate = Field(1e-4, description="peak AdamW learning rate (TRL: 1e-4)")
-    max_consecutive_skips: int = Field(
-        3, ge=1, description="stop after this many non-finite updates in a row"
+    learning_rate: LearningRate = option(
+        1e-4, description="peak AdamW learning rate (TRL: 1e-4)", resume=FIXED_OPTIM
+    )
+    max_consecutive_skips: int = option(
+        3, ge=1, description="stop after this many non-finite updates in a row", resume=APPLIED
     )
 
     @model_validator(mode="after")

@@ -1,9 +1,12 @@
-"""What a TRL user types, in grpokit: the one table of TRL option names.
+"""What a TRL user types, in grpokit: the tables of TRL option names.
 
 Each TRL name that has no grpokit field of the same name is either accepted as an alias (translated
 to grpokit's option, the mapping said once on stderr through the `grpokit.config` logger) or
-rejected with the grpokit option to set instead. Any other TRL name is answered as a TRL option
-grpokit does not have, never with a "did you mean" to an unrelated key. The config classes call
+rejected with the grpokit option to set instead. A plain rename (TRL's dataset_name is grpokit's
+dataset) is declared on the option's own field (`option(..., trl=...)`, config/options.py); the
+names that need logic (bf16 -> dtype, the *_strategy options, TRL's batch geometry) are rules here.
+Any other TRL name is answered as a TRL option grpokit does not have, never with a "did you mean" to
+an unrelated key. The config classes call
 `check_keys` before validation, so YAML files, key=value overrides and `GRPOConfig(...)` in Python
 behave alike; `load_config` calls `translate` once per source so that a command-line alias wins
 over the file's value. No torch import here.
@@ -17,7 +20,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from pydantic.fields import FieldInfo
+
 from .errors import ConfigError, shorten, shown
+from .options import trl_rename
 
 # ------------------------------------------------------------------------ accepted: aliases
 
@@ -57,24 +63,39 @@ def _only_steps(name: str, grpokit_key: str, answer: str) -> Rule:
     return rule
 
 
-def _dataset_name(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
-    """TRL's ScriptArguments.dataset_name (a hub dataset) -> grpokit's dataset."""
-    if data.get("dataset") not in (None, value):
-        raise ConfigError("dataset_name (TRL's name) and dataset are both set; set only dataset.")
-    return {"dataset": value}, f"TRL name: dataset_name={shorten(str(value))} -> dataset"
+def _rename(name: str, grpokit_key: str) -> Rule:
+    """A TRL name that is a plain rename of a grpokit option, as the option's field declares it
+    (`option(..., trl=NAME)`, config/options.py): TRL's dataset_name is grpokit's dataset."""
+
+    def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+        if data.get(grpokit_key) not in (None, value):
+            raise ConfigError(f"{name} (TRL's name) and {grpokit_key} are both set; set only {grpokit_key}.")
+        return {grpokit_key: value}, f"TRL name: {name}={shorten(str(value))} -> {grpokit_key}"
+
+    return rule
+
+
+def renames(fields: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], Rule]]:
+    """The plain renames a config's fields declare (`trl=` on the field), as ALIASES entries."""
+    out: dict[str, tuple[tuple[str, ...], Rule]] = {}
+    for key, field in fields.items():
+        name = trl_rename(field) if isinstance(field, FieldInfo) else None
+        if name is not None:
+            out[name] = ((key,), _rename(name, key))
+    return out
 
 
 _EVAL_ANSWER = "grpokit evaluates at the start, every eval_steps steps and at the end; set eval_steps."
 _SAVE_ANSWER = "grpokit saves every save_steps steps and at the end; set save_steps (0 = only at the end)."
 
-# name -> rule(value, the other keys) -> (grpokit keys to set, the line that says so). An alias applies
-# only to a config that has every key it sets (else the name is answered as a TRL option it lacks).
+# The TRL names that need logic. name -> rule(value, the other keys) -> (grpokit keys to set, the line
+# that says so). An alias applies only to a config that has every key it sets (else the name is
+# answered as a TRL option it lacks). A plain rename is declared on its field instead (`renames`).
 ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
     "bf16": (("dtype",), _precision("bf16", "bfloat16")),
     "fp16": (("dtype",), _precision("fp16", "float16")),
     "eval_strategy": (("eval_steps",), _only_steps("eval_strategy", "eval_steps", _EVAL_ANSWER)),
     "save_strategy": (("save_steps",), _only_steps("save_strategy", "save_steps", _SAVE_ANSWER)),
-    "dataset_name": (("dataset",), _dataset_name),  # TRL's ScriptArguments (its dataset_config too)
 }
 
 # ------------------------------------------------------------------------ rejected: the grpokit option to use
@@ -289,7 +310,7 @@ def translate(
     defaults = fields if isinstance(fields, Mapping) else {}
     fields = set(fields)
     out = dict(data)
-    for name, (sets, rule) in ALIASES.items():
+    for name, (sets, rule) in (ALIASES | renames(defaults)).items():
         if name in out and name not in fields and set(sets) <= fields:
             value = out.pop(name)
             updates, line = rule(value, out)
