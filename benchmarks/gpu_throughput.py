@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpokit.models import Precision, build_policy, char_tokenizer, enable_fast_matmul
     from grpokit.ops import grpo_loss
     from grpokit.rollout import SamplingParams
-    from grpokit.train.grpo_step import Batch
+    from grpokit.train.batch import Batch
     from grpokit.train.optim import clip_grad_norm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -302,10 +302,10 @@ def test_trust_remote_code_is_off_unless_set(tmp_path, monkeypatch):
 
 def _nan_at(calls: set[int], monkeypatch):
     """Make grpo_loss return a NaN loss on the given call numbers (1-based)."""
-    import grpokit.train.grpo_step as grpo_module
+    import grpokit.train.update as update_module
     from grpokit.ops import LossOutput
 
-    real = grpo_module.grpo_loss
+    real = update_module.grpo_loss
     count = [0]
 
     def poisoned(*args, **kwargs):
@@ -313,7 +313,7 @@ def _nan_at(calls: set[int], monkeypatch):
         count[0] += 1
         return LossOutput(out.loss * float("nan"), out.metrics) if count[0] in calls else out
 
-    monkeypatch.setattr(grpo_module, "grpo_loss", poisoned)
+    monkeypatch.setattr(update_module, "grpo_loss", poisoned)
 
 
 def test_a_nan_loss_skips_that_update_and_the_run_finishes(tmp_path, monkeypatch):

@@ -85,7 +85,7 @@ def test_the_scripts_differ_in_the_import_line_only_and_are_valid_trl():
 def test_a_trl_script_trains_with_only_its_import_changed(hub_offline, tmp_path, monkeypatch):
     """per_device_train_batch_size=4 × gradient_accumulation_steps=2 = TRL's generation batch of 8
     completions per optimizer step: 2 prompts × num_generations=4 per grpokit step, 4 rows per pass."""
-    from grpokit.train import grpo_step
+    from grpokit.train import draw as draw_module
 
     scored = []  # (completions, distinct prompts) of each training step's scoring
 
@@ -93,8 +93,8 @@ def test_a_trl_script_trains_with_only_its_import_changed(hub_offline, tmp_path,
         scored.append((len(completions), len(set(prompts))))
         return score_completions(funcs, prompts, completions, **kwargs)
 
-    score_completions = grpo_step.score_completions
-    monkeypatch.setattr(grpo_step, "score_completions", spy)
+    score_completions = draw_module.score_completions
+    monkeypatch.setattr(draw_module, "score_completions", spy)
     monkeypatch.chdir(tmp_path)
     exec(compile(GRPOKIT_SCRIPT, "trl_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102
     assert scored == [(8, 2), (8, 2)]  # two steps of TRL's generation batch: 8 completions of 2 prompts

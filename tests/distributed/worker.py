@@ -21,9 +21,11 @@ from grpokit.config.plan import grpo_plan
 from grpokit.models import build_policy, build_reward_model, char_tokenizer
 from grpokit.ops import HeadStates
 from grpokit.train import distributed
+from grpokit.train.batch import Batch
+from grpokit.train.before_update import LogpsBeforeUpdate
 from grpokit.train.grpo_setup import RunData, build_trainee
-from grpokit.train.grpo_step import Batch, FrozenLogps, optimizer_step
 from grpokit.train.reward import reward_step
+from grpokit.train.update import optimizer_step
 
 TOK = char_tokenizer("0123456789+=")
 B, T, LP = 8, 5, 3  # global rows (2 prompts × 4 completions), completion and prompt widths
@@ -105,7 +107,7 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
     engine = trainee.engine
     teacher = HeadStates(teacher_logits()[rows]) if gkd else None
-    frozen = FrozenLogps(old=None, ref=None if gkd else ref[rows], weights=None, teacher_states=teacher)
+    frozen = LogpsBeforeUpdate(old=None, ref=None if gkd else ref[rows], weights=None, teacher_states=teacher)
     optimizer_step(engine, trainee.update, shard(batch, rows), frozen, trainee.params, d)
     result = {
         "weights": distributed.full_state_dict(d, engine.train_module),

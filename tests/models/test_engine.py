@@ -13,7 +13,8 @@ from grpokit.engine import EngineSpec, PolicyEngine, Wrapping
 from grpokit.models import Precision, build_policy, char_tokenizer
 from grpokit.ops import token_logps
 from grpokit.rollout import SamplingParams
-from grpokit.train.grpo_step import StepParams, old_logps_source
+from grpokit.train.before_update import old_logps_source
+from grpokit.train.trainee import StepParams
 from tests.train.helpers import tiny_config
 
 ALPHABET = "0123456789+="

@@ -17,7 +17,7 @@ from grpokit.models import backend_of, build_policy, char_tokenizer, lean_decode
 from grpokit.models.backend import PADDING_FREE_MIN_WIDTH, PADDING_FREE_SHARE, padding_free_pays
 from grpokit.models.lean_llama import LeanLlamaDecoder
 from grpokit.ops import POLICY_LOSS_TYPES, grpo_loss
-from grpokit.train.grpo_step import Batch
+from grpokit.train.batch import Batch
 
 TOKENIZER = char_tokenizer("0123456789+=")
 V = len(TOKENIZER)

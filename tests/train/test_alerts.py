@@ -15,7 +15,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.ops import LossOutput
 from grpokit.report import write_report
-from grpokit.train import grpo_step as step_module
+from grpokit.train import update as update_module
 from grpokit.train.alerts import AlertWatch
 from grpokit.train.grpo import train_grpo
 from grpokit.train.run_files import check_run_files
@@ -107,14 +107,14 @@ def test_a_policy_driven_far_from_its_reference_blows_up_the_kl(tmp_path):
 
 
 def test_a_non_finite_loss_is_said(tmp_path, monkeypatch):
-    real, count = step_module.grpo_loss, [0]
+    real, count = update_module.grpo_loss, [0]
 
     def poisoned(*args, **kwargs):
         out = real(*args, **kwargs)
         count[0] += 1
         return LossOutput(out.loss * float("nan"), out.metrics) if count[0] == 2 else out
 
-    monkeypatch.setattr(step_module, "grpo_loss", poisoned)
+    monkeypatch.setattr(update_module, "grpo_loss", poisoned)
     _, alerts, said = _run(tmp_path, [ones_reward], max_steps=3, micro_batch_size=16)  # a call a step
     alert = _only(alerts, said, "non_finite", step=2)
     assert "learning_rate" in alert["advice"]

@@ -13,7 +13,7 @@ import torch
 
 from grpokit.ops import grpo_loss
 from grpokit.train.grpo import train_grpo
-from grpokit.train.grpo_step import EntropyControl
+from grpokit.train.trainee import EntropyControl
 from tests.train.helpers import tiny_config, weights
 
 

@@ -10,7 +10,7 @@ import torch
 
 from grpokit.engine import EngineSpec, PolicyEngine
 from grpokit.models import build_policy, char_tokenizer, lm_head_of
-from grpokit.train.grpo_step import Batch
+from grpokit.train.batch import Batch
 
 TOKENIZER = char_tokenizer("0123456789+=")
 

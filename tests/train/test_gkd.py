@@ -24,8 +24,8 @@ from grpokit.models import build_policy, char_tokenizer
 from grpokit.ops import generalized_jsd
 from grpokit.report import write_report
 from grpokit.rollout import SamplingParams
+from grpokit.train.distill import gkd_loss, learns_on_policy
 from grpokit.train.grpo import train_grpo
-from grpokit.train.grpo_step import gkd_loss, learns_on_policy
 from tests.train.helpers import ones_reward, tiny_config, weights
 from tests.train.test_distillation import habit_teacher, student_run
 from tests.train.test_fused_logps import _batch
@@ -272,8 +272,9 @@ def test_an_update_reports_token_means_when_the_last_micro_batch_is_shorter():
     from grpokit.config.plan import grpo_plan
     from grpokit.ops import HeadStates
     from grpokit.train import distributed
+    from grpokit.train.before_update import LogpsBeforeUpdate
     from grpokit.train.grpo_setup import RunData, build_trainee
-    from grpokit.train.grpo_step import FrozenLogps, optimizer_step
+    from grpokit.train.update import optimizer_step
 
     cfg = GRPOConfig(
         device="cpu",
@@ -299,7 +300,7 @@ def test_an_update_reports_token_means_when_the_last_micro_batch_is_shorter():
     with torch.no_grad():
         z_s = model(input_ids=ids, attention_mask=attention).logits[:, -5:-1]  # [6, 4, V]
     expected = generalized_jsd(z_s, teacher, beta=0.5, temperature=0.8)[mask].mean()
-    frozen = FrozenLogps(old=None, ref=None, weights=None, teacher_states=HeadStates(teacher))
+    frozen = LogpsBeforeUpdate(old=None, ref=None, weights=None, teacher_states=HeadStates(teacher))
     metrics = optimizer_step(
         trainee.engine, trainee.update, batch, frozen, trainee.params, distributed.Dist()
     )

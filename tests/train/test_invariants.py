@@ -17,9 +17,11 @@ import torch
 
 from grpokit.engine import EngineSpec, PolicyEngine
 from grpokit.models import build_policy, char_tokenizer
+from grpokit.ops.loss_types import LossVariant
 from grpokit.rollout import SamplingParams, process_logits
+from grpokit.train import before_update as before_update_module
+from grpokit.train import draw as draw_module
 from grpokit.train import grpo as grpo_module
-from grpokit.train import grpo_step as step_module
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import InvariantWatch
 from tests.train.helpers import ones_reward, tiny_config
@@ -48,13 +50,13 @@ def test_a_normal_run_holds_its_group_invariants(tmp_path):
 
 
 def test_advantages_changed_after_normalisation_are_caught_once(tmp_path, monkeypatch):
-    original = step_module.group_advantages
+    original = draw_module.group_advantages
 
     def shifted(*args, **kwargs):
         out = original(*args, **kwargs)
         return type(out)(**{**out.__dict__, "advantages": out.advantages + 0.5})
 
-    monkeypatch.setattr(step_module, "group_advantages", shifted)
+    monkeypatch.setattr(draw_module, "group_advantages", shifted)
     rows, warnings = _run(tmp_path)
     assert all(r["invariants/group_advantage_sum_max"] > 0.1 for r in rows)
     said = [(s, m) for s, m in warnings if "invariant group_advantage_sum_max" in m]
@@ -62,7 +64,7 @@ def test_advantages_changed_after_normalisation_are_caught_once(tmp_path, monkey
 
 
 def test_rows_moved_out_of_group_order_are_caught_once(tmp_path, monkeypatch):
-    original = step_module.merge_groups
+    original = draw_module.merge_groups
 
     def rolled(parts, G, pad_id):
         batch = original(parts, G, pad_id)
@@ -78,7 +80,7 @@ def test_rows_moved_out_of_group_order_are_caught_once(tmp_path, monkeypatch):
             }
         )
 
-    monkeypatch.setattr(step_module, "merge_groups", rolled)
+    monkeypatch.setattr(draw_module, "merge_groups", rolled)
     rows, warnings = _run(tmp_path)
     assert all(r["invariants/groups_intact"] == 0.0 for r in rows)
     said = [(s, m) for s, m in warnings if "invariant groups_intact" in m]
@@ -119,7 +121,7 @@ def test_a_normal_run_holds_every_invariant(tmp_path, overrides):
 def test_a_wrong_normaliser_is_caught(tmp_path, monkeypatch):
     # dapo's loss already divides by the whole batch's token count; dividing each micro-batch's loss by
     # the number of micro-batches as well (the per-batch means' rule) weighs the batch 1/4 in all
-    monkeypatch.setattr(step_module.LossParams, "global_normaliser", property(lambda self: False))
+    monkeypatch.setattr(LossVariant, "global_normaliser", property(lambda self: False))
     rows, warnings = _run(tmp_path, loss_type="dapo", micro_batch_size=4)
     assert all(abs(r["invariants/loss_weight_error"] + 0.75) <= 1e-6 for r in rows)
     said = [(s, m) for s, m in warnings if "invariant loss_weight_error" in m]
@@ -146,7 +148,7 @@ def test_a_stale_reference_is_caught_at_step_1(tmp_path, monkeypatch):
 def test_a_top_k_sampler_taken_for_the_policy_is_caught(tmp_path, monkeypatch):
     # old log-probs from the rollout although top-k cut the distribution it drew from: the ratio at the
     # first update is then 1/kept mass, not 1
-    monkeypatch.setattr(step_module, "old_logps_source", lambda engine, params: "rollout")
+    monkeypatch.setattr(before_update_module, "old_logps_source", lambda engine, params: "rollout")
     rows, warnings = _run(tmp_path, num_iterations=2, top_k=3)
     assert rows[0]["invariants/first_ratio_max"] > 0.05
     said = [(s, m) for s, m in warnings if "invariant first_ratio_max" in m]
@@ -154,13 +156,13 @@ def test_a_top_k_sampler_taken_for_the_policy_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_sampler_that_differs_from_the_training_forward_is_measured_and_alerted(tmp_path, monkeypatch):
-    original = step_module.PolicyEngine.generate
+    original = draw_module.PolicyEngine.generate
 
     def off(self, *args, **kwargs):  # a sampler whose log-probs are 0.3 nats off the forward's
         rollout = original(self, *args, **kwargs)
         return dataclasses.replace(rollout, sampling_logps=rollout.sampling_logps + 0.3)
 
-    monkeypatch.setattr(step_module.PolicyEngine, "generate", off)
+    monkeypatch.setattr(draw_module.PolicyEngine, "generate", off)
     rows, warnings = _run(tmp_path)
     for row in rows:
         assert abs(row["sampling/sampling_logp_difference/mean"] - 0.3) <= 1e-4
@@ -170,7 +172,7 @@ def test_a_sampler_that_differs_from_the_training_forward_is_measured_and_alerte
 
 
 def test_strict_invariants_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr(step_module, "old_logps_source", lambda engine, params: "rollout")
+    monkeypatch.setattr(before_update_module, "old_logps_source", lambda engine, params: "rollout")
     events = []
     cfg = tiny_config(tmp_path, max_steps=3, num_iterations=2, top_k=3, strict_invariants=True)
     result = train_grpo(cfg, reward_funcs=[ones_reward], on_event=lambda *e: events.append(e))

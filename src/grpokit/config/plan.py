@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ..ops.loss_types import LOSS_TYPES, LossVariant
 from .applied import Preset, annotated_yaml, applied
 from .load import run_config_yaml, to_yaml
 from .schema import GRPOConfig, RewardConfig, SFTConfig
@@ -154,7 +155,9 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class LossSpec:
-    """`ops.grpo_loss`'s semantic choices (fields named as its arguments)."""
+    """`ops.grpo_loss`'s semantic choices (fields named as its arguments: the step passes them as they
+    are). `max_completion_length` is the data's (dr_grpo's constant normaliser): set when the data is
+    resolved (`train.trainee.StepParams.of`)."""
 
     loss_type: str = "dapo"
     beta: float = 0.0
@@ -164,6 +167,12 @@ class LossSpec:
     importance_sampling_level: str = "token"
     top_entropy_quantile: float = 1.0
     use_bias_correction_kl: bool = True
+    max_completion_length: int | None = None  # None until the data is resolved
+
+    @property
+    def variant(self) -> LossVariant:
+        """What this loss type is and needs (`ops.loss_types.LOSS_TYPES`)."""
+        return LOSS_TYPES[self.loss_type]
 
 
 @dataclass(frozen=True)

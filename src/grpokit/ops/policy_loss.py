@@ -42,7 +42,7 @@ from typing import Literal, get_args
 import torch
 
 from .kl import KLEstimator, kl_penalty
-from .loss_types import LossType
+from .loss_types import LOSS_TYPES, POLICY_LOSS_TYPES, LossType, LossVariant  # noqa: F401 (re-exported)
 from .masking import check_mask
 from .outputs import LossOutput
 
@@ -255,34 +255,6 @@ AGGREGATIONS: dict[str, Callable[[AggregationInputs], torch.Tensor]] = {
     "global_token_mean": _global_token_mean,
     "sequence_sum_mean": _sequence_sum_mean,
 }
-
-
-@dataclass(frozen=True)
-class LossVariant:
-    surrogate: str | None  # key of SURROGATES; None: no policy-gradient surrogate (gkd)
-    aggregation: str  # key of AGGREGATIONS
-
-
-# The one table that names the variants. A test checks it covers `LossType` exactly.
-LOSS_TYPES: dict[str, LossVariant] = {
-    "grpo": LossVariant("clipped", "sequence_mean"),  # DeepSeekMath
-    "bnpo": LossVariant("clipped", "local_token_mean"),
-    "dr_grpo": LossVariant("clipped", "constant_length"),  # Dr. GRPO (Liu et al. 2025)
-    "dapo": LossVariant("clipped", "global_token_mean"),  # DAPO (Yu et al. 2025)
-    "cispo": LossVariant("cispo", "global_token_mean"),  # MiniMax-M1
-    "sapo": LossVariant("sapo", "sequence_mean"),  # Soft Adaptive Policy Optimization
-    "luspo": LossVariant("clipped", "sequence_sum_mean"),  # length-unbiased sequence PO
-    "vespo": LossVariant("vespo", "global_token_mean"),
-    # on-policy distillation: dapo's surrogate and normaliser over per-token advantages that carry the
-    # teacher's reverse KL (`ops.distillation_advantages`)
-    "opd": LossVariant("clipped", "global_token_mean"),
-    # generalised knowledge distillation (GKD, Agarwal et al. 2024): no surrogate, the per-token loss is
-    # the generalised JSD to the teacher over whole distributions (`ops.chunked_generalized_jsd`), its
-    # token mean over the whole batch; `grpo_loss` refuses it, `loss_weight` knows its normaliser
-    "gkd": LossVariant(None, "global_token_mean"),
-}
-# the loss types `grpo_loss` computes: those with a policy-gradient surrogate
-POLICY_LOSS_TYPES: tuple[str, ...] = tuple(name for name, v in LOSS_TYPES.items() if v.surrogate is not None)
 
 
 def loss_weight(

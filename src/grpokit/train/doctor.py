@@ -433,7 +433,7 @@ def _memory_section(
         fused_logps=spec.engine.fused_logps,
         gradient_checkpointing=plan.model.gradient_checkpointing,
         group_size=spec.sampling.num_generations,  # each prompt's pass shared by its G rows
-        teacher_states=step.loss.loss_type == "gkd",
+        teacher_states=step.loss.variant.teacher == "distributions",
     )
     teacher = shapes.teacher
     if (

@@ -62,11 +62,11 @@ from . import distributed
 from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
 from .evaluation import EvalTask, evaluate
 from .events import EventKind
-from .grpo_step import EntropyControl, StepParams, Trainee, Update
 from .metrics import write_sft_metrics
 from .optim import make_optimizer, make_scheduler
 from .run import Emit, StopSignals, policy_and_tokenizer
 from .sft import SFTHooks, SFTResult, run_sft
+from .trainee import EntropyControl, StepParams, Trainee, Update
 
 
 @dataclass(frozen=True)
@@ -374,7 +374,8 @@ def check_step_prompts(prompts_per_step: int, data: RunData) -> None:
 def check_gkd_answers(step: StepSpec, data: RunData) -> None:
     """loss_type=gkd with lmbda < 1 learns some steps from the dataset's answers: every training row
     needs one (answer_column). Refused before any work, naming the column and the fix."""
-    if step.loss.loss_type != "gkd" or step.lmbda >= 1.0 or step.seq_kd:  # (seq_kd: the teacher writes)
+    # (seq_kd: the teacher writes the demonstrations)
+    if not step.loss.variant.demonstrations or step.lmbda >= 1.0 or step.seq_kd:
         return
     column = step.answer_column
     missing = [i for i, row in enumerate(data.train_rows) if row.get(column) is None]
@@ -596,7 +597,7 @@ def teacher_refusal(
         refusal = embedding_refusal(f"teacher_model={spec.name!r}", teacher.vocab_size, theirs)
     if (
         refusal is None
-        and plan.trainee.step.loss.loss_type == "gkd"
+        and plan.trainee.step.loss.variant.teacher == "distributions"
         and teacher.vocab_size != policy.vocab_size
     ):
         # (both embed every id of the tokenizer here: opd, which scores the written tokens only, works)
