@@ -3,8 +3,6 @@ exact resume, the config's errors, and reasoning-gym tasks as a data source."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -12,12 +10,9 @@ from grpokit.config import GRPOConfig
 from grpokit.config.schema import BUILTIN_TASKS
 from grpokit.data import TASKS, get_task
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_metrics, read_steps
 
 from .helpers import tiny_config, weights
-
-
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def tool_config(tmp_path, **overrides):
@@ -31,7 +26,7 @@ def test_tool_addition_trains_with_episode_metrics(tmp_path):
         tmp_path, sft_steps=15, sft_batch_size=32, eval_steps=2, num_eval_prompts=8, max_completion_length=80
     )
     result = train_grpo(cfg)
-    rows = _metrics(result.output_dir)
+    rows = read_metrics(result.output_dir)
     step = next(r for r in rows if "loss" in r)
     for key in ("env/turns", "env/tool_calls", "env/tool_errors", "env/tool_timeouts", "env/malformed_calls"):
         assert key in step, key
@@ -47,7 +42,7 @@ def test_tool_addition_trains_with_episode_metrics(tmp_path):
 def test_tools_off_trains_the_same_task_single_turn(tmp_path):
     cfg = tool_config(tmp_path, tools=[])
     result = train_grpo(cfg)
-    step = next(r for r in _metrics(result.output_dir) if "loss" in r)
+    step = read_steps(result.output_dir)[0]
     assert "env/turns" not in step and step["completions/max_length"] <= 7
 
 
@@ -67,8 +62,8 @@ def test_a_stopped_multi_turn_run_resumes_exactly(tmp_path):
     train_grpo(interrupted.model_copy(update={"resume": True}))
     a, b = weights(tmp_path / "a" / "run"), weights(tmp_path / "b" / "run")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    calls_a = [r["env/tool_calls"] for r in _metrics(tmp_path / "a" / "run") if "loss" in r]
-    calls_b = [r["env/tool_calls"] for r in _metrics(tmp_path / "b" / "run") if "loss" in r]
+    calls_a = [r["env/tool_calls"] for r in read_steps(tmp_path / "a" / "run")]
+    calls_b = [r["env/tool_calls"] for r in read_steps(tmp_path / "b" / "run")]
     assert calls_a == calls_b
 
 
@@ -102,7 +97,7 @@ def test_your_own_environment_by_reference_with_its_reward(tmp_path):
         eval_steps=0,
     )
     result = train_grpo(cfg, train_rows=rows, eval_rows=rows[:4])
-    step = next(r for r in _metrics(result.output_dir) if "loss" in r)
+    step = read_steps(result.output_dir)[0]
     assert "env/reward" in step and 0.0 <= step["env/reward"] <= 1.0
     assert step["reward"] == pytest.approx(step["env/reward"])  # the env reward is the run's reward
     assert 1.0 <= step["env/turns"] <= 3.0
@@ -168,7 +163,7 @@ def test_a_reasoning_gym_task_trains_end_to_end(tmp_path):
         tmp_path, task="reasoning_gym:chain_sum", max_completion_length=None, sft_steps=5, eval_steps=2
     )
     result = train_grpo(cfg)
-    rows = _metrics(result.output_dir)
+    rows = read_metrics(result.output_dir)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert any("eval/accuracy" in r for r in rows)
 
@@ -218,11 +213,11 @@ def test_the_episode_options_reach_the_environment(tmp_path):
 
 def test_accuracy_on_your_rows_judges_the_final_answer_after_the_tools():
     from grpokit.config.plan import grpo_plan
-    from grpokit.train.grpo_setup import Given, resolve_data
+    from grpokit.train.grpo_setup import UserInputs, resolve_data
 
     rows = [{"prompt": "2*21=", "answer": "42"}]
     plan = grpo_plan(GRPOConfig(task=None, tools=["calc"], tool_call_format="brackets", model="tiny"))
-    given = Given(train_rows=rows, eval_rows=rows, reward_funcs=[lambda p, c, **_: [0.0] * len(c)])
+    given = UserInputs(train_rows=rows, eval_rows=rows, reward_funcs=[lambda p, c, **_: [0.0] * len(c)])
     data = resolve_data(plan.data, plan.episodes, plan.rewards, given)
     assert data.is_correct('[calc("2*21")]{42}42', rows[0]) and not data.is_correct("{42}41", rows[0])
     assert set("[]{}") <= set(data.alphabet)  # the tiny tokenizer can write a call and read its answer
@@ -252,10 +247,10 @@ def test_the_python_api_takes_tools_or_an_environment_factory_as_trl_names_them(
     small |= {"max_completion_length": 10, "max_turns": 2, "overwrite": True}
     trainer = GRPOTrainer("tiny", [], small, rows, environment_factory=Countdown)
     assert trainer.environment.stop_strings == ("=",) and trainer.environment.max_turns == 2
-    step = next(r for r in _metrics(trainer.train().output_dir) if "loss" in r)
+    step = read_steps(trainer.train().output_dir)[0]
     assert step["reward"] == pytest.approx(step["env/reward"])  # no reward_funcs: the environment's
     trainer = GRPOTrainer("tiny", [], small | {"tool_call_format": "brackets"}, rows, tools=[calc])
     assert trainer.environment.stop_strings == ("]",)
-    assert "env/tool_calls" in next(r for r in _metrics(trainer.train().output_dir) if "loss" in r)
+    assert "env/tool_calls" in read_steps(trainer.train().output_dir)[0]
     with pytest.raises(ValueError, match="not both"):
         GRPOTrainer("tiny", [], small, rows, tools=[calc], environment_factory=Countdown)

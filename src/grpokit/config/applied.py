@@ -3,7 +3,7 @@ each value came from.
 
 Defaults are TRL's (schema.py), and TRL's suit pretrained models of a billion parameters. `model: tiny`
 is built here with random weights, and TRL's learning rate of 1e-6 moves its 0.66M weights too little to
-change one answer (issue 25: an own-task run went 31% → 31%, with no warning). So a tiny model built here
+change one answer (an own-task run once went 31% → 31%, with no warning). So a tiny model built here
 takes, for the options below that nothing set, the values of the tested addition preset
 (presets/addition.yaml: +17 points or more in every measured run). A value the user or a preset sets
 always wins; a real model (a directory or hub id), or a model passed in from Python, keeps TRL's.

@@ -1,5 +1,5 @@
 """How much memory one GRPO step holds, counted from the model's shape and the step's, before any of it
-is allocated (`grpokit doctor`'s forecast, issue 26).
+is allocated (`grpokit doctor`'s forecast).
 
 Pure arithmetic on numbers: `ModelShape` (read from a model, `ModelShape.of`, or from its config,
 `ModelShape.from_config`) and `StepShape` (rows, micro-batch, lengths, dtypes, which paths the step
@@ -24,7 +24,7 @@ compute dtype, m: of the master (stored) dtype.
 The process's own memory (the Python and torch runtime, the tokenizer, the data) is not counted here:
 the caller measures it (`baseline_bytes`, e.g. the RSS after imports) and the total adds it.
 Measured against peak RSS on a CPU in benchmarks/doctor_memory.py (benchmarks/RESULTS.md, "Doctor
-memory forecast (issue 26)").
+memory forecast").
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from . import distributed
 from .checkpoint import SaveTo, list_checkpoints
 from .events import Emit, EventKind
 from .grpo_setup import (
-    Given,
     Hooks,
     RunData,
+    UserInputs,
     build_trainee,
     check_context,
     check_gkd_answers,
@@ -115,7 +115,7 @@ def train_grpo(
     The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
     (rundir.py): a second run into the same directory meanwhile is refused."""
     plan = grpo_plan(cfg, preset, model_given=model is not None)  # resolved once: nothing below reads `cfg`
-    given = Given(model, tokenizer, train_rows, eval_rows, reward_funcs, is_correct, environment)
+    given = UserInputs(model, tokenizer, train_rows, eval_rows, reward_funcs, is_correct, environment)
     values = applied(cfg, preset, model_given=model is not None).config  # what the run applies
     compare = lambda saved: resume_changes(values, saved)  # noqa: E731 - a checkpoint's config.yaml vs this
     placement = plan.trainee.placement
@@ -130,7 +130,7 @@ def train_grpo(
 
 
 def _train_grpo(
-    plan: GRPOPlan, given: Given, hooks: Hooks, on_event: OnEvent | None, compare: Compare
+    plan: GRPOPlan, given: UserInputs, hooks: Hooks, on_event: OnEvent | None, compare: Compare
 ) -> TrainResult:
     ready = prepare_run(plan, given, hooks, on_event, compare)
     if isinstance(ready, TrainResult):  # stopped before step 1: nothing to checkpoint
@@ -163,7 +163,7 @@ class Inputs:
 
 
 def prepare_run(
-    plan: GRPOPlan, given: Given, hooks: Hooks, on_event: OnEvent | None, compare: Compare
+    plan: GRPOPlan, given: UserInputs, hooks: Hooks, on_event: OnEvent | None, compare: Compare
 ) -> PreparedRun | TrainResult:
     """Every input checked before any work, the output directory prepared, the policy on its device
     (warm-started), the engine, optimizer and teacher built, and the run opened (resumed, or its
@@ -207,7 +207,7 @@ def prepare_run(
 
 
 def check_inputs(
-    plan: GRPOPlan, given: Given, d: distributed.Dist, on_event: OnEvent | None, compare: Compare
+    plan: GRPOPlan, given: UserInputs, d: distributed.Dist, on_event: OnEvent | None, compare: Compare
 ) -> Inputs:
     """Everything that can be refused, refused before any work: the geometry, reporters, the output
     directory (claimed), the data, the model and its tokenizer, memory, the teacher, LoRA's targets,

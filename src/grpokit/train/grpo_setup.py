@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,11 @@ import torch
 
 from ..config.plan import (
     DataSpec,
-    EngineSettings,
     EpisodeSpec,
     Evaluation,
     GRPOPlan,
     ModelSpec,
     RewardSpec,
-    SamplingSpec,
     StepSpec,
     TeacherSpec,
     TraineeSpec,
@@ -70,7 +68,7 @@ from .trainee import EntropyControl, StepParams, Trainee, Update
 
 
 @dataclass(frozen=True)
-class Given:
+class UserInputs:
     """What a caller of the Python API passed in place of what the config would make (None: the
     config's): the policy and its tokenizer, rows, reward functions, the exact-answer check and
     the episodes' environment (an `envs.EnvironmentSpec`)."""
@@ -258,7 +256,7 @@ def _held_out_rows(spec: DataSpec) -> tuple[list[dict[str, Any]], str | None]:
     return _dataset_rows(spec, spec.dataset, spec.dataset_test_split)
 
 
-def _rows(spec: DataSpec, task: Any, given: Given, evaluate_only: bool) -> tuple[Any, str, Any, str]:
+def _rows(spec: DataSpec, task: Any, given: UserInputs, evaluate_only: bool) -> tuple[Any, str, Any, str]:
     """(training rows, how errors name them, held-out rows, their name) for `resolve_data`."""
     train_source, eval_source = "the training rows", "the held-out rows"
     train_rows, eval_rows = given.train_rows, given.eval_rows
@@ -293,7 +291,7 @@ def resolve_data(
     spec: DataSpec,
     episodes: EpisodeSpec,
     rewards: RewardSpec,
-    given: Given = Given(),
+    given: UserInputs = UserInputs(),
     *,
     require_rewards: bool = True,
     evaluate_only: bool = False,
@@ -461,35 +459,15 @@ def tiny_context(prompt_column: str, data: RunData) -> int:
     return max(4 * ((data.max_prompt_length or 64) + completion), longest + completion)
 
 
-def sampling_params(spec: SamplingSpec, data: RunData) -> SamplingParams:
-    """How completions are drawn during training (the per-step seed is set by the step)."""
-    return SamplingParams(
-        num_generations=spec.num_generations,
-        max_completion_length=data.max_completion_length,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        top_k=spec.top_k,
-        min_p=spec.min_p,
-        repetition_penalty=spec.repetition_penalty,
-        max_prompt_length=data.max_prompt_length,
-        prompt_truncation=spec.prompt_truncation,  # type: ignore[arg-type]
+def sampling_params(sampling: SamplingParams, data: RunData) -> SamplingParams:
+    """The plan's sampling with the data's lengths: how completions are drawn during training (the
+    per-step seed is set by the step)."""
+    return replace(
+        sampling, max_completion_length=data.max_completion_length, max_prompt_length=data.max_prompt_length
     )
 
 
-def engine_spec(settings: EngineSettings, device: torch.device) -> EngineSpec:
-    """The engine's spec on this rank's `device`: the same for training, evaluation, the warm-start
-    probe and `grpokit eval`."""
-    return EngineSpec(
-        device=device,
-        precision=precision_of(settings),
-        decode_loop=settings.decode_loop,
-        fused_logps=settings.fused_logps,
-        temperature=settings.temperature,
-        group_size=settings.group_size,
-    )
-
-
-def precision_of(spec: ModelSpec | EngineSettings) -> Precision:
+def precision_of(spec: ModelSpec | EngineSpec) -> Precision:
     return Precision.of(spec.dtype, spec.master_weights)
 
 
@@ -500,11 +478,11 @@ def place_policy(precision: Precision, model: Any, d: distributed.Dist) -> Any:
 
 
 def probe_engine(
-    settings: EngineSettings, model: Any, tokenizer: Any, data: RunData, device: torch.device
+    settings: EngineSpec, model: Any, tokenizer: Any, data: RunData, device: torch.device
 ) -> PolicyEngine:
     """An engine over `model` that only generates, configured as training's (the warm-start probe,
     `grpokit eval`): no reference, not wrapped."""
-    return PolicyEngine.create(model, tokenizer, engine_spec(settings, device), environment=data.environment)
+    return PolicyEngine.create(model, tokenizer, settings, device=device, environment=data.environment)
 
 
 def curriculum_rule(step: StepSpec) -> CurriculumRule | None:
@@ -540,7 +518,8 @@ def build_trainee(
     engine = PolicyEngine.create(
         distributed.unwrap(wrapped),
         tokenizer,
-        engine_spec(spec.engine, d.device),
+        spec.engine,
+        device=d.device,
         reference=reference,
         wrapping=Wrapping(wrapped, lockstep) if d.enabled else None,
         environment=data.environment,
@@ -621,7 +600,7 @@ def teacher_shape(plan: GRPOPlan) -> ModelShape | None:
 
 
 def load_teacher(
-    spec: TeacherSpec, tokenizer: Any, settings: EngineSettings, d: distributed.Dist
+    spec: TeacherSpec, tokenizer: Any, settings: EngineSpec, d: distributed.Dist
 ) -> PolicyEngine:
     """loss_type=opd's teacher: loaded as the policy is (a hub id or a directory), frozen, in the policy's
     precision, on `spec.device` or the policy's, behind an engine that only scores. A teacher whose
@@ -634,7 +613,7 @@ def load_teacher(
     device = torch.device(spec.device) if spec.device is not None else d.device
     model = model.to(device=device, dtype=precision_of(settings).master).eval()
     model.requires_grad_(False)
-    return PolicyEngine.create(model, tokenizer, engine_spec(settings, device))
+    return PolicyEngine.create(model, tokenizer, settings, device=device)
 
 
 SFT_PROBE_ROWS, SFT_PROBE_EVERY = 256, 10
