@@ -845,7 +845,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         resume=FIXED_CURRICULUM,
     )
     # 1: a prompt comes round once an epoch, so k visits take k epochs; at 2 a run of under two epochs
-    # (the main job: 1.35) sets nothing aside in time (benchmarks/RESULTS.md, issue 27)
+    # (the main job: 1.35) sets nothing aside in time (benchmarks/RESULTS.md, curriculum)
     curriculum_patience: int = option(
         1,
         ge=1,
