@@ -172,107 +172,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sft_progress(console: Any, threads: Any, step: int, loss: float) -> None:
-    """`grpokit sft`'s line every 100 steps, and a change of CPU threads under load, said once."""
-    if step % 100 == 0:
-        console.print(f"sft step {step}: loss {loss:.4f}")
-    note = threads.tick()
-    if note:
-        console.print(f"[yellow]{note}[/]")
-
-
 def _cmd_sft(args: argparse.Namespace) -> int:
     from .config import SFTConfig, load_config
-    from .train.distributed import Dist
-    from .train.rundir import claim_output_dir, exclusive_output_dir
+    from .config.plan import sft_plan
+    from .train.progress import SFTLines
+    from .train.sft_run import train_sft
 
     path, overrides = _split_args(args.items)
-    cfg = load_config(SFTConfig, path, overrides)
-    # one run at a time in output_dir, never into a checkpoint, a model, beside a user's config.yaml
-    # or over an earlier run unless overwrite=true (train/rundir.py)
-    out_dir = Path(cfg.output_dir)
-    with exclusive_output_dir(Dist(), out_dir):
-        replacing = claim_output_dir(out_dir, resume=False, overwrite=cfg.overwrite)
-        return _sft(cfg, replacing)
-
-
-def _sft(cfg: Any, replacing: bool) -> int:
-    """`grpokit sft` with `cfg` (an SFTConfig) in the output_dir it holds; `replacing`: an earlier run
-    there that overwrite=true deletes once the input is valid."""
-    from dataclasses import replace
-
-    from .config.load import run_config_yaml, to_yaml
-    from .config.plan import (
-        EngineSettings,
-        EpisodeSpec,
-        Evaluation,
-        RewardSpec,
-        model_spec,
-        sft_data,
-        sft_schedule,
-    )
-    from .data import demonstration, require_answers, sft_rows, solution_column
-    from .models import save_policy
-    from .train.grpo_setup import held_out_metrics, probe_engine, resolve_data
-    from .train.run import check_known_characters, policy_and_tokenizer, seed_everything
-    from .train.rundir import clear_earlier_run
-    from .train.sft import SFTHooks, run_sft
-    from .train.threads import ThreadGovernor
-
-    if not cfg.task and cfg.dataset is None:
-        raise ValueError("nothing to train on: set task, or dataset to a file of prompt/answer rows.")
-    spec = sft_data(cfg)
-    # the same resolution as training: rows, held-out rows, exact-answer check, reward, alphabet
-    data = resolve_data(spec, EpisodeSpec(), RewardSpec(device=cfg.device), require_rewards=False)
-    if not cfg.task:  # the user's own prompt/answer rows: lengths are the rows' own
-        if data.eval_rows:
-            require_answers(
-                data.eval_rows,
-                cfg.answer_column,
-                source=data.eval_source,
-                purpose="the held-out accuracy",
-                otherwise="unset eval_dataset",
-            )
-        rows = [*data.train_rows, *data.eval_rows]
-        pairs = [
-            (str(r[cfg.prompt_column]), demonstration(r, cfg.answer_column, cfg.answer_format)) for r in rows
-        ]
-        longest = max(len(a) for _, a in pairs) + 1
-        data = replace(data, max_prompt_length=None, max_completion_length=longest)
-        lengths = max(len(p) for p, _ in pairs) + longest
-    else:
-        lengths = (data.max_prompt_length or 0) + data.max_completion_length
-    seed_everything(cfg.seed)
-    device, precision = _placement(cfg)
-    threads = ThreadGovernor.start(cfg.num_threads, device)  # fewer CPU threads while others hold cores
-    model, tokenizer = policy_and_tokenizer(model_spec(cfg), data.alphabet, 4 * lengths)
-    model = model.to(device=device, dtype=precision.master)
-    columns = [cfg.prompt_column, cfg.answer_column, solution_column(cfg.answer_column)]  # what it encodes
-    check_known_characters(tokenizer, cfg.model, [(data.train_source, data.train_rows)], columns)
-    check_known_characters(tokenizer, cfg.model, [(data.eval_source, data.eval_rows)], [cfg.prompt_column])
     console = _console()
-    if replacing:  # the input is valid: only now is the earlier run deleted
-        clear_earlier_run(Path(cfg.output_dir))
-    run_sft(
-        model,
-        tokenizer,
-        sft_rows(
-            data.train_rows, tokenizer, cfg.prompt_column, cfg.answer_column, answer_format=cfg.answer_format
-        ),
-        sft_schedule(cfg),
-        SFTHooks(on_step=lambda s, loss: _sft_progress(console, threads, s, loss)),
-        precision=precision,
-    )
-    out = Path(cfg.output_dir) / "final"
-    save_policy(model, tokenizer, out)
-    (Path(cfg.output_dir) / "config.yaml").write_text(run_config_yaml(to_yaml(cfg)))
-    if not data.eval_rows:
-        console.print(f"saved to {out} (no eval_dataset: no held-out accuracy)")
-        return 0
-    # greedy, through an engine as training's (SFTConfig has no decode options: their defaults)
-    engine = probe_engine(EngineSettings(), model, tokenizer, data, device)
-    metrics = held_out_metrics(engine, data, Evaluation(prompt_column=cfg.prompt_column))
-    console.print(f"held-out greedy accuracy {100 * metrics['accuracy']:.1f}%; saved to {out}")
+    result = train_sft(sft_plan(load_config(SFTConfig, path, overrides)), on_event=SFTLines(console).on_event)
+    if result.stopped_by:
+        return _stopped(result)
+    if "accuracy" not in result.eval_after:
+        console.print(f"saved to {result.saved} (no eval_dataset: no held-out accuracy)")
+    else:
+        console.print(
+            f"held-out greedy accuracy {100 * result.eval_after['accuracy']:.1f}%; saved to {result.saved}"
+        )
     return 0
 
 

@@ -7,11 +7,12 @@ import ast
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from grpokit.config.plan import Display
 from grpokit.train.events import EventKind
-from grpokit.train.progress import IGNORED, RichReporter
+from grpokit.train.progress import RichReporter, SFTLines
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "grpokit"
 REPORTERS = ("emit", "on_event")  # the names a run reports through: emit(kind, ...), on_event(kind, ...)
@@ -42,12 +43,17 @@ def test_every_report_names_a_declared_kind():
     assert sites >= 14  # the scan finds the sites (train/run.py, grpo.py, grpo_setup.py, metrics.py, sft)
 
 
-def test_every_kind_is_shown_or_deliberately_ignored():
-    reporter = RichReporter(Console(file=io.StringIO()), Display())
+@pytest.mark.parametrize(
+    "display",
+    [lambda console: RichReporter(console, Display()), SFTLines],
+    ids=["train and reward", "sft"],
+)
+def test_every_kind_is_shown_or_deliberately_ignored(display):
+    reporter = display(Console(file=io.StringIO()))
     shown = set(reporter.handlers)
-    assert shown | set(IGNORED) == set(EventKind)
-    assert shown & set(IGNORED) == set()
-    assert all(why.strip() for why in IGNORED.values())
+    assert shown | set(reporter.ignored) == set(EventKind)
+    assert shown & set(reporter.ignored) == set()
+    assert all(why.strip() for why in reporter.ignored.values())
 
 
 def test_a_kind_is_its_plain_name():

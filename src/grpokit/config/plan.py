@@ -582,3 +582,28 @@ def sft_schedule(cfg: SFTConfig) -> SFTSchedule:
     return SFTSchedule(
         steps=cfg.max_steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed
     )
+
+
+@dataclass(frozen=True)
+class SFTPlan:
+    """A `grpokit sft` run, resolved from its config (`sft_plan`; `train.sft_run.train_sft` runs it)."""
+
+    model: ModelSpec  # (an SFTConfig has no precision options: float32)
+    placement: Placement
+    data: DataSpec
+    schedule: SFTSchedule
+    output_dir: str
+    overwrite: bool = False  # replace an earlier run in output_dir
+    config_yaml: str = ""  # output_dir/config.yaml
+
+
+def sft_plan(cfg: SFTConfig) -> SFTPlan:
+    return SFTPlan(
+        model=model_spec(cfg),
+        placement=placement(cfg),
+        data=sft_data(cfg),
+        schedule=sft_schedule(cfg),
+        output_dir=cfg.output_dir,
+        overwrite=cfg.overwrite,
+        config_yaml=run_config_yaml(to_yaml(cfg)),
+    )

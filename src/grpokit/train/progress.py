@@ -1,21 +1,20 @@
-"""Terminal feedback for `grpokit train`: a progress bar with ETA and key metrics, evaluation lines
-and, every few steps, a table of sample completions."""
+"""Terminal feedback for a run: for `grpokit train` and `grpokit reward`, a progress bar with ETA and key
+metrics, evaluation lines and, every few steps, a table of sample completions; for `grpokit sft`, a loss
+line every 100 steps. Each display maps every event kind (train/events.py) to a handler or ignores it."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ..config.plan import Display
 from .events import EventKind
 
 Events = Callable[[str, int, dict[str, Any]], None]
-# the kinds the display deliberately shows nothing for, and why
-IGNORED = {
-    EventKind.SFT_START: "the warm start's bar is there from the start (sft_steps is known)",
-}
+Handler = Callable[[int, dict[str, Any]], None]  # (step, data)
 
 
 def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
@@ -24,6 +23,18 @@ def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
         return (
             f"stopped by {signal} after step {step}: checkpoint-{step} saved in {output_dir}; run the same "
             "command with resume=true to continue."
+        )
+    if phase == "sft":  # grpokit sft: its model so far, where a checkpoint goes
+        saved = Path(output_dir) / f"checkpoint-{step}"
+        return (
+            f"stopped by {signal} after step {step}: checkpoint-{step} saved in {output_dir} (the model "
+            f"trained so far: train from it with model={saved}); run the same command with overwrite=true "
+            "to start over."
+        )
+    if phase == "sft set-up":
+        return (
+            f"stopped by {signal} during set-up, before any step: nothing was written to {output_dir}; run "
+            "the same command again to start over."
         )
     where = "the supervised warm start" if phase == "warm start" else phase
     return (
@@ -46,16 +57,68 @@ def reporting(display: Display, on_event: Events | None = None) -> Iterator[Even
         yield reporter.on_event
 
 
-class RichReporter:
+class Dispatch:
+    """A display of a run's events: `on_event(kind, step, data)` calls the handler `handlers` maps the
+    kind to; `ignored` names each kind it deliberately does not show, and why."""
+
+    handlers: dict[EventKind, Handler]
+    ignored: dict[EventKind, str] = {}
+
+    def on_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
+        """Show one event of the run; a kind in `ignored`, or one no run emits, shows nothing."""
+        try:
+            handler = self.handlers.get(EventKind(kind))
+        except ValueError:  # not a declared kind (a caller's own event)
+            return
+        if handler is not None:
+            handler(step, data)
+
+
+class SFTLines(Dispatch):
+    """`grpokit sft`'s display: its loss every `every` steps, a change of CPU threads, the stop line."""
+
+    ignored = {EventKind.SFT_START: "the first loss line follows"} | {
+        kind: "an SFT run does not emit it"
+        for kind in (
+            EventKind.SFT_DONE,
+            EventKind.START,
+            EventKind.RESUMED,
+            EventKind.STEP,
+            EventKind.EVAL,
+            EventKind.COMPLETIONS,
+        )
+    }
+
+    def __init__(self, console: Any, every: int = 100) -> None:
+        self.console, self.every = console, every
+        self.handlers = {
+            EventKind.SFT_STEP: self._on_sft_step,
+            EventKind.WARNING: self._on_warning,
+            EventKind.STOPPED: self._on_stopped,
+        }
+
+    def _on_sft_step(self, step: int, data: dict[str, Any]) -> None:
+        if step % self.every == 0:
+            self.console.print(f"sft step {step}: loss {data['loss']:.4f}")
+
+    def _on_warning(self, step: int, data: dict[str, Any]) -> None:
+        self.console.print(f"[yellow]{data['message']}[/]")
+
+    def _on_stopped(self, step: int, data: dict[str, Any]) -> None:
+        self.console.print(stop_message(data["signal"], data["phase"], step, data["output_dir"]))
+
+
+class RichReporter(Dispatch):
     """The progress display of a run (`config.plan.Display`: its label, lengths and group size)."""
+
+    ignored = {EventKind.SFT_START: "the warm start's bar is there from the start (sft_steps is known)"}
 
     def __init__(self, console: Any, display: Display, *, enabled: bool = True) -> None:
         self.console, self.display, self.enabled = console, display, enabled
         self.label = display.label
         self.progress: Any = None
         self.sft_task = self.grpo_task = None
-        # what the display does with each kind of event; the kinds in `IGNORED` it does not show
-        self.handlers: dict[EventKind, Callable[[int, dict[str, Any]], None]] = {
+        self.handlers = {
             EventKind.SFT_STEP: self._on_sft_step,
             EventKind.SFT_DONE: self._on_sft_done,
             EventKind.START: self._on_start,
@@ -97,15 +160,6 @@ class RichReporter:
 
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
-
-    def on_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
-        """Show one event of the run (`handlers`); a kind in `IGNORED`, or one no run emits, shows nothing."""
-        try:
-            handler = self.handlers.get(EventKind(kind))
-        except ValueError:  # not a declared kind (a caller's own event)
-            return
-        if handler is not None:
-            handler(step, data)
 
     def _on_sft_step(self, step: int, data: dict[str, Any]) -> None:
         if self.sft_task is not None:
