@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 # ----------------------------------------------------------------------------- the tiny run
 
@@ -75,9 +78,14 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of `run_dir`/metrics.jsonl, in order (step rows hold "loss"; evaluation rows too are
-    written); FileNotFoundError where the run wrote none."""
+    """The rows of `run_dir`/metrics.jsonl, in order: the steps' (with a loss) and the evaluations';
+    FileNotFoundError where the run wrote none."""
     return _jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `run_dir`/metrics.jsonl that a training step wrote (those with a loss), in order."""
+    return [row for row in read_metrics(run_dir) if "loss" in row]
 
 
 def read_alerts(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -96,6 +104,34 @@ def defined_tests(path: str | Path) -> set[str]:
         for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")
     }
+
+
+_REFERENCE = re.compile(
+    r"(?P<file>(?:tests/)?(?:\w+/)*test_\w+\.py)(?:::(?P<name>test_\w+\*?))?"
+    r"|(?P<bare>\btest_\w+\*?)(?P<below>\s*\(below\))?"
+)
+
+
+def named_tests(text: str, folder: Path, here: Path | None = None) -> dict[str, bool]:
+    """Each test that `text` names, as written, and whether it exists: `file.py` and `file.py::test_name`
+    (the file in `folder`, or in the repository when it starts with `tests/`; `test_prefix*`: any test
+    of that prefix), and a bare `test_name`: a test of the file named last before it, or of `here` where
+    none is or `(below)` follows it. Files are read with ast; nothing is imported."""
+    found: dict[str, bool] = {}
+    last = here
+    for match in _REFERENCE.finditer(text):
+        if match["file"]:
+            last = ROOT / match["file"] if match["file"].startswith("tests/") else folder / match["file"]
+            name, written = match["name"], match[0]
+        path = here if match["below"] else last
+        if not match["file"]:
+            name, written = match["bare"], f"{match['bare']} (in {path.name if path else '?'})"
+        exists = path is not None and path.is_file()
+        if exists and name:
+            tests = defined_tests(path)
+            exists = any(t.startswith(name[:-1]) for t in tests) if name.endswith("*") else name in tests
+        found[written] = exists
+    return found
 
 
 # ----------------------------------------------------------------------------- batches and models

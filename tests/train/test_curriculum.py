@@ -18,6 +18,7 @@ from grpokit.data import Curriculum, CurriculumRule, PromptSampler
 from grpokit.data.curriculum import ACTIVE, FAILED, SOLVED
 from grpokit.train.checkpoint import list_checkpoints
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_steps, tiny_run
 from tests.train.helpers import tiny_config, weights
 
 ONES, ZEROS, MIXED = [1.0] * 4, [0.0] * 4, [0.0, 1.0, 0.0, 1.0]  # a group of G = 4 rewards
@@ -202,12 +203,6 @@ def train(tmp_path, name, on_event=None, **options):
     return cfg
 
 
-def metrics(cfg) -> list[dict]:
-    """The step rows of a run's metrics.jsonl."""
-    lines = (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "loss" in r]
-
-
 def saved_prompts(cfg) -> dict:
     state = torch.load(list_checkpoints(Path(cfg.output_dir))[-1] / "state.pt", weights_only=True)
     return state["prompts"]
@@ -235,9 +230,10 @@ def test_a_run_with_the_curriculum_resumes_bitwise(tmp_path):
     assert ("resumed", 2) in events
     a, b = weights(Path(straight.output_dir)), weights(Path(resumed.output_dir))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert untimed(metrics(straight)) == untimed(metrics(resumed))  # the pool shares included
+    rows_straight, rows_resumed = read_steps(straight.output_dir), read_steps(resumed.output_dir)
+    assert untimed(rows_straight) == untimed(rows_resumed)  # the pool shares included
     assert saved_prompts(straight) == saved_prompts(resumed)
-    assert metrics(straight)[-1]["curriculum/active"] == 0.5
+    assert rows_straight[-1]["curriculum/active"] == 0.5
 
 
 def untimed(rows: list[dict]) -> list[dict]:
@@ -253,7 +249,7 @@ def test_the_curriculum_composes_with_dynamic_sampling(tmp_path):
     options = dict(max_steps=6, dynamic_sampling=True, max_resample_batches=4, save_steps=0)
     both = train(tmp_path, "both", curriculum=True, curriculum_patience=1, curriculum_revisit=0.0, **options)
     alone = train(tmp_path, "alone", **options)
-    rows_both, rows_alone = metrics(both), metrics(alone)
+    rows_both, rows_alone = read_steps(both.output_dir), read_steps(alone.output_dir)
     batches_both = [r["num_generation_batches"] for r in rows_both]
     batches_alone = [r["num_generation_batches"] for r in rows_alone]
     state = saved_prompts(both)["curriculum"]
@@ -270,10 +266,11 @@ def test_the_curriculum_composes_with_dynamic_sampling(tmp_path):
 
 def test_the_pool_metrics_are_shares_of_the_dataset(tmp_path):
     cfg = train(tmp_path, "m", max_steps=3, curriculum=True, curriculum_patience=1, curriculum_revisit=0.0)
-    for row in metrics(cfg):
+    rows = read_steps(cfg.output_dir)
+    for row in rows:
         shares = [row[f"curriculum/{pool}"] for pool in ("active", "solved", "failed")]
         assert math.isclose(sum(shares), 1.0) and all(s * 8 == int(s * 8) for s in shares)
-    assert metrics(cfg)[-1]["curriculum/solved"] == metrics(cfg)[-1]["curriculum/failed"] == 0.25
+    assert rows[-1]["curriculum/solved"] == rows[-1]["curriculum/failed"] == 0.25
 
 
 # ----------------------------------------------------------------------------- options
@@ -349,18 +346,10 @@ def test_two_processes_keep_the_same_pools_from_both_halves_of_a_step(tmp_path):
             f"dataset={tmp_path / 'rows.jsonl'}",
             f"reward_funcs={tmp_path}/reward.py:by_prompt",
         ),
-        *("tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2", "tiny_intermediate_size=32"),
-        *(
-            "prompts_per_step=4",
-            "num_generations=4",
-            "max_completion_length=4",
-            "max_steps=4",
-            "progress=false",
-        ),
-        *("curriculum=true", "curriculum_patience=1", "curriculum_revisit=0.0", "eval_steps=0"),
-        *("micro_batch_size=8", "sft_steps=0", "save_steps=0", "learning_rate=1e-2"),
+        *tiny_run("num_eval_prompts", "log_completions_steps", max_steps=4),
+        *("curriculum=true", "curriculum_patience=1", "curriculum_revisit=0.0"),
     )
     state = torch.load(out / "checkpoint-4" / "state.pt", weights_only=True)["prompts"]["curriculum"]
     assert sorted(state["pool"]) == [0, 0, 0, 0, 1, 1, 2, 2] and state["visits"] == 16
-    rows = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    rows = read_steps(out)
     assert [r["curriculum/active"] for r in rows[2:]] == [0.5, 0.5]

@@ -7,7 +7,6 @@ resume is bitwise and keeps the teacher."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -17,6 +16,7 @@ from grpokit.cli import main
 from grpokit.config import GRPOConfig
 from grpokit.ops import distillation_advantages, grpo_loss
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_steps
 from tests.train.helpers import ones_reward, tiny_config, weights
 
 
@@ -92,8 +92,7 @@ def student_run(tmp_path, name, on_event=None, **overrides):
         **overrides,
     )
     result = train_grpo(cfg, reward_funcs=[ones_reward], on_event=on_event)
-    lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
-    return result, [json.loads(line) for line in lines if '"loss"' in line]
+    return result, read_steps(result.output_dir)
 
 
 def test_a_student_distils_the_teachers_habit_with_no_reward(tmp_path):

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_metrics, read_steps
 from tests.train.helpers import ones_reward, tiny_config, weights
-
-
-def _metrics(output_dir):
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 PHASES = ("timing/sampling", "timing/scoring", "timing/reference", "timing/update")  # of one step
 
@@ -21,7 +15,7 @@ PHASES = ("timing/sampling", "timing/scoring", "timing/reference", "timing/updat
 def test_one_run_writes_trl_named_metrics_checkpoint_and_config(tmp_path):
     cfg = tiny_config(tmp_path, beta=0.04, max_steps=2)
     result = train_grpo(cfg, reward_funcs=[ones_reward])
-    rows = _metrics(result.output_dir)
+    rows = read_metrics(result.output_dir)
     steps = [r for r in rows if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     expected = {
@@ -58,7 +52,7 @@ def test_training_changes_what_the_reward_favours(tmp_path):
     """30 steps on the '1'-share reward raise the sampled reward (the loop's sign is right)."""
     cfg = tiny_config(tmp_path, max_steps=30, prompts_per_step=8, micro_batch_size=32, learning_rate=3e-2)
     result = train_grpo(cfg, reward_funcs=[ones_reward])
-    rewards = [r["reward"] for r in _metrics(result.output_dir) if "loss" in r]
+    rewards = [r["reward"] for r in read_steps(result.output_dir)]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards
 
 
@@ -88,7 +82,7 @@ def test_stopped_and_resumed_run_ends_with_bitwise_equal_weights(tmp_path, extra
     a, b = weights(straight.output_dir and tmp_path / "a" / "run"), weights(tmp_path / "b" / "run")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    steps = [r["step"] for r in _metrics(tmp_path / "b" / "run") if "loss" in r]
+    steps = [r["step"] for r in read_steps(tmp_path / "b" / "run")]
     assert steps == [1, 2, 3, 4]  # the rows of step 3 written before the stop were replaced, not doubled
 
 

@@ -8,8 +8,6 @@ The error is raised here on the CPU by the functions that would raise it on a GP
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ import grpokit.train.sft as sft_module
 from grpokit.cli import main
 from grpokit.train.grpo import train_grpo
 from grpokit.train.grpo_step import OutOfDeviceMemory
+from tests.helpers import read_steps
 
 from .helpers import ones_reward, tiny_config, weights
 
@@ -41,18 +40,13 @@ def _failing(monkeypatch, owner, name: str, at_call: int) -> list[int]:
     return calls
 
 
-def _rows(run_dir) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r]
-
-
 def _train(tmp_path, **overrides):
     return train_grpo(tiny_config(tmp_path, **overrides), reward_funcs=[ones_reward])
 
 
 def test_an_update_out_of_memory_saves_the_step_before_and_resume_redoes_it_exactly(tmp_path, monkeypatch):
     straight = _train(tmp_path / "a", max_steps=4)
-    learned = _rows(tmp_path / "a" / "run")
+    learned = read_steps(tmp_path / "a" / "run")
     assert all(r["grad_norm"] > 0 for r in learned) and len({r["reward"] for r in learned}) > 1
     with monkeypatch.context() as patch:
         _failing(patch, grpo_step_module, "optimizer_step", at_call=3)  # μ = 1: step 3's update
@@ -66,9 +60,9 @@ def test_an_update_out_of_memory_saves_the_step_before_and_resume_redoes_it_exac
     assert "\n" not in line and "more lines" not in line
     out = tmp_path / "b" / "run"
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
-    assert [r["step"] for r in _rows(out)] == [1, 2]
+    assert [r["step"] for r in read_steps(out)] == [1, 2]
     resumed = _train(tmp_path / "b", max_steps=4, resume=True)
-    assert [r["reward"] for r in _rows(out)] == [r["reward"] for r in learned]  # the same prompts drawn
+    assert [r["reward"] for r in read_steps(out)] == [r["reward"] for r in learned]  # the same prompts drawn
     for name, tensor in weights(straight.output_dir).items():  # the fault cost step 3, nothing else
         assert torch.equal(tensor, weights(resumed.output_dir)[name]), name
 
@@ -87,7 +81,7 @@ def test_a_smaller_micro_batch_applies_on_resume(tmp_path, monkeypatch):
     )
     notes = [d["message"] for k, d in events if k == "warning"]
     assert any(n.startswith("micro_batch_size: 8 in the checkpoint, 4 now (applied") for n in notes), notes
-    assert [r["step"] for r in _rows(tmp_path / "run")] == [1, 2, 3]
+    assert [r["step"] for r in read_steps(tmp_path / "run")] == [1, 2, 3]
 
 
 def test_sampling_out_of_memory_names_the_rollouts_settings(tmp_path, monkeypatch):
@@ -125,7 +119,7 @@ def test_at_step_one_nothing_is_saved_and_the_same_command_starts_over(tmp_path,
             _train(tmp_path, **cfg)
     assert not list((tmp_path / "run").glob("checkpoint-*"))
     _train(tmp_path, **cfg)  # as the line says: not refused as an earlier run
-    assert [r["step"] for r in _rows(tmp_path / "run")] == [1, 2]
+    assert [r["step"] for r in read_steps(tmp_path / "run")] == [1, 2]
 
 
 def test_the_evaluation_out_of_memory_saves_the_step_it_followed(tmp_path, monkeypatch):
@@ -137,7 +131,7 @@ def test_the_evaluation_out_of_memory_saves_the_step_it_followed(tmp_path, monke
             _train(tmp_path, max_steps=4, eval_steps=1)
     assert [p.name for p in (tmp_path / "run").glob("checkpoint-*")] == ["checkpoint-2"]
     _train(tmp_path, max_steps=4, eval_steps=1, resume=True)
-    assert [r["step"] for r in _rows(tmp_path / "run")] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_steps(tmp_path / "run")] == [1, 2, 3, 4]
 
 
 def test_the_command_line_says_it_in_one_line(tmp_path, monkeypatch, capsys):
@@ -192,7 +186,7 @@ def test_auto_find_batch_size_redoes_the_step_from_its_completions_with_half_the
     redone += "it drew, with "
     assert said == [(2, redone.format(8) + "micro_batch_size=4 (auto_find_batch_size)"),
                     (2, redone.format(4) + "micro_batch_size=2 (auto_find_batch_size)")]  # fmt: skip
-    a, b = _rows(tmp_path / "a" / "run"), _rows(tmp_path / "b" / "run")
+    a, b = read_steps(tmp_path / "a" / "run"), read_steps(tmp_path / "b" / "run")
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [r["reward"] for r in b] == [r["reward"] for r in a]  # the same completions every step
     for name, tensor in weights(straight.output_dir).items():

@@ -8,6 +8,7 @@ import torch
 
 from grpokit.train import threads
 from grpokit.train.threads import ThreadGovernor
+from tests.helpers import read_steps
 
 
 class FakeMachine:
@@ -135,7 +136,6 @@ def test_the_real_load_reading_is_consistent():
 def test_num_threads_pins_torch_threads_for_the_run_and_is_restored(tmp_path):
     """The count a run computes with is the option's (seen from inside a reward function), logged
     as cpu_threads, and the caller's count is back once the run returns."""
-    import json
 
     from grpokit.train.grpo import train_grpo
     from tests.train.helpers import tiny_config
@@ -151,5 +151,4 @@ def test_num_threads_pins_torch_threads_for_the_run_and_is_restored(tmp_path):
     result = train_grpo(tiny_config(tmp_path, max_steps=2, num_threads=wanted), reward_funcs=[counting])
     assert seen and set(seen) == {wanted}
     assert torch.get_num_threads() == before
-    rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["cpu_threads"] for r in rows if "loss" in r] == [wanted, wanted]
+    assert [r["cpu_threads"] for r in read_steps(result.output_dir)] == [wanted, wanted]
