@@ -68,7 +68,7 @@ def measure(setup: str, checkpointing: bool, repeats: int) -> dict:
     engine = PolicyEngine.create(
         model,
         types.SimpleNamespace(eos_token_id=2, pad_token_id=0),
-        EngineSpec(torch.device("cpu"), group_size=G),
+        EngineSpec(group_size=G),
     )
     b, T = batch.completion_ids.shape
     rows = slice(0, b)

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     # as the trainer runs: float32 master weights, bf16 autocast on a GPU (TF32 where autocast does not reach)
-    precision = Precision.of("bfloat16" if cuda else "float32")
+    dtype_name = "bfloat16" if cuda else "float32"
+    precision = Precision.of(dtype_name)
     dtype = precision.compute
     enable_fast_matmul(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = PolicyEngine.create(
         model,
         tokenizer,
-        EngineSpec(device, precision=precision, group_size=G, decode_loop=args.decode_loop),
+        EngineSpec(dtype=dtype_name, group_size=G, decode_loop=args.decode_loop),
+        device=device,
         reference=reference,
     )
     rollout = engine.generate(prompts, params)

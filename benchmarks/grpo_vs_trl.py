@@ -97,7 +97,8 @@ def held_out_accuracy(model, tok, seed: int) -> float:
     from grpokit.train.evaluation import EvalTask, evaluate
 
     task = get_task("addition", seed=seed)
-    engine = PolicyEngine.create(model, tok, EngineSpec(model_device(model)))  # greedy, as training samples
+    # greedy, as training samples
+    engine = PolicyEngine.create(model, tok, EngineSpec(), device=model_device(model))
     judged = EvalTask(
         task.eval,
         reward_funcs=[task.reward],

@@ -84,7 +84,7 @@ def test_plan_objects_read_options_of_their_own_names():
         plan.DataSpec: {"tiny_model", "answers_for", "answers_otherwise"},
         plan.EpisodeSpec: set(),
         plan.Evaluation: {"batch_size"},
-        plan.EngineSettings: {"group_size"},
+        plan.EngineSpec: {"group_size"},
         plan.StepSpec: {"loss", "reference_sync", "sampling_correction_bounds"},
         plan.LossSpec: set(),
     }

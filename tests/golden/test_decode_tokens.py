@@ -76,7 +76,7 @@ def _engine(kind: str, loop: str, environment=None) -> PolicyEngine:
     return PolicyEngine.create(
         model,
         tok,
-        EngineSpec(torch.device("cpu"), decode_loop=loop),
+        EngineSpec(decode_loop=loop),
         environment=environment,
     )
 

@@ -358,7 +358,7 @@ def test_evaluate_samples_through_the_engine_it_is_given():
     tok = char_tokenizer("0123456789+=")
     model = build_policy(hidden_size=32, num_layers=1, num_heads=2, vocab_size=len(tok), dropout=0.0, seed=0)
     rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in (1, 4, 2)]
-    spec = EngineSpec(torch.device("cpu"), precision=Precision.of("bfloat16"))
+    spec = EngineSpec(dtype="bfloat16")
     engine = PolicyEngine.create(model, tok, spec)
     calls: list[tuple[int, float, int | None, int]] = []
     generate = engine.generate

@@ -10,7 +10,7 @@ import torch
 
 from grpokit.config.plan import step_spec
 from grpokit.engine import EngineSpec, PolicyEngine, Wrapping
-from grpokit.models import Precision, build_policy, char_tokenizer
+from grpokit.models import build_policy, char_tokenizer
 from grpokit.ops import token_logps
 from grpokit.rollout import SamplingParams
 from grpokit.train.before_update import old_logps_source
@@ -36,13 +36,14 @@ def tiny_policy(seed: int = 0, layers: int = 2) -> tuple[torch.nn.Module, object
     return model, tokenizer
 
 
-def engine_of(model, tokenizer, *, fused=True, precision=None, reference=None) -> PolicyEngine:
-    return PolicyEngine.create(
-        model,
-        tokenizer,
-        EngineSpec(torch.device("cpu"), precision=precision or Precision(), fused_logps=fused, group_size=G),
-        reference=reference,
-    )
+F32, BF16, BF16_STORED = ("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "dtype")
+
+
+def engine_of(model, tokenizer, *, fused=True, precision=F32, reference=None) -> PolicyEngine:
+    """precision: (dtype, master_weights), as the config names them."""
+    dtype, master_weights = precision
+    spec = EngineSpec(dtype=dtype, master_weights=master_weights, fused_logps=fused, group_size=G)
+    return PolicyEngine.create(model, tokenizer, spec, reference=reference)
 
 
 def rollout_of(engine: PolicyEngine, T: int = 6, seed: int = 1, **sampling):
@@ -109,15 +110,15 @@ def test_the_samplers_log_probs_are_the_forward_pass_ones_in_float32():
 @pytest.mark.parametrize(
     ("options", "precision", "expected"),
     [
-        ({"num_iterations": 1}, Precision(), "none"),
-        ({"num_iterations": 2}, Precision(), "rollout"),
-        ({"num_iterations": 2, "temperature": 0.7}, Precision(), "rollout"),  # the loss uses it too
-        ({"num_iterations": 2, "top_p": 0.9}, Precision(), "forward"),  # drawn from a truncated distribution
-        ({"num_iterations": 2, "top_k": 5}, Precision(), "forward"),
-        ({"num_iterations": 2, "min_p": 0.1}, Precision(), "forward"),
-        ({"num_iterations": 2, "repetition_penalty": 1.2}, Precision(), "forward"),
-        ({"num_iterations": 2}, Precision.of("bfloat16"), "forward"),  # autocast: decode ≠ forward
-        ({"num_iterations": 2}, Precision.of("bfloat16", "dtype"), "forward"),  # bf16 round-off
+        ({"num_iterations": 1}, F32, "none"),
+        ({"num_iterations": 2}, F32, "rollout"),
+        ({"num_iterations": 2, "temperature": 0.7}, F32, "rollout"),  # the loss uses it too
+        ({"num_iterations": 2, "top_p": 0.9}, F32, "forward"),  # drawn from a truncated distribution
+        ({"num_iterations": 2, "top_k": 5}, F32, "forward"),
+        ({"num_iterations": 2, "min_p": 0.1}, F32, "forward"),
+        ({"num_iterations": 2, "repetition_penalty": 1.2}, F32, "forward"),
+        ({"num_iterations": 2}, BF16, "forward"),  # autocast: decode ≠ forward
+        ({"num_iterations": 2}, BF16_STORED, "forward"),  # bf16 round-off
     ],
 )
 def test_old_policy_log_probs_source(tmp_path, options, precision, expected):
@@ -141,9 +142,7 @@ def test_a_wrapped_policy_never_reuses_the_samplers_log_probs(tmp_path):
     cfg = tiny_config(tmp_path, num_iterations=2)
     model, tokenizer = tiny_policy()
     wrapper = torch.nn.Sequential(model)  # stands in for DistributedDataParallel(model)
-    engine = PolicyEngine.create(
-        model, tokenizer, EngineSpec(torch.device("cpu")), wrapping=Wrapping(wrapper)
-    )
+    engine = PolicyEngine.create(model, tokenizer, EngineSpec(), wrapping=Wrapping(wrapper))
     assert not engine.fused  # hooks of a wrapper live in the whole model's forward
     params = StepParams.of(step_spec(cfg), SamplingParams(num_generations=4))
     assert old_logps_source(engine, params) == "forward"
@@ -157,11 +156,11 @@ def test_the_sampler_stands_in_for_the_forward_only_where_exact(tmp_path, case):
     (sampling in eval mode, training in train mode)."""
     cfg = tiny_config(tmp_path, num_iterations=2)
     model, tokenizer = tiny_policy()
-    spec, wrapping = EngineSpec(torch.device("cpu"), group_size=G), None
+    spec, wrapping = EngineSpec(group_size=G), None
     if case == "fsdp_in_place":
         wrapping = Wrapping(model)
     elif case == "logits_backend":
-        spec = EngineSpec(torch.device("cpu"), fused_logps=False, group_size=G)
+        spec = EngineSpec(fused_logps=False, group_size=G)
     else:
         model.model.layers[0].mlp.down_proj = torch.nn.Sequential(
             model.model.layers[0].mlp.down_proj, torch.nn.Dropout(0.1)
@@ -192,7 +191,7 @@ def test_bf16_autocast_tracks_float32(fused):
     model, tokenizer = tiny_policy(layers=2)
     wide = engine_of(model, tokenizer, fused=fused)
     mixed_model = copy.deepcopy(model)
-    mixed = engine_of(mixed_model, tokenizer, fused=fused, precision=Precision.of("bfloat16"))
+    mixed = engine_of(mixed_model, tokenizer, fused=fused, precision=BF16)
     batch = rollout_of(wide, T=8)
     advantages = torch.linspace(-1.0, 1.0, batch.completion_ids.shape[0])
     mask = batch.completion_mask

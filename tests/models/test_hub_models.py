@@ -116,7 +116,7 @@ def test_the_loss_mask_ends_at_the_first_eos_decoded(hub_offline, repo):
     model, tok = loaded.model, loaded.tokenizer
     eos_ids, pad = eos_and_pad(model, tok)
     _eos_likely(model, eos_ids[0])
-    engine = PolicyEngine.create(model, tok, EngineSpec(torch.device("cpu")))
+    engine = PolicyEngine.create(model, tok, EngineSpec())
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is 7 * 8?"}], tokenize=False, add_generation_prompt=True
     )
@@ -217,7 +217,7 @@ def test_a_teacher_and_a_reward_model_load_by_hub_id_at_a_revision(hub_offline):
     revision the cache holds loads (the teacher's shape, its engine, the reward model's scores), one
     it lacks is one line naming it."""
     from grpokit.config import GRPOConfig
-    from grpokit.config.plan import EngineSettings, grpo_plan
+    from grpokit.config.plan import EngineSpec, grpo_plan
     from grpokit.rewards import RewardModelFunction
     from grpokit.train.distributed import Dist
     from grpokit.train.grpo_setup import configured_rewards, load_teacher, teacher_shape
@@ -230,7 +230,7 @@ def test_a_teacher_and_a_reward_model_load_by_hub_id_at_a_revision(hub_offline):
     assert good.teacher.model.revision == REVISION and good.model.revision is None
     assert teacher_shape(good).vocab_size == load_policy(LLAMA).model.config.vocab_size
     tokenizer = load_policy(LLAMA).tokenizer
-    engine = load_teacher(good.teacher, tokenizer, EngineSettings(), Dist(device=torch.device("cpu")))
+    engine = load_teacher(good.teacher, tokenizer, EngineSpec(), Dist(device=torch.device("cpu")))
     assert type(engine.module).__name__ == "LlamaForCausalLM"
     with pytest.raises(ValueError, match=rf"'{LLAMA}' at revision 'v9'.*--revision v9"):
         teacher_shape(plan("v9"))

@@ -44,7 +44,7 @@ def batch_of(G: int, b: int, Lp: int, T: int, lengths: list[int] | None = None) 
 
 def logps_and_grads(model: torch.nn.Module, batch: types.SimpleNamespace, G: int):
     tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0)
-    engine = PolicyEngine.create(model, tokenizer, EngineSpec(torch.device("cpu"), group_size=G))
+    engine = PolicyEngine.create(model, tokenizer, EngineSpec(group_size=G))
     model.zero_grad(set_to_none=True)
     b = batch.completion_ids.shape[0]
     out = engine.logps(batch, slice(0, b), entropy=True)
@@ -109,7 +109,7 @@ def held_after_forward(model: torch.nn.Module, batch: types.SimpleNamespace, G: 
     from torch.profiler import ProfilerActivity, profile
 
     tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0)
-    engine = PolicyEngine.create(model, tokenizer, EngineSpec(torch.device("cpu"), group_size=G))
+    engine = PolicyEngine.create(model, tokenizer, EngineSpec(group_size=G))
     b = batch.completion_ids.shape[0]
     engine.logps(batch, slice(0, b), entropy=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -156,9 +156,7 @@ def saved_for_backward(model, G: int, b: int, Lp: int, T: int, *, fused: bool = 
     """Bytes of the distinct storages (parameters excepted) autograd saves in the engine's training
     forward over b rows: prompts of Lp tokens shared by groups of G rows, T completion tokens."""
     tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0)
-    engine = PolicyEngine.create(
-        model, tokenizer, EngineSpec(torch.device("cpu"), fused_logps=fused, group_size=G)
-    )
+    engine = PolicyEngine.create(model, tokenizer, EngineSpec(fused_logps=fused, group_size=G))
     g = torch.Generator().manual_seed(0)
     prompt_mask = torch.ones(b, Lp, dtype=torch.bool)
     if padded:

@@ -136,7 +136,7 @@ def test_loss_and_gradients_of_every_loss_type_equal_the_padded_pass(loss_type, 
     ref = torch.randn(batch.completion_ids.shape, generator=g) * 0.1 - 2.5
     results = {}
     for packing, module in (("always", model), ("never", twin)):
-        engine = PolicyEngine.create(module, TOKENIZER, EngineSpec(torch.device("cpu"), group_size=G))
+        engine = PolicyEngine.create(module, TOKENIZER, EngineSpec(group_size=G))
         engine.backend.packing = packing
         stats = engine.logps(batch, slice(0, batch.completion_ids.shape[0]), entropy=True)
         out = grpo_loss(

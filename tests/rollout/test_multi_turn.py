@@ -154,9 +154,7 @@ def test_the_training_forward_scores_a_hand_built_episode_as_one_forward(policy)
     assert mask[0].tolist()[:14] == [True] * 14 and mask[0, 14:18].tolist() == [False] * 4
     reference = transcript_logps(model, batch.prompt_ids, batch.prompt_mask, completion, attention)
     for fused in (True, False):
-        engine = PolicyEngine.create(
-            model, tok, EngineSpec(torch.device("cpu"), fused_logps=fused, group_size=G)
-        )
+        engine = PolicyEngine.create(model, tok, EngineSpec(fused_logps=fused, group_size=G))
         assert engine.fused == fused
         logps = engine.logps(batch, slice(0, G), entropy=False).logps.double()
         torch.testing.assert_close(logps[attention], reference[attention], rtol=0, atol=1e-5)

@@ -9,7 +9,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.config.plan import Evaluation, grpo_plan
@@ -65,7 +64,7 @@ def test_evaluation_weights_the_rewards_as_training_does(tmp_path):
     plan, data = data_of(tmp_path, reward_funcs=["gsm8k_answer", "gsm8k_format"], reward_weights=[1.0, 0.1])
     tok = char_tokenizer("".join(sorted({ch for r in ROWS for ch in r["question"]})))
     model = build_policy(hidden_size=16, num_layers=1, num_heads=2, vocab_size=len(tok), dropout=0.0, seed=0)
-    engine = PolicyEngine.create(model, tok, EngineSpec(torch.device("cpu")))
+    engine = PolicyEngine.create(model, tok, EngineSpec())
     drawn = engine.generate
 
     def scripted(prompts, params, rows=None):

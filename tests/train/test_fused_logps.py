@@ -19,7 +19,7 @@ def _engine(model, temperature: float, fused: bool, group_size: int = 1) -> Poli
     engine = PolicyEngine.create(
         model,
         TOKENIZER,
-        EngineSpec(torch.device("cpu"), fused_logps=fused, temperature=temperature, group_size=group_size),
+        EngineSpec(fused_logps=fused, temperature=temperature, group_size=group_size),
     )
     assert engine.fused == fused  # the backend asked for is the one used
     return engine

@@ -34,7 +34,7 @@ TOKENIZER = char_tokenizer("0123456789+=")
 
 
 def _engine(model, fused: bool, temperature: float = 0.8) -> PolicyEngine:
-    spec = EngineSpec(torch.device("cpu"), fused_logps=fused, temperature=temperature)
+    spec = EngineSpec(fused_logps=fused, temperature=temperature)
     return PolicyEngine.create(model, TOKENIZER, spec)
 
 

@@ -200,7 +200,7 @@ def test_the_importance_ratio_under_a_cut_sampler_is_exact_where_a_full_vocabula
     torch.manual_seed(0)
     model = build_policy(hidden_size=32, num_layers=2, num_heads=4, vocab_size=TOKENIZER.vocab_size, seed=2)
     model.eval()
-    engine = PolicyEngine.create(model, TOKENIZER, EngineSpec(torch.device("cpu"), temperature=0.9))
+    engine = PolicyEngine.create(model, TOKENIZER, EngineSpec(temperature=0.9))
     params = SamplingParams(num_generations=4, max_completion_length=6, temperature=0.9, seed=1, **cut)
     rollout = engine.generate(["1+2=", "30+4="], params)
     replayed = engine.replayed_logps(rollout, 8, params)

@@ -7,8 +7,10 @@ model, which data, how to sample, one step, the optimizer, the run's cadence, ev
 function takes only the objects it reads. A function's signature then says what it depends on, and a
 test builds just those.
 
-No torch import here (the config package stays instant); the objects that need torch (the device,
-`rollout.SamplingParams`, `engine.EngineSpec`) are made from these by train/.
+No torch import here (the config package stays instant). How completions are drawn and how the engine
+runs are the runtime's own types (`SamplingParams`, `EngineSpec`: config/specs.py, which rollout/ and
+engine/ re-export), built here once; train/ fills in what the data decides (the lengths) with
+`dataclasses.replace`, and builds the engine on its device.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..ops.loss_types import LOSS_TYPES, LossVariant
 from .applied import Preset, annotated_yaml, applied
 from .load import run_config_yaml, to_yaml
 from .schema import GRPOConfig, RewardConfig, SFTConfig
+from .specs import EngineSpec, SamplingParams
 
 # ----------------------------------------------------------------------------- the model
 
@@ -126,31 +129,6 @@ class RewardSpec:
 
 
 # ----------------------------------------------------------------------------- generation and the step
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """How training completions are drawn (with the data's lengths: `rollout.SamplingParams`)."""
-
-    num_generations: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-    prompt_truncation: str = "left"
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How the policy engine runs it (with a device: `engine.EngineSpec`, train/grpo_setup.py)."""
-
-    dtype: str = "float32"
-    master_weights: str = "float32"
-    decode_loop: str = "auto"
-    fused_logps: bool = True
-    temperature: float = 1.0  # log-probs are taken at the sampling temperature
-    group_size: int = 1  # G
 
 
 @dataclass(frozen=True)
@@ -308,8 +286,9 @@ class TraineeSpec:
     samples, one step, and the optimizer."""
 
     placement: Placement
-    engine: EngineSettings
-    sampling: SamplingSpec
+    engine: EngineSpec
+    # the lengths are the data's (train/grpo_setup.py `sampling_params`), the seed the step's
+    sampling: SamplingParams
     step: StepSpec
     optimizer: OptimizerSpec
 
@@ -407,9 +386,9 @@ def evaluation(cfg: GRPOConfig) -> Evaluation:
     return _named(Evaluation, cfg, batch_size=cfg.micro_batch_size)  # rows per pass, as in training
 
 
-def engine_settings(cfg: GRPOConfig) -> EngineSettings:
+def engine_spec(cfg: GRPOConfig) -> EngineSpec:
     # temperature > 0: the config refuses greedy training
-    return _named(EngineSettings, cfg, group_size=cfg.num_generations)
+    return _named(EngineSpec, cfg, group_size=cfg.num_generations)
 
 
 def step_spec(cfg: GRPOConfig) -> StepSpec:
@@ -466,8 +445,8 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         ),
         trainee=TraineeSpec(
             placement=placement(cfg),
-            engine=engine_settings(cfg),
-            sampling=SamplingSpec(
+            engine=engine_spec(cfg),
+            sampling=SamplingParams(
                 num_generations=cfg.num_generations,
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,

@@ -34,8 +34,9 @@ from typing import Any, Protocol
 
 import torch
 
+from ..config.specs import EngineSpec as EngineSpec  # re-exported: the plan builds it
 from ..models.backend import LeanBackend, TransformersBackend, backend_of
-from ..models.device import Precision
+from ..models.device import Precision, model_device
 from ..models.lora import reference_model
 from ..ops import HeadStates, TokenLogps, linear_logps, token_logps, token_logps_and_entropy
 from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, process_logits, resolve_decode_loop
@@ -65,18 +66,6 @@ def truncates(params: SamplingParams) -> bool:
     or min-p cut its support and renormalise. (The repetition penalty also reshapes it, from each row's
     own history; it is not replayed, so a ratio against the sampler's log-probs then carries it.)"""
     return params.temperature > 0.0 and (bool(params.top_k) or params.top_p < 1.0 or bool(params.min_p))
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """How the engine runs the policy: resolved once from the config (`config.plan`)."""
-
-    device: torch.device
-    precision: Precision = field(default_factory=Precision)
-    decode_loop: str = "auto"  # eager, static, compiled, cuda_graph, or auto (by device)
-    fused_logps: bool = True  # log-probs from hidden states and the head, no [B, T, V] logits
-    temperature: float = 1.0  # log-probs are taken at the sampling temperature
-    group_size: int = 1  # G: rows come in groups sharing a prompt (prefix sharing when checked true)
 
 
 @dataclass(frozen=True)
@@ -115,14 +104,18 @@ class PolicyEngine:
         tokenizer: Any,
         spec: EngineSpec,
         *,
+        device: torch.device | None = None,
         reference: torch.nn.Module | None = None,
         wrapping: Wrapping | None = None,
         environment: Any = None,
     ) -> PolicyEngine:
-        """`module` (and `reference`) already on `spec.device` in `spec.precision.master`. `wrapping`:
-        how the policy is wrapped for data parallelism (DDP, or FSDP2, which shards `module` in place),
-        if it is; the fused log-prob route is then off. `environment`: an `envs.EnvironmentSpec`:
-        completions are then multi-turn episodes."""
+        """`module` (and `reference`) already on `device` (None: the device of `module`'s parameters)
+        in the master dtype of `spec`'s precision. `wrapping`: how the policy is wrapped for data
+        parallelism (DDP, or FSDP2, which shards `module` in place), if it is; the fused log-prob route
+        is then off. `environment`: an `envs.EnvironmentSpec`: completions are then multi-turn
+        episodes."""
+        device = model_device(module) if device is None else device
+        precision = Precision.of(spec.dtype, spec.master_weights)
         wrapped = wrapping is not None
         lockstep = wrapping.lockstep if wrapping is not None else None
         train_module = wrapping.train_module if wrapping is not None else module
@@ -135,7 +128,7 @@ class PolicyEngine:
         else:
             decoding, loop, control = (
                 backend,
-                resolve_decode_loop(spec.decode_loop, spec.device),
+                resolve_decode_loop(spec.decode_loop, device),
                 LoopControl(),
             )
         fused = spec.fused_logps and not wrapped and backend.head is not None
@@ -143,8 +136,8 @@ class PolicyEngine:
         return cls(
             module=module,
             tokenizer=tokenizer,
-            device=spec.device,
-            precision=spec.precision,
+            device=device,
+            precision=precision,
             decoder=Decoder(decoding, tokenizer, loop, environment, control),
             reference=reference,
             train_module=train_module,

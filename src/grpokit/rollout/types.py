@@ -1,47 +1,13 @@
-"""What a rollout produces, with the shape of every field."""
+"""What a rollout produces, with the shape of every field. How completions are drawn
+(`SamplingParams`) is the plan's own type (config/specs.py), re-exported here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How completions are drawn. Names follow TRL's GRPOConfig."""
-
-    num_generations: int = 8  # G, completions per prompt
-    max_completion_length: int = 256
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-    stop_strings: tuple[str, ...] = ()
-    max_prompt_length: int | None = None  # None = no limit
-    prompt_truncation: Literal["left", "error"] = "left"  # keep the end of a long prompt, or refuse it
-    seed: int | None = None  # the same seed gives the same completions
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.num_generations >= 1, f"num_generations must be ≥ 1, got {self.num_generations}"),
-            (
-                self.max_completion_length >= 1,
-                f"max_completion_length must be ≥ 1, got {self.max_completion_length}",
-            ),
-            (self.temperature >= 0.0, f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}"),
-            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k is None or self.top_k >= 0, f"top_k must be ≥ 0, got {self.top_k}"),
-            (self.min_p is None or 0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
-            (self.max_prompt_length is None or self.max_prompt_length >= 1, "max_prompt_length must be ≥ 1"),
-            (self.prompt_truncation in ("left", "error"), "prompt_truncation must be 'left' or 'error'"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message + ".")
+from ..config.specs import SamplingParams as SamplingParams  # re-exported: the plan builds it
 
 
 @dataclass(frozen=True)
