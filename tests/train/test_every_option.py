@@ -13,6 +13,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.rewards import RewardFunctionError
 from grpokit.train.grpo import train_grpo
+from tests.helpers import named_tests, read_metrics
 from tests.train.helpers import ones_reward, tiny_config, weights
 
 # Off-policy (μ = 2) with a KL term, so that clipping and KL options all act within two steps.
@@ -40,7 +41,7 @@ def run(tmp_path, name: str, reward=ones_reward, **options: Any) -> dict[str, An
     )
     out = tmp_path / name / "run" if "output_dir" not in options else tmp_path / options["output_dir"]
     out = Path(cfg.output_dir)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     return {
         "weights": weights(out),
         "rows": rows,
@@ -255,7 +256,8 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
 # options tested elsewhere, with where
 ELSEWHERE = {
     "teacher_model": "test_distillation.py::test_a_student_distils_the_teachers_habit_with_no_reward",
-    "teacher_model_revision": "tests/models/test_hub_models.py (a teacher at a revision loads; a missing one is one line)",
+    "teacher_model_revision": "tests/models/test_hub_models.py (a teacher at a revision loads; a missing one "
+    "is one line)",
     "distill_coef": "test_distillation.py (the per-token advantage by hand; resume refuses another value)",
     "gkd_beta": "test_gkd.py::test_the_loss_equals_a_direct_computation_in_value_and_every_gradient (β = 0, "
     "0.5, 1); test_a_student_takes_the_teachers_habit_from_its_own_samples_and_from_answers",
@@ -267,8 +269,8 @@ ELSEWHERE = {
     "target_entropy": "test_entropy_control.py::test_a_run_that_would_collapse_is_held_near_its_target",
     "entropy_coef_lr": "test_entropy_control.py (the controller's rule, the band, resume)",
     "strict_invariants": "test_invariants.py::test_strict_invariants_stops_the_run_with_a_checkpoint",
-    "auto_find_batch_size": "test_out_of_memory.py::test_auto_find_batch_size_redoes_the_step_with_half_the_"
-    "micro_batch",
+    "auto_find_batch_size": "test_out_of_memory.py::test_auto_find_batch_size_redoes_the_step_from_its_"
+    "completions_with_half_the_micro_batch",
     "curriculum": "test_curriculum.py::test_the_curriculum_composes_with_dynamic_sampling (prompts set "
     "aside: fewer zero-spread groups and generation batches); test_a_run_with_the_curriculum_resumes_bitwise",
     "curriculum_patience": "test_curriculum.py::test_hand_built_rewards_move_prompts_between_pools_"
@@ -277,7 +279,8 @@ ELSEWHERE = {
     "alert_thresholds": "test_alerts.py::test_a_threshold_changed_by_name_changes_when_it_fires",
     "resume": "test_grpo_loop.py::test_stopped_and_resumed_run_ends_with_bitwise_equal_weights",
     "progress": "test_progress_can_be_switched_off (below)",
-    "model": "test_grpo_loop.py::test_facade_takes_a_path_or_a_loaded_model; test_dataset_files_and_prompt_column",  # noqa: E501
+    "model": "test_grpo_loop.py::test_facade_takes_a_path_or_a_loaded_model; "
+    "test_dataset_files_and_prompt_column (below)",
     "gradient_checkpointing": "test_gradient_checkpointing_is_switched_on (below)",
     "device": "tests/models/test_device.py (resolution, placement, backend choice); tests/gpu/test_gpu.py "
     "(pytest -m gpu: train, resume across devices, reward, sampler on CUDA)",
@@ -346,6 +349,15 @@ def test_option_changes_behaviour_relative(tmp_path, option):
 def test_every_option_has_a_test():
     covered = set(CASES) | set(RELATIVE) | set(ELSEWHERE)
     assert set(GRPOConfig.model_fields) == covered, set(GRPOConfig.model_fields) ^ covered
+
+
+def test_every_test_named_elsewhere_exists():
+    """ELSEWHERE's strings name test files and functions (`file.py::test_name`, a bare test_name of the
+    file named before it, or of this one: `(below)`) that exist: a renamed test leaves no stale entry."""
+    here = Path(__file__)
+    for option, where in ELSEWHERE.items():
+        named = named_tests(where, here.parent, here)
+        assert named and all(named.values()), (option, [test for test, found in named.items() if not found])
 
 
 def test_progress_can_be_switched_off():
