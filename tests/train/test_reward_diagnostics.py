@@ -22,6 +22,7 @@ from grpokit.train.reward_diagnostics import (
     reward_diagnostics,
 )
 from grpokit.train.run_files import check_run_files
+from tests.helpers import read_metrics
 from tests.train.test_reward_model import PAIRS, TOK, reward_cfg, tiny_rm
 
 PLOTS = ("calibration", "accuracy_by_margin", "length_bias")
@@ -287,7 +288,7 @@ def test_a_reward_run_then_report_shows_its_diagnostics(tmp_path):
     result = train_reward(reward_cfg(tmp_path, max_steps=2))
     out = tmp_path / "rm"
     found = json.loads((out / "reward_diagnostics.json").read_text())
-    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    last = read_metrics(out)[-1]
     assert found["step"] == 2 == result.steps and found["num_pairs"] == 16
     for row in found["accuracy_by_margin"]:  # the final evaluation's table, as logged
         assert row["count"] == last[f"eval/calibration/{row['bucket']}/count"]
