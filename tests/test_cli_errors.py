@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from grpokit import cli
+from grpokit import cli, user_errors
 from grpokit.cli import main
 from grpokit.data import DataError, load_preferences, load_prompts
 from grpokit.models.device import DeviceError
@@ -373,7 +373,7 @@ def test_disk_full_without_a_path_still_one_line(capsys):
 
 def test_free_space_is_measured_on_the_real_filesystem(tmp_path):
     """Unfaked: the number in the line is the free space of tmp_path's filesystem, in decimal units."""
-    shown = cli._free_space(str(tmp_path / "not" / "yet" / "state.pt"))
+    shown = user_errors.free_space(str(tmp_path / "not" / "yet" / "state.pt"))
     free = shutil.disk_usage(tmp_path).free
     value, unit = shown.split()
     scale = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[unit]
@@ -382,7 +382,7 @@ def test_free_space_is_measured_on_the_real_filesystem(tmp_path):
 
 
 def test_sizes_read_as_people_read_them():
-    assert [cli._size(n) for n in (0, 999, 12_000_000, 1_500_000_000, 3e12)] == [
+    assert [user_errors.readable_size(n) for n in (0, 999, 12_000_000, 1_500_000_000, 3e12)] == [
         "0.0 B",
         "999.0 B",
         "12.0 MB",

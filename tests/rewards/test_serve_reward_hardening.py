@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import grpokit.rewards
+import grpokit.rewards.serving
 from grpokit.rewards import RemoteReward, RemoteRewardError, RewardServer
 from grpokit.rewards.serving import exposure_warning
 
@@ -343,7 +343,7 @@ def test_the_cli_warns_about_a_non_loopback_host_and_takes_the_key_from_the_envi
         def serve_forever(self) -> None:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(grpokit.rewards, "RewardServer", StopsAtOnce)
+    monkeypatch.setattr(grpokit.rewards.serving, "RewardServer", StopsAtOnce)  # what serve_command makes
     if keyed:
         monkeypatch.setenv("GRPOKIT_API_KEY", TOKEN)
     else:

@@ -586,3 +586,9 @@ def sft_plan(cfg: SFTConfig) -> SFTPlan:
         overwrite=cfg.overwrite,
         config_yaml=run_config_yaml(to_yaml(cfg)),
     )
+
+
+def eval_plan(cfg: GRPOConfig) -> GRPOPlan:
+    """`grpokit eval`'s plan: the config's, without a warm start (evaluation trains nothing, so its rows
+    need no answers)."""
+    return grpo_plan(cfg.model_copy(update={"sft_steps": 0}))

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .lora import merge_lora, unmerged_checkpoint
+from .lora import ADAPTER_DIR, merge_lora, unmerged_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -386,3 +386,15 @@ def save_policy(model: Any, tokenizer: Any, path: str | Path) -> None:
     with quiet_saving():
         model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+
+
+def export_model(checkpoint: str | Path, out_dir: str | Path) -> bool:
+    """A checkpoint (or any directory `load_policy` reads) as a plain model directory `out_dir`: LoRA
+    adapters merged into the base weights, no optimizer or training state; `eval model=` and `train
+    model=` load it. Refuses an `out_dir` that is not empty. Returns whether adapters were merged."""
+    checkpoint, out = Path(checkpoint), Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{str(out)!r} is not empty; export into a new directory.")
+    loaded = load_policy(checkpoint)
+    save_policy(loaded.model, loaded.tokenizer, out)
+    return (checkpoint / ADAPTER_DIR).is_dir()

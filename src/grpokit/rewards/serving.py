@@ -489,3 +489,86 @@ class RewardServer:
             return Response(status_code=400)  # nobody to answer: uvicorn sends nothing
         status, payload = await anyio.to_thread.run_sync(self.answer, b"".join(chunks))
         return self._reply(request, status, payload)
+
+
+# ------------------------------------------------------------------------------------ grpokit serve-reward
+
+
+class _Terminated(Exception):  # noqa: N818 - a signal, not an error
+    """SIGTERM while serving: stop as Ctrl-C does."""
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """What `grpokit serve-reward` serves and how: its options, which `check` refuses by their flags."""
+
+    function: str  # FILE.py:FUNCTION, package.module:FUNCTION, package.module.FUNCTION or a built-in reward
+    port: int  # 0: any free one
+    host: str = "127.0.0.1"
+    concurrency: int = 1
+    max_body_mb: float = DEFAULT_MAX_BODY_MB
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    api_key: str | None = None  # None: the environment's GRPOKIT_API_KEY (unset: no key)
+
+    def check(self) -> None:
+        """Each option refused in one line (a ValueError) before anything is loaded or bound."""
+        if "://" in self.function:
+            raise ValueError(
+                f"{self.function.strip()!r} is a URL: serve-reward serves a Python function (module:function "
+                "or path/file.py:function); a URL already names a server: give it to training as {url: ...}"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port {self.port} is not a port (0 to 65535; 0: any free one)")
+        if self.concurrency < 1:
+            raise ValueError(f"--concurrency {self.concurrency} must be at least 1")
+        above_zero = (("--max-body-mb", self.max_body_mb), ("--request-timeout", self.request_timeout))
+        for option, value in above_zero:
+            if not value > 0:
+                raise ValueError(f"{option} {value:g} must be above 0")
+        if self.max_connections < 1:
+            raise ValueError(f"--max-connections {self.max_connections} must be at least 1")
+
+
+def serve_command(command: ServeCommand) -> None:
+    """Serve `command.function` over HTTP until Ctrl-C or SIGTERM: where it listens on stdout, and on
+    stderr a warning when other machines can reach it without an API key. A port that cannot be bound
+    is one line (a ValueError), as are the options `ServeCommand.check` refuses."""
+    import os
+    import signal
+
+    from .loading import named_reward
+
+    command.check()
+    api_key = command.api_key if command.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    check_api_key(api_key)
+    fn = named_reward(command.function.strip())
+    limits = ServeLimits(
+        concurrency=command.concurrency,
+        max_body_mb=command.max_body_mb,
+        request_timeout=command.request_timeout,
+        max_connections=command.max_connections,
+    )
+    try:
+        server = RewardServer(fn, command.host, command.port, limits=limits, api_key=api_key)
+    except OSError as error:
+        raise ValueError(
+            f"cannot listen on {command.host}:{command.port}: {error.strerror or error}; choose another "
+            "--port (0: any free one) or --host"
+        ) from error
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    warning = exposure_warning(command.host, server.port, reward_name(fn), keyed=api_key is not None)
+    if warning is not None:
+        print(f"grpokit serve-reward: warning: {warning}", file=sys.stderr, flush=True)
+    print(f"serving reward function {reward_name(fn)!r} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, _Terminated):
+        print("stopped", flush=True)
+    finally:
+        server.close()
+        signal.signal(signal.SIGTERM, previous)

@@ -91,6 +91,27 @@ class Checkup:
     def add(self, section: str, item: str, value: Any, level: Level = "ok", advice: str = "") -> None:
         self.findings.append(Finding(section, item, str(value), level, advice))
 
+    def show(self, console: Any, title: str) -> None:
+        """The findings as a table on a rich `console`, then the verdict: fatal ones to fix first, or
+        how to train."""
+        from rich.table import Table
+
+        table = Table(title=title, show_lines=False)
+        for column in ("section", "check", "finding", "", "what to do"):
+            table.add_column(column, overflow="fold")
+        marks = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fatal": "[bold red]FATAL[/]"}
+        for f in self.findings:
+            table.add_row(f.section, f.item, f.value, marks[f.level], f.advice)
+        console.print(table)
+        fatal = sum(f.level == "fatal" for f in self.findings)
+        warned = sum(f.level == "warn" for f in self.findings)
+        if fatal:
+            console.print(f"[bold red]{fatal} fatal finding(s)[/]: the run would fail; fix them first.")
+        else:
+            console.print(
+                f"no fatal finding ({warned} warning(s)). Train with the same arguments: grpokit train ..."
+            )
+
 
 def _gib(num_bytes: float) -> str:
     """Bytes as GiB, or MiB below one GiB."""

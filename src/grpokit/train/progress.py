@@ -8,13 +8,14 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config.plan import Display
 from .events import EventKind
 
 Events = Callable[[str, int, dict[str, Any]], None]
 Handler = Callable[[int, dict[str, Any]], None]  # (step, data)
+Result = TypeVar("Result")
 
 
 def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
@@ -41,6 +42,51 @@ def stop_message(signal: str, phase: str, step: int, output_dir: str) -> str:
         f"stopped by {signal} during {where}, before any checkpoint: nothing in {output_dir} needs keeping; "
         "run the same command again to start over (the warm start is short and is not checkpointed)."
     )
+
+
+def run_reported(
+    console: Any, display: Display, run: Callable[[Events], Result], device: str = "auto"
+) -> Result | None:
+    """`run(on_event)` with the command line's progress display (shown with `display.progress`) on rank 0
+    of a torchrun job, then the process group left (`device`: the run's). Returns the run's result on
+    rank 0, None on the other ranks, which say nothing."""
+    from . import distributed
+
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 talks
+    with RichReporter(console, display, enabled=display.progress and main_rank) as reporter:
+        result = run(reporter.on_event)
+    distributed.shutdown(distributed.init(device))
+    return result if main_rank else None
+
+
+def grpo_summary(result: Any) -> str:
+    """The last line of `grpokit train`: the held-out accuracy before and after, and where the run is."""
+    before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
+    if before is None or after is None:
+        return f"done: {result.steps} steps, eval {result.eval_after}. Run: {result.output_dir}"
+    return (
+        f"held-out greedy accuracy: [bold]{100 * before:.1f}%[/] before GRPO → [bold]{100 * after:.1f}%[/] "
+        f"after {result.steps} steps ({100 * (after - before):+.1f} points). Run: {result.output_dir}"
+    )
+
+
+def reward_summary(result: Any) -> str | None:
+    """The last line of `grpokit reward`: the held-out pairwise accuracy before and after (None: no
+    held-out pairs)."""
+    before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
+    if before is None or after is None:
+        return None
+    return (
+        f"held-out pairwise accuracy: [bold]{before:.3f}[/] → [bold]{after:.3f}[/] "
+        f"after {result.steps} steps. Run: {result.output_dir}"
+    )
+
+
+def sft_summary(result: Any) -> str:
+    """The last line of `grpokit sft`: the held-out accuracy, and where the model is."""
+    if "accuracy" not in result.eval_after:
+        return f"saved to {result.saved} (no eval_dataset: no held-out accuracy)"
+    return f"held-out greedy accuracy {100 * result.eval_after['accuracy']:.1f}%; saved to {result.saved}"
 
 
 @contextmanager

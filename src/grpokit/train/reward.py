@@ -303,6 +303,26 @@ class HeldOut:
             (self.output_dir / DIAGNOSTICS_FILE).write_text(json.dumps(found | {"step": step}, indent=1))
 
 
+def evaluate_reward(plan: RewardPlan) -> dict[str, float]:
+    """`grpokit eval-reward`: pairwise accuracy and calibration of the plan's model on its held-out pairs
+    (the task's, or eval_dataset's), long pairs truncated."""
+    _, eval_pairs, alphabet = preference_data(plan.pairs, [], None)
+    if not eval_pairs:
+        raise ValueError("no evaluation pairs: set task, or eval_dataset to a preference file.")
+    model, tokenizer = reward_model_and_tokenizer(plan.model, alphabet, plan.step.max_length)
+    device = resolve_device(plan.placement.device)
+    enable_fast_matmul(device)  # TF32 matmuls on a GPU
+    model = model.to(device)  # inference only: stored in the compute dtype, no autocast
+    return evaluate_reward_model(
+        model,
+        tokenizer,
+        eval_pairs,
+        max_length=plan.step.max_length,
+        batch_size=plan.step.micro_batch_size,
+        long_pairs="truncate",
+    )
+
+
 def preference_data(
     spec: PairSpec, train_rows: Any, eval_rows: Any
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:

@@ -14,6 +14,7 @@ Only `grpokit.ops` is used for the math; this file is the plumbing around it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -117,3 +118,44 @@ def run(toy: ToyConfig, on_step=None) -> dict[str, float]:
             } | {name: value.item() for name, value in out.metrics.items()}
             on_step(step, metrics)
     return {"accuracy_before": before, "accuracy_after": greedy_accuracy(theta.detach(), target)}
+
+
+# ----------------------------------------------------------------------------- grpokit demo
+
+SHOWN = {  # metric -> its column in the demo's table
+    "reward": "reward",
+    "frac_reward_zero_std": "zero-std groups",
+    "kl": "kl",
+    "clip_ratio/region_mean": "clipped",
+    "loss": "loss",
+    "greedy_accuracy": "accuracy",
+}
+
+
+def run_shown(toy: ToyConfig, console: Any) -> dict[str, float]:
+    """`run` as `grpokit demo` shows it on `console`: a progress bar, then a table of ten steps' metrics
+    and the accuracy before and after. Returns `run`'s result."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    title = f"GRPO on the toy digits task ({toy.loss_type}, P={toy.num_prompts}, G={toy.num_generations})"
+    table = Table(title=title)
+    for header in ["step", *SHOWN.values()]:
+        table.add_column(header, justify="right")
+    every = max(1, toy.steps // 10)
+    columns = TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total}")
+    with Progress(*columns, TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("train", total=toy.steps)
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            bar.update(task, advance=1)
+            if step % every == 0 or step == toy.steps:
+                table.add_row(str(step), *(f"{metrics.get(name, float('nan')):.4f}" for name in SHOWN))
+
+        result = run(toy, on_step)
+    console.print(table)
+    console.print(
+        f"greedy accuracy (all four digits right): {100 * result['accuracy_before']:.1f}% before, "
+        f"{100 * result['accuracy_after']:.1f}% after {toy.steps} steps"
+    )
+    return result

@@ -1,0 +1,28 @@
+"""`grpokit eval`: a policy's held-out metrics, its data, rewards, model and engine resolved as a
+training run resolves them (train/grpo_setup.py)."""
+
+from __future__ import annotations
+
+from ..config.plan import GRPOPlan
+from ..models import enable_fast_matmul, place, resolve_device
+from .grpo_setup import held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
+from .run import check_known_characters, policy_and_tokenizer
+
+
+def evaluate_policy(plan: GRPOPlan) -> dict[str, float]:
+    """Greedy accuracy (exact answer: the task's, or an `answer` column's), mean reward of the plan's
+    reward functions (else the task's, else correctness) and pass@k, on the task's held-out prompts or
+    on eval_dataset (else dataset's dataset_test_split, if it has one, else dataset). `plan`:
+    `config.plan.eval_plan`'s (evaluation trains nothing, so its rows need no answers)."""
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False, evaluate_only=True)
+    context = tiny_context(plan.data.prompt_column, data)  # model: tiny's, made to fit the prompts
+    model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, context)
+    device = resolve_device(plan.trainee.placement.device)
+    enable_fast_matmul(device)  # TF32 matmuls on a GPU
+    settings = plan.trainee.engine
+    model = place(model, device, precision_of(settings))  # weights as training keeps them
+    # a checkpoint's character tokenizer would read characters it never learned as <unk>
+    columns = [plan.data.prompt_column]
+    check_known_characters(tokenizer, plan.model.name, [(data.eval_source, data.eval_rows)], columns)
+    engine = probe_engine(settings, model, tokenizer, data, device)  # sampling as training's engine does
+    return held_out_metrics(engine, data, plan.evaluation)
