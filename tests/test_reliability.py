@@ -22,6 +22,7 @@ from grpokit.models import char_tokenizer, load_policy, save_policy
 from grpokit.rewards import RewardFunctionError, score_completions
 from grpokit.train.grpo import train_grpo
 from grpokit.train.run import TooManySkips
+from tests.helpers import read_steps, tiny_run
 from tests.train.helpers import ones_reward, tiny_config
 
 
@@ -241,10 +242,6 @@ def test_bad_input_gets_one_clear_error(tmp_path, case, call, error, text):
     assert text in str(caught.value), str(caught.value)
 
 
-def test_the_table_is_large_enough():
-    assert len(BAD_INPUTS) >= 25
-
-
 @pytest.mark.slow
 def test_cli_shows_one_line_not_a_traceback(tmp_path):
     result = subprocess.run(
@@ -320,11 +317,7 @@ def test_a_nan_loss_skips_that_update_and_the_run_finishes(tmp_path, monkeypatch
     _nan_at({2}, monkeypatch)  # micro_batch_size 16 = the whole batch: call 2 is step 2's update
     cfg = tiny_config(tmp_path, max_steps=4, micro_batch_size=16)
     result = train_grpo(cfg, reward_funcs=[ones_reward])
-    rows = [
-        json.loads(line)
-        for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()
-        if '"loss"' in line
-    ]
+    rows = read_steps(result.output_dir)
     assert [r["skipped_update"] for r in rows] == [0.0, 1.0, 0.0, 0.0]
     assert result.steps == 4 and (result.output_dir / "checkpoint-4").is_dir()
 
@@ -354,24 +347,16 @@ def test_consecutive_non_finite_updates_stop(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- killed runs
 
-TINY = [
-    "tiny_hidden_size=16",
-    "tiny_num_layers=1",
-    "tiny_num_heads=2",
-    "tiny_intermediate_size=32",
-    "prompts_per_step=4",
-    "num_generations=4",
-    "micro_batch_size=16",
-    "num_eval_prompts=4",
-    "eval_steps=0",
-    "log_completions_steps=0",
-    "progress=false",
-    "lr_scheduler_type=constant",
-    "learning_rate=1e-2",
-    "sft_steps=0",
-    "save_steps=1",
-    "save_total_limit=2",
-]
+# the tiny run at the preset's completion length, a checkpoint each step (the last 2 kept); each caller
+# names the steps (a config file of the user's may, too)
+TINY = tiny_run(
+    "max_steps",
+    "max_completion_length",
+    micro_batch_size=16,
+    lr_scheduler_type="constant",
+    save_steps=1,
+    save_total_limit=2,
+)
 
 
 def _start(out: Path, steps: int, *extra: str) -> subprocess.Popen:
@@ -422,8 +407,7 @@ def test_kill_9_at_a_random_point_then_resume_is_bitwise_equal(tmp_path, uninter
     assert resumed.returncode == 0, stderr
     final = _final_weights(out, 12)
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 13))  # no step lost or doubled
+    assert [r["step"] for r in read_steps(out)] == list(range(1, 13))  # no step lost or doubled
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.helpers import TINY_MODEL, tiny_run
+
 
 @pytest.mark.slow
 def test_cli_train_and_report_on_a_tiny_run(tmp_path):
@@ -17,18 +19,15 @@ def test_cli_train_and_report_on_a_tiny_run(tmp_path):
         "grpokit",
         "train",
         f"output_dir={run}",
-        "sft_steps=20",
-        "max_steps=2",
-        "tiny_hidden_size=16",
-        "tiny_num_layers=1",
-        "tiny_num_heads=2",
-        "tiny_intermediate_size=32",
-        "prompts_per_step=4",
-        "num_generations=4",
-        "micro_batch_size=16",
-        "num_eval_prompts=8",
-        "progress=false",
-        "log_completions_steps=1",
+        # the tiny run at the preset's completion length and learning rate
+        *tiny_run(
+            "max_completion_length",
+            "learning_rate",
+            sft_steps=20,
+            micro_batch_size=16,
+            num_eval_prompts=8,
+            log_completions_steps=1,
+        ),
     ]
     result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -59,10 +58,7 @@ def test_cli_sft(tmp_path):
             f"output_dir={out}",
             "max_steps=3",
             "batch_size=8",
-            "tiny_hidden_size=16",
-            "tiny_num_layers=1",
-            "tiny_num_heads=2",
-            "tiny_intermediate_size=32",
+            *TINY_MODEL,
             "num_eval_prompts=8",
         ],
         capture_output=True,

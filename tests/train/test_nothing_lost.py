@@ -25,6 +25,7 @@ import torch
 from grpokit.cli import main
 from grpokit.train.checkpoint import CheckpointError, write_manifest
 from grpokit.train.rundir import LOCK_NAME, list_checkpoints
+from tests.helpers import TINY_MODEL, read_steps
 
 from ..test_reliability import TINY
 
@@ -111,8 +112,7 @@ def test_a_checkpoint_given_as_output_dir_is_refused_and_the_run_resumes_from_it
     # the real run still resumes from its newest checkpoint, not from checkpoint-1
     code, err = _train(capsys, out, "resume=true", steps=3)
     assert code == 0, err
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in read_steps(out)] == [1, 2, 3]
     assert "damaged" not in err
 
 
@@ -298,7 +298,7 @@ def test_ctrl_c_that_breaks_torch_save_mid_write_is_still_one_line(tmp_path, cap
 
 
 def test_sft_holds_its_output_dir_and_never_replaces_an_earlier_run(tmp_path, capsys, finished_run):
-    sft = ["max_steps=2", "tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2"]
+    sft = ["max_steps=2", *TINY_MODEL]
     out = tmp_path / "sft"
     assert main(["sft", f"output_dir={out}", *sft]) == 0
     capsys.readouterr()

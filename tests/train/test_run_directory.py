@@ -34,6 +34,7 @@ from grpokit.train.rundir import (
     clear_earlier_run,
     exclusive_output_dir,
 )
+from tests.helpers import read_alerts, read_metrics
 
 from ..test_reliability import TINY
 from .helpers import ones_reward, tiny_config
@@ -284,7 +285,7 @@ def test_two_concurrent_cli_runs_into_one_directory_one_is_refused_the_other_com
     line = _error_line(second.stderr)
     assert f"output_dir {str(out)!r} is in use by another grpokit run (PID {first.pid})" in line
     assert first.returncode == 0, first_err
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, steps + 1))  # each step once
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, steps]  # one run's evaluations
     checkpoints = list_checkpoints(out)
@@ -385,7 +386,7 @@ def test_a_crash_while_resume_rewrites_metrics_leaves_them_intact(tmp_path, monk
     assert path.read_text() == before  # every row still there: the resume can be tried again
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temporary file left
     truncate_metrics_after(tmp_path, 3)
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+    assert [row["step"] for row in read_metrics(tmp_path)] == [0, 1, 2, 3]
 
 
 def test_a_crash_while_resume_rewrites_alerts_leaves_them_intact(tmp_path, monkeypatch):
@@ -402,7 +403,7 @@ def test_a_crash_while_resume_rewrites_alerts_leaves_them_intact(tmp_path, monke
     assert path.read_text() == before  # every alert still there: the resume can be tried again
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl"]  # no temporary file left
     AlertWatch().resume(tmp_path, 6)
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [2, 5]
+    assert [alert["step"] for alert in read_alerts(tmp_path)] == [2, 5]
 
 
 # ----------------------------------------------------------------------------- one line for the user

@@ -14,12 +14,13 @@ import pytest
 
 from grpokit import GRPOTrainer
 from grpokit.config.load import run_config_yaml
-from grpokit.train.rundir import claim_output_dir, clear_earlier_run
+from grpokit.config.plan import SFTSchedule, grpo_plan
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import ZeroSpreadWatch
 from grpokit.train.optim import lr_factor
-from grpokit.config.plan import SFTSchedule, grpo_plan
+from grpokit.train.rundir import claim_output_dir, clear_earlier_run
 from grpokit.train.sft import SFTHooks, run_sft
+from tests.helpers import read_steps, tiny_run
 
 from .helpers import ones_reward, tiny_config, weights
 
@@ -53,12 +54,10 @@ def test_overwrite_replaces_the_earlier_run_and_resume_continues_it(tmp_path):
     (run / "notes.txt").write_text("mine")  # not a run file: never touched
     train_grpo(tiny_config(tmp_path, max_steps=1, save_steps=1, overwrite=True), reward_funcs=[ones_reward])
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]  # 2 and 3 are gone
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == [1]
+    assert [r["step"] for r in read_steps(run)] == [1]
     assert (run / "notes.txt").read_text() == "mine"
     train_grpo(tiny_config(tmp_path, max_steps=2, save_steps=1, resume=True), reward_funcs=[ones_reward])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    assert [r["step"] for r in read_steps(run)] == [1, 2]
 
 
 def test_resume_without_a_checkpoint_is_refused_and_keeps_the_metrics(tmp_path):
@@ -179,11 +178,7 @@ def test_a_signal_during_the_warm_start_stops_cleanly_and_the_same_run_starts_ag
 @pytest.mark.slow
 def test_sigterm_during_the_warm_start_exits_with_a_message(tmp_path):
     out = tmp_path / "run"
-    args = [
-        "tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2", "tiny_intermediate_size=32",
-        "prompts_per_step=4", "num_generations=4", "micro_batch_size=16", "num_eval_prompts=4",
-        "progress=false", "sft_steps=100000", "sft_batch_size=8",
-    ]  # fmt: skip
+    args = tiny_run(micro_batch_size=16, sft_steps=100000, sft_batch_size=8)  # stopped in the warm start
     process = subprocess.Popen(
         [sys.executable, "-m", "grpokit", "train", f"output_dir={out}", *args],
         stdout=subprocess.PIPE,

@@ -18,10 +18,9 @@ from grpokit.config.plan import sft_plan
 from grpokit.models import load_policy
 from grpokit.train.rundir import LOCK_NAME, RunDirectoryInUse, RunDirLock
 from grpokit.train.sft_run import train_sft
+from tests.helpers import TINY_MODEL, TINY_MODEL_VALUES
 
 from .test_run_directory import _wait_for_holder
-
-TINY_SFT = ["tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2", "tiny_intermediate_size=32"]
 
 
 def _plan(tmp_path: Path, **overrides):
@@ -30,10 +29,7 @@ def _plan(tmp_path: Path, **overrides):
         max_steps=3,
         batch_size=8,
         num_eval_prompts=4,
-        tiny_hidden_size=16,
-        tiny_num_layers=1,
-        tiny_num_heads=2,
-        tiny_intermediate_size=32,
+        **TINY_MODEL_VALUES,
     )
     return sft_plan(SFTConfig(**values | overrides))
 
@@ -80,7 +76,7 @@ def test_a_second_sft_into_a_held_output_dir_is_refused_and_touches_nothing(tmp_
 @pytest.mark.slow
 def test_sigterm_to_the_command_mid_run_saves_and_exits_as_grpo_does_and_a_second_one_is_refused(tmp_path):
     out = tmp_path / "sft"
-    command = [sys.executable, "-m", "grpokit", "sft", f"output_dir={out}", "max_steps=1000000", *TINY_SFT]
+    command = [sys.executable, "-m", "grpokit", "sft", f"output_dir={out}", "max_steps=1000000", *TINY_MODEL]
     command += ["batch_size=8"]
     env = os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "1000"}  # each line as it comes, unwrapped
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
