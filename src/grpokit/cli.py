@@ -257,7 +257,7 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     values of the preset named on its command line rather than of the one it runs without CONFIG."""
     from .config import GRPOConfig, RewardConfig, SFTConfig
     from .config.reference import options_help
-    from .ops import POLICY_LOSS_TYPES
+    from .ops import LOSS_TYPES, POLICY_LOSS_TYPES
 
     parser = argparse.ArgumentParser(
         prog="grpokit", description="Group Relative Policy Optimization for language models."
@@ -373,7 +373,7 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     demo.add_argument("--num-prompts", type=int, default=16)
     demo.add_argument("--num-generations", type=int, default=8)
     demo.add_argument("--num-iterations", type=int, default=2)
-    no_teacher = [t for t in POLICY_LOSS_TYPES if t != "opd"]  # the toy demo has no teacher to distill from
+    no_teacher = [t for t in POLICY_LOSS_TYPES if not LOSS_TYPES[t].needs_teacher]  # the toy demo has none
     demo.add_argument("--loss-type", choices=no_teacher, default="dapo")
     demo.add_argument("--beta", type=float, default=0.04)
     demo.add_argument("--epsilon", type=float, default=0.2)
