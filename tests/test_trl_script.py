@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rewards import exact_answer, format_tags
+from tests.helpers import read_steps
 
 # Written as TRL 1.16's README quickstart writes it (a datasets.Dataset with a "prompt" column, a
 # reward that prefers 20-character completions); tiny sizes, the model from the test's hub cache.
@@ -51,10 +50,6 @@ TRL_SCRIPT = textwrap.dedent(
     """
 )
 GRPOKIT_SCRIPT = TRL_SCRIPT.replace("from trl import", "from grpokit import")
-
-
-def _metrics(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_the_scripts_differ_in_the_import_line_only_and_are_valid_trl():
@@ -102,7 +97,7 @@ def test_a_trl_script_trains_with_only_its_import_changed(hub_offline, tmp_path,
     config = (out / "config.yaml").read_text()
     assert "prompts_per_step: 2\n" in config and "micro_batch_size: 4\n" in config
     assert "model: tiny-org/qwen2-chat\n" in config
-    steps = [row for row in _metrics(out) if "loss" in row]
+    steps = read_steps(out)
     assert [row["step"] for row in steps] == [1, 2]  # max_steps=2, logging_steps=1
     for row in steps:
         assert 1 <= row["completions/max_length"] <= 8, row  # max_completion_length=8

@@ -6,7 +6,6 @@ job fires none (tests/test_main_job.py)."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -19,6 +18,7 @@ from grpokit.train import update as update_module
 from grpokit.train.alerts import AlertWatch
 from grpokit.train.grpo import train_grpo
 from grpokit.train.run_files import check_run_files
+from tests.helpers import read_alerts
 from tests.train.helpers import ones_reward, tiny_config
 
 
@@ -28,8 +28,7 @@ def _run(tmp_path, reward_funcs=None, name="run", **overrides):
     result = train_grpo(
         cfg, reward_funcs=reward_funcs, on_event=lambda kind, step, data: events.append((kind, step, data))
     )
-    path = result.output_dir / "alerts.jsonl"
-    alerts = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    alerts = read_alerts(result.output_dir)
     said = [(step, data["message"]) for kind, step, data in events if kind == "warning"]
     return result, alerts, [(s, m) for s, m in said if m.startswith("alert ")]
 
@@ -148,7 +147,7 @@ def test_a_reward_that_pays_for_the_wrong_thing_is_caught_hacking(tmp_path):
         lr_scheduler_type="constant",
     )
     result = train_grpo(cfg, reward_funcs=[ones_reward])
-    alerts = [json.loads(line) for line in (result.output_dir / "alerts.jsonl").read_text().splitlines()]
+    alerts = read_alerts(result.output_dir)
     hacking = [a for a in alerts if a["name"] == "reward_hacking"]
     assert len(hacking) == 1 and hacking[0]["step"] % 4 == 0  # found at an evaluation
     assert hacking[0]["value"] >= 0.1 and "held-out accuracy fell" in hacking[0]["advice"]

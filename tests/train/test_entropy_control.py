@@ -5,7 +5,6 @@ otherwise collapse is held within a band, and resume carries the coefficient bit
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 from grpokit.ops import grpo_loss
 from grpokit.train.grpo import train_grpo
 from grpokit.train.trainee import EntropyControl
+from tests.helpers import read_steps
 from tests.train.helpers import tiny_config, weights
 
 
@@ -58,8 +58,7 @@ def _noise_run(tmp_path, name, **overrides):
 
     cfg = tiny_config(tmp_path, output_dir=str(tmp_path / name), max_steps=30, learning_rate=0.1, **overrides)
     result = train_grpo(cfg, reward_funcs=[noise_reward])
-    lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if '"loss"' in line]
+    return read_steps(result.output_dir)
 
 
 def test_a_run_that_would_collapse_is_held_near_its_target(tmp_path):
@@ -86,10 +85,7 @@ def test_resume_carries_the_coefficient_bitwise(tmp_path):
     train_grpo(stopped)
     resumed = tiny_config(tmp_path, output_dir=str(tmp_path / "stopped"), max_steps=4, resume=True, **common)
     train_grpo(resumed)
-    rows = {}
-    for name in ("straight", "stopped"):
-        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-        rows[name] = [json.loads(line) for line in lines if '"loss"' in line]
+    rows = {name: read_steps(tmp_path / name) for name in ("straight", "stopped")}
     assert [r["entropy/coef"] for r in rows["stopped"]] == [r["entropy/coef"] for r in rows["straight"]]
     assert rows["straight"][-1]["entropy/coef"] > 0.0  # the coefficient moved before the checkpoint
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")  # their last: checkpoint-4

@@ -11,7 +11,6 @@ across a resume (bitwise) and refuses what it cannot take, in one line."""
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from grpokit.report import write_report
 from grpokit.rollout import SamplingParams
 from grpokit.train.distill import gkd_loss, learns_on_policy
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_metrics
 from tests.train.helpers import ones_reward, tiny_config, weights
 from tests.train.test_distillation import habit_teacher, student_run
 from tests.train.test_fused_logps import _batch
@@ -183,7 +183,7 @@ def test_the_share_of_on_policy_steps_is_lmbda_and_a_resume_is_bitwise(tmp_path)
     straight = train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "straight"), max_steps=6, **gkd))
     train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "stopped"), max_steps=2, **gkd))
     train_grpo(tiny_config(tmp_path, output_dir=str(tmp_path / "stopped"), max_steps=6, resume=True, **gkd))
-    rows = [json.loads(x) for x in (straight.output_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(straight.output_dir)
     kinds = {r["distill/on_policy"] for r in rows if "distill/on_policy" in r}
     assert kinds == {0.0, 1.0}  # the six steps hold both kinds (seed 3)
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")

@@ -10,7 +10,6 @@ and min-p the importance ratio is exact where a full-vocabulary one is off by th
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from grpokit.train import draw as draw_module
 from grpokit.train import grpo as grpo_module
 from grpokit.train.grpo import train_grpo
 from grpokit.train.metrics import InvariantWatch
+from tests.helpers import read_steps
 from tests.train.helpers import ones_reward, tiny_config
 
 TOKENIZER = char_tokenizer("0123456789+=")
@@ -35,9 +35,8 @@ def _run(tmp_path, **overrides):
     result = train_grpo(
         cfg, reward_funcs=[ones_reward], on_event=lambda kind, step, data: events.append((kind, step, data))
     )
-    rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
     warnings = [(step, data["message"]) for kind, step, data in events if kind == "warning"]
-    return [r for r in rows if "loss" in r], warnings
+    return read_steps(result.output_dir), warnings
 
 
 def test_a_normal_run_holds_its_group_invariants(tmp_path):

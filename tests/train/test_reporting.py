@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib.machinery
-import json
 import sys
 import types
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from grpokit.cli import main
 from grpokit.config import ConfigError
 from grpokit.train.metrics import MetricsWriter, check_reporters, wandb_settings
+from tests.helpers import read_metrics
 
 
 def test_tensorboard_gets_every_scalar_and_the_json_lines_stay(tmp_path):
@@ -24,7 +24,7 @@ def test_tensorboard_gets_every_scalar_and_the_json_lines_stay(tmp_path):
     writer.write(1, {"loss": 0.5, "reward": float("nan"), "note": "text"})
     writer.write(2, {"loss": 0.25})
     writer.close()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["reward"] is None and rows[1]["note"] == "text"
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
@@ -126,7 +126,7 @@ def test_a_grpo_run_reports_to_wandb_and_tensorboard(tmp_path, monkeypatch):
             "mode": "offline",
         }
     ]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     assert [step for _, step in fake.logged] == [r["step"] for r in rows]  # every row, with its step
     for (data, _), row in zip(fake.logged, rows, strict=True):
         assert data == {

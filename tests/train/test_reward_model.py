@@ -14,6 +14,7 @@ from grpokit.data import DataError, collate_preferences, get_task, load_preferen
 from grpokit.models import build_reward_model, char_tokenizer, reward_scores
 from grpokit.ops import bradley_terry_loss
 from grpokit.train.reward import evaluate_reward_model, reward_step, train_reward
+from tests.helpers import TINY_MODEL, TINY_MODEL_VALUES, read_metrics
 
 TOK = char_tokenizer("0123456789+=")
 PAIRS = [
@@ -33,10 +34,7 @@ def tiny_rm(seed: int = 0):
 def reward_cfg(tmp_path, **overrides) -> RewardConfig:
     base = dict(
         output_dir=str(tmp_path / "rm"),
-        tiny_hidden_size=16,
-        tiny_num_layers=1,
-        tiny_num_heads=2,
-        tiny_intermediate_size=32,
+        **TINY_MODEL_VALUES,
         max_steps=3,
         batch_size=8,
         micro_batch_size=8,
@@ -161,7 +159,7 @@ def test_built_in_preference_pairs(name):
 def test_train_reward_writes_metrics_checkpoints_calibration_and_resumes_bitwise(tmp_path):
     straight = reward_cfg(tmp_path / "a", max_steps=4, save_steps=2)
     result = train_reward(straight)
-    rows = [json.loads(line) for line in (tmp_path / "a" / "rm" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "a" / "rm")
     step_rows = [r for r in rows if "loss" in r]
     assert {
         "loss",
@@ -248,9 +246,9 @@ def test_reward_trainer_facade_and_evaluation(tmp_path):
 
 def test_grpo_reward_funcs_from_the_config(tmp_path):
     """{model: DIR} loads a trained reward model as a reward function; {builtin: ...} picks one."""
+    from grpokit.config.plan import reward_spec
     from grpokit.models import save_policy
     from grpokit.train.grpo import train_grpo
-    from grpokit.config.plan import reward_spec
     from grpokit.train.grpo_setup import configured_rewards
     from tests.train.helpers import tiny_config
 
@@ -263,7 +261,7 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
     funcs = configured_rewards(reward_spec(cfg), get_task("addition"))
     assert [getattr(f, "__name__", "") for f in funcs] == ["reward_model:rm", "reward"]
     result = train_grpo(cfg)
-    rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(result.output_dir)
     assert "rewards/reward_model:rm/mean" in rows[1] and rows[1]["rewards/reward_model:rm/std"] > 0
     with pytest.raises(ConfigError, match="exactly one of 'model'"):
         load_config(GRPOConfig, None, ["reward_funcs=[{model: a, builtin: task}]"])
@@ -275,10 +273,7 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
 def test_cli_reward_and_eval_reward(tmp_path):
     out = tmp_path / "rm"
     shared = [
-        "tiny_hidden_size=16",
-        "tiny_num_layers=1",
-        "tiny_num_heads=2",
-        "tiny_intermediate_size=32",
+        *TINY_MODEL,
         "num_eval_pairs=16",
         "batch_size=8",
         "micro_batch_size=8",
