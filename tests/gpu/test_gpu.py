@@ -27,7 +27,6 @@ How runs on two devices are made comparable (neither changes what is being teste
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -37,6 +36,7 @@ import pytest
 import torch
 
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_metrics, read_steps
 from tests.train.helpers import ones_reward, tiny_config, weights
 
 pytestmark = [
@@ -158,11 +158,6 @@ def engines(monkeypatch):
 # ----------------------------------------------------------------------------- helpers
 
 
-def _step_rows(output_dir: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r]
-
-
 def _devices(module: Any) -> set[str]:
     return {p.device.type for p in module.parameters()}
 
@@ -207,7 +202,7 @@ def test_grpo_on_cuda_equals_the_cpu_run_with_models_on_the_gpu(
         optimizer_steps.clear()
         engines.clear()  # the engines of this run only
         train_grpo(cfg, reward_funcs=[ones_reward], on_event=watch)
-        rows[name] = _step_rows(tmp_path / name / "run")
+        rows[name] = read_steps(tmp_path / name / "run")
     assert len(during) == 3 and not any(p["tf32"] for p in during), during
     for placed in during:
         assert placed["engine"] == placed["policy"] == placed["reference"] == {"cuda"}, placed
@@ -232,7 +227,7 @@ def test_grpo_on_cuda_raises_the_reward_it_favours(tmp_path):
     cfg = tiny_config(
         tmp_path, device="cuda", max_steps=30, prompts_per_step=8, micro_batch_size=32, learning_rate=3e-2
     )
-    rewards = [r["reward"] for r in _step_rows(train_grpo(cfg, reward_funcs=[ones_reward]).output_dir)]
+    rewards = [r["reward"] for r in read_steps(train_grpo(cfg, reward_funcs=[ones_reward]).output_dir)]
     assert torch.isfinite(torch.tensor(rewards)).all()
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards
 
@@ -265,7 +260,7 @@ def test_checkpoint_from_one_device_resumes_on_the_other(tmp_path, host_draws, f
         on_event=lambda kind, step, data: events.append((kind, step)),
     )
     assert ("resumed", 2) in events
-    a, b = _step_rows(tmp_path / "a" / "run"), _step_rows(tmp_path / "b" / "run")
+    a, b = read_steps(tmp_path / "a" / "run"), read_steps(tmp_path / "b" / "run")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert [r["reward"] for r in a] == [r["reward"] for r in b]  # the same completions after the resume
     _assert_weights_close(weights(tmp_path / "a" / "run"), weights(tmp_path / "b" / "run"))
@@ -291,7 +286,7 @@ def test_reward_model_on_cuda_equals_the_cpu_run(tmp_path, optimizer_steps):
     for name, device in RUNS:
         optimizer_steps.clear()
         results[name] = train_reward(_reward_config(tmp_path / name, device=device))
-        rows[name] = _step_rows(tmp_path / name / "rm")
+        rows[name] = read_steps(tmp_path / name / "rm")
     assert len(optimizer_steps) == 3
     for seen in optimizer_steps:
         assert seen["param_devices"] == {"cuda"} and seen["state_devices"] == {"cuda"}, seen
@@ -395,7 +390,7 @@ def test_bfloat16_on_cuda_keeps_float32_master_weights(tmp_path, engines, optimi
         if k != "step" and v.is_floating_point()
     ]
     assert moments and {v.dtype for v in moments} == {torch.float32}
-    for row in _step_rows(tmp_path / "run"):
+    for row in read_steps(tmp_path / "run"):
         for key in ("loss", "grad_norm", "entropy", "kl", "reward"):
             assert torch.isfinite(torch.tensor(row[key])), (row["step"], key)
 
@@ -430,7 +425,7 @@ def test_multi_turn_episodes_on_cuda_equal_the_cpu_ones(tmp_path):
     torch.testing.assert_close(on_gpu.sampling_logps, on_cpu.sampling_logps, rtol=0, atol=1e-4)
     cfg = tiny_config(tmp_path, device="cuda", task="tool_addition", max_completion_length=None, max_turns=3)
     result = train_grpo(cfg)
-    rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(result.output_dir)
     assert all("env/turns" in r for r in rows if "loss" in r)
 
 
