@@ -28,6 +28,7 @@ def test_defaults_follow_trl_where_names_match():
         "warmup_steps",
         "gradient_checkpointing",
         "report_to",
+        "num_completions_to_print",  # one row per prompt, 6 of them; TRL prints every completion
     }
     shared = (set(GRPOConfig.model_fields) & set(vars(theirs))) - differs
     assert {

@@ -269,6 +269,8 @@ ELSEWHERE = {
     "target_entropy": "test_entropy_control.py::test_a_run_that_would_collapse_is_held_near_its_target",
     "entropy_coef_lr": "test_entropy_control.py (the controller's rule, the band, resume)",
     "strict_invariants": "test_invariants.py::test_strict_invariants_stops_the_run_with_a_checkpoint",
+    "num_completions_to_print": "test_every_option.py::test_num_completions_to_print_sets_the_rows_of_the_"
+    "completions_table",
     "auto_find_batch_size": "test_out_of_memory.py::test_auto_find_batch_size_redoes_the_step_from_its_"
     "completions_with_half_the_micro_batch",
     "curriculum": "test_curriculum.py::test_the_curriculum_composes_with_dynamic_sampling (prompts set "
@@ -369,6 +371,30 @@ def test_progress_can_be_switched_off():
     for enabled in (True, False):
         with RichReporter(Console(), display(GRPOConfig(progress=enabled)), enabled=enabled) as reporter:
             assert reporter.progress.disable is (not enabled)
+
+
+def test_num_completions_to_print_sets_the_rows_of_the_completions_table():
+    """One row per prompt (its first completion), as many prompts as num_completions_to_print; None:
+    every prompt."""
+    from rich.console import Console
+
+    from grpokit.config.plan import display
+    from grpokit.train.events import EventKind
+    from grpokit.train.progress import RichReporter
+
+    G, P = 4, 5
+    data = {  # P prompts × G completions; completion "p.g", reward p + g/10
+        "prompts": [f"prompt{p}" for p in range(P) for _ in range(G)],
+        "completions": [f"{p}.{g}" for p in range(P) for g in range(G)],
+        "rewards": [p + g / 10 for p in range(P) for g in range(G)],
+    }
+    for count, rows in ((2, ["0.0", "1.0"]), (None, ["0.0", "1.0", "2.0", "3.0", "4.0"])):
+        console = Console(record=True, width=200)
+        shown = display(GRPOConfig(num_generations=G, num_completions_to_print=count))
+        with RichReporter(console, shown, enabled=False) as reporter:
+            reporter.on_event(EventKind.COMPLETIONS, 7, data)
+        text = console.export_text()
+        assert [f"'{c}'" in text for c in data["completions"]] == [c in rows for c in data["completions"]]
 
 
 def test_gradient_checkpointing_is_switched_on(tmp_path):

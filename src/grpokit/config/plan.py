@@ -278,6 +278,7 @@ class Display:
     max_steps: int = 0
     sft_steps: int = 0
     num_generations: int = 1  # the completions table shows one row per group
+    num_completions_to_print: int | None = 6  # ... of this many groups (None: all)
 
 
 @dataclass(frozen=True)
@@ -472,6 +473,7 @@ def display(cfg: GRPOConfig | RewardConfig) -> Display:
         max_steps=cfg.max_steps,
         sft_steps=cfg.sft_steps if grpo else 0,
         num_generations=cfg.num_generations if grpo else 1,
+        num_completions_to_print=cfg.num_completions_to_print if grpo else None,
     )
 
 

@@ -406,6 +406,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     log_completions_steps: int = option(
         50, ge=0, description="print a table of sample completions every N steps", resume=APPLIED
     )
+    num_completions_to_print: int | None = option(
+        6,
+        ge=1,
+        description="rows of that table: the first completion of this many prompts (None: every prompt; "
+        "TRL's default, None, prints every completion of the batch)",
+        resume=APPLIED,
+    )
     auto_find_batch_size: bool = option(
         False,
         description="when the device runs out of memory in a step's reference pass or update, redo the "

@@ -255,7 +255,7 @@ class RichReporter(Dispatch):
             table.add_column(column)
         for prompt, completion, reward in list(
             zip(data["prompts"], data["completions"], data["rewards"], strict=True)
-        )[:: self.display.num_generations][:6]:
+        )[:: self.display.num_generations][: self.display.num_completions_to_print]:
             # as plain text: "[calc(...)]" would otherwise be read as rich markup and vanish
             table.add_row(Text(prompt), Text(repr(completion)), f"{reward:.2f}")
         self.console.print(table)
