@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import read_steps
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_throughput.py"
 
 
@@ -266,8 +268,7 @@ def test_distillation_demo_runs_its_smoke_size(tmp_path):
     (row,) = result["seeds"]
     assert row["seed"] == 1 and row["gkd"]["steps"] == row["grpo"]["steps"] == 2
     assert result["teacher"] == str(work / "teacher" / "checkpoint-3")
-    rows = [json.loads(x) for x in (work / "gkd-1" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "loss" in r]
+    steps = read_steps(work / "gkd-1")
     assert len(steps) == 2 and all(math.isfinite(r["distill/divergence"]) for r in steps)
     assert {r["distill/on_policy"] for r in steps} <= {0.0, 1.0}
 

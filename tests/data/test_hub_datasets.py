@@ -17,6 +17,7 @@ from grpokit.config import GRPOConfig
 from grpokit.config.plan import grpo_plan
 from grpokit.data import ANSWER_FORMATS, DataError, apply_answer_format, gsm8k_answer, load_prompts
 from grpokit.train.grpo_setup import resolve_data
+from tests.helpers import TINY_MODEL
 
 pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -321,8 +322,7 @@ def test_a_short_run_on_a_hub_dataset_sees_bare_answers(tmp_path, hub_cached):
 
 def test_sft_and_eval_commands_resolve_the_same_way(tmp_path, repo, capsys):
     common = [f"dataset={repo}", "dataset_config=main", "task=null", "prompt_column=question"]
-    common += ["answer_format=gsm8k", "tiny_hidden_size=16", "tiny_num_layers=1", "tiny_num_heads=2"]
-    common += ["tiny_intermediate_size=32", "progress=false"]
+    common += ["answer_format=gsm8k", *TINY_MODEL, "progress=false"]
     assert main(["sft", *common, "max_steps=2", "batch_size=4", f"output_dir={tmp_path}/sft"]) == 0
     assert "held-out greedy accuracy" in capsys.readouterr().out  # the test split was held out
     assert main(["eval", *common, f"model={tmp_path}/sft/final", "max_completion_length=4"]) == 0

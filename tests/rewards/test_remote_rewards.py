@@ -32,6 +32,7 @@ from grpokit.rewards import (
     score_completions,
 )
 from grpokit.train.grpo import train_grpo
+from tests.helpers import read_metrics
 from tests.rewards.remote_scorers import digit_match
 from tests.train.helpers import tiny_config
 
@@ -448,7 +449,7 @@ def served_by_cli(reference: str, *options: str):
 
 def _metrics(output_dir: Path) -> list[dict[str, Any]]:
     changing = ("time", "step_time", "tokens_per_second")  # wall-clock figures
-    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(output_dir)
     return [
         {k: v for k, v in row.items() if k not in changing and not k.startswith("timing/")} for row in rows
     ]
