@@ -304,7 +304,8 @@ def test_sft_holds_its_output_dir_and_never_replaces_an_earlier_run(tmp_path, ca
     capsys.readouterr()
     before = snapshot(out)
     assert main(["sft", f"output_dir={out}", *sft]) == 2
-    assert "already holds a run (final)" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "already holds a run (final); start a new one" in said and "resume=true" not in said  # no resume
     assert snapshot(out) == before
     assert main(["sft", f"output_dir={out}", "overwrite=true", *sft]) == 0
     grpo = _copy(finished_run, tmp_path / "grpo")  # a GRPO run's config.yaml is not replaced either

@@ -316,7 +316,7 @@ def earlier_run(output_dir: Path) -> list[str]:
     return found
 
 
-def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool:
+def claim_output_dir(output_dir: Path, *, resume: bool | None, overwrite: bool) -> bool:
     """Refuse, before any work, to start a new run where an earlier one lives (its metrics would be
     mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
     having higher step numbers), to resume a run that has no checkpoint to resume from (starting it
@@ -324,7 +324,8 @@ def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool
     config.yaml that grpokit did not write. Returns whether there is an earlier run that `overwrite`
     asks to delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a
     command that fails on bad input never destroys anything. Called under the lock
-    (`exclusive_output_dir`), so what it finds cannot change before the run writes."""
+    (`exclusive_output_dir`), so what it finds cannot change before the run writes. `resume`: None for a
+    command that cannot resume (`grpokit sft`): its refusal then offers only the other two ways."""
     found = earlier_run(output_dir)
     refuse_replacing_user_config(output_dir, found)
     shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
@@ -339,8 +340,9 @@ def claim_output_dir(output_dir: Path, *, resume: bool, overwrite: bool) -> bool
     if not found or resume:
         return False
     if not overwrite:
+        then = "" if resume is None else "continue it with resume=true, "
         raise EarlierRunError(
-            f"output_dir {str(output_dir)!r} already holds a run ({shown}); continue it with resume=true, "
+            f"output_dir {str(output_dir)!r} already holds a run ({shown}); {then}"
             "start a new one with another output_dir=..., or replace it with overwrite=true."
         )
     return True

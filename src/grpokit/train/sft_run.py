@@ -63,7 +63,7 @@ def train_sft(
     emit: Emit = on_event or (lambda kind, step, data: None)
     output_dir = Path(plan.output_dir)
     with StopSignals() as stop, exclusive_output_dir(Dist(), output_dir):
-        replacing = claim_output_dir(output_dir, resume=False, overwrite=plan.overwrite)
+        replacing = claim_output_dir(output_dir, resume=None, overwrite=plan.overwrite)
         return _train_sft(plan, replacing, emit, stop)
 
 
