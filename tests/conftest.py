@@ -26,6 +26,27 @@ def pytest_configure(config: pytest.Config) -> None:
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "native")
     cache = Path(tempfile.gettempdir()) / f"grpokit-tests-inductor-{capability}"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    _pin_cpu_threads()
+
+
+def _pin_cpu_threads() -> None:
+    """Every test computes on a fixed number of CPU threads, whatever else runs on the machine: the
+    usable cores shared out among pytest-xdist's workers (2 workers x 1 thread on 2 cores; all of them
+    without xdist), at least one. torch's count is set here for this process, and OMP_NUM_THREADS and
+    MKL_NUM_THREADS for the processes the tests start (a `python3 -m grpokit` run reads them).
+
+    OMP_NUM_THREADS is also what keeps grpokit's CPU-thread governor (train/threads.py) from adapting
+    in a run whose `num_threads` is unset: under a pinned environment it never reads the machine's
+    load, so no run in a test changes its count or says "other processes are using ... cores" because
+    another worker, or anything else, holds a core. tests/train/test_threads.py tests that adaptation
+    on a simulated machine."""
+    from grpokit.train.threads import usable_cores
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each worker by xdist
+    count = max(1, usable_cores() // workers)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(count)
+    torch.set_num_threads(count)
 
 
 @pytest.fixture(scope="session")
