@@ -152,3 +152,53 @@ def test_num_threads_pins_torch_threads_for_the_run_and_is_restored(tmp_path):
     assert seen and set(seen) == {wanted}
     assert torch.get_num_threads() == before
     assert [r["cpu_threads"] for r in read_steps(result.output_dir)] == [wanted, wanted]
+
+
+def test_the_suite_pins_threads_so_that_no_run_in_a_test_adapts():
+    """tests/conftest.py pins every test's thread count (OMP_NUM_THREADS, torch's count): a run in auto
+    mode then never reads the machine's load, so another pytest-xdist worker, or any other process, can
+    neither change a test run's arithmetic nor make it say "other processes are using ... cores"."""
+    import os
+
+    assert os.environ["OMP_NUM_THREADS"] == str(torch.get_num_threads())
+    with ThreadGovernor.start(None, "cpu") as governor:
+        assert not governor.adaptive and governor.tick() is None
+
+
+def test_a_run_under_a_competing_load_says_so_once_and_logs_its_threads(tmp_path, monkeypatch):
+    """A run in auto mode on a simulated 2-core machine where another process holds about 1.9 cores
+    throughout (each load reading one window after the last): after two windows it computes on one
+    thread, says so once as a warning, logs cpu_threads at each step, and hands the caller its count back."""
+    from grpokit.train.grpo import train_grpo
+    from tests.train.helpers import ones_reward, tiny_config
+
+    machine = FakeMachine()
+    machine.others = 1.9
+
+    def reading():
+        machine.advance()
+        return machine.read()
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "read_load", reading)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the count a run alone takes on this machine
+    events: list = []
+    try:
+        result = train_grpo(
+            tiny_config(tmp_path, max_steps=4),
+            reward_funcs=[ones_reward],
+            on_event=lambda *e: events.append(e),
+        )
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    said = [(step, data["message"]) for kind, step, data in events if kind == "warning"]
+    # the readings after steps 1 and 2 both ask for one thread: the change comes after step 2
+    assert [step for step, _ in said] == [2]
+    assert said[0][1].startswith(
+        "other processes are using about 1.9 of this machine's 2 cores: running on 1"
+    )
+    assert [r["cpu_threads"] for r in read_steps(result.output_dir)] == [2, 2, 1, 1]
+    assert after == 2

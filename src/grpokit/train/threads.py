@@ -78,7 +78,9 @@ class ThreadGovernor:
     most: int  # the count a run alone uses: torch's default, capped by the usable cores
     adaptive: bool
     current: int
-    read: Callable[[], Reading | None] = read_load
+    # the load probe: this module's read_load, looked up when a governor is made (tests put a simulated
+    # machine in its place, as tests/train/test_threads.py does)
+    read: Callable[[], Reading | None] = field(default_factory=lambda: read_load)
     set_threads: Callable[[int], None] = torch.set_num_threads
     _last: Reading | None = None
     _wanted: int | None = None  # the count the last window asked for
