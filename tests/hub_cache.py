@@ -11,6 +11,9 @@ same code path a user's download feeds.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +163,12 @@ def build_hub_cache(hf_home: Path) -> None:
 def offline_env(hf_home: Path) -> dict[str, str]:
     """The environment of a process that reads the hub only from `hf_home`'s cache."""
     return {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def grpokit_offline(hf_home: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python3 -m grpokit ARGS` in a process that reads the hub only from `hf_home`'s cache, with no
+    GPU, its output captured as text (10 minutes at most)."""
+    env = {**os.environ, **offline_env(hf_home), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env, timeout=600
+    )

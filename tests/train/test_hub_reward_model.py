@@ -6,15 +6,11 @@ each of them learns a preference of conversational pairs either way round."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.hub_cache import LLAMA, QWEN, offline_env
+from tests.helpers import read_steps
+from tests.hub_cache import LLAMA, QWEN, grpokit_offline
 
 
 @pytest.mark.slow
@@ -24,15 +20,11 @@ def test_a_reward_model_trains_from_a_hub_chat_model_and_transformers_loads_it(h
 
     out = tmp_path / "rm"
     args = [f"model={name}", f"output_dir={out}", "device=cpu", "max_steps=6", "report_to=none"]
-    env = {**os.environ, **offline_env(hub_home), "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(
-        [sys.executable, "-m", "grpokit", "reward", *args, "progress=false", "eval_steps=0", "save_steps=0"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+    done = grpokit_offline(hub_home, "reward", *args, "progress=false", "eval_steps=0", "save_steps=0")
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
-    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows if "loss" in r)
+    steps = read_steps(out)
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
 
     checkpoint = out / "checkpoint-6"
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint).eval()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,8 @@ from grpokit.envs import calc, evaluate_expression, tool_environment
 from grpokit.models import backend_of, load_policy
 from grpokit.rollout import Decoder, SamplingParams
 from grpokit.train.checkpoint import list_checkpoints
-from tests.hub_cache import LLAMA, QWEN, offline_env
+from tests.helpers import read_metrics, read_steps
+from tests.hub_cache import LLAMA, QWEN, grpokit_offline
 
 CALL = '<tool_call>{"name": "calc", "arguments": {"expression": "%s"}}</tool_call>'
 
@@ -64,10 +63,6 @@ EPISODE = {
 def called_a_tool(completions, **_):
     """A reward written for TRL's tool episodes: each completion is its messages; 1 if a turn called."""
     return [float(any(m.get("tool_calls") for m in messages)) for messages in completions]
-
-
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def _episodes_read_back(checkpoint: Path, repo: str, rows: list[dict]) -> int:
@@ -120,25 +115,16 @@ def test_a_tool_run_through_the_python_api_on_a_hub_chat_model(hub_offline, tmp_
         tools=[calc],
     )
     trainer.train()
-    steps = [r for r in _metrics(out) if "loss" in r]
+    steps = read_steps(out)
     assert [r["step"] for r in steps] == [1, 2]
     calls = sum(r["env/tool_calls"] for r in steps) / len(steps)
     assert calls >= 0.5 and all(r["env/turns"] > 1.0 for r in steps), steps
     # the TRL-style reward saw the calls in its messages: episodes with a call, at most the calls counted
     for r in steps:
         assert 0.5 <= r["rewards/called_a_tool/mean"] <= r["env/tool_calls"] + 1e-6, r
-    evals = [r for r in _metrics(out) if "eval/turns" in r]
+    evals = [r for r in read_metrics(out) if "eval/turns" in r]
     assert evals and evals[-1]["eval/turns"] > 1.0 and "eval/accuracy" in evals[-1]
     assert _episodes_read_back(list_checkpoints(out)[-1], repo, episodes(8, seed=2)) >= 4
-
-
-def _grpokit(home: Path, *args: str) -> subprocess.CompletedProcess:
-    import os
-
-    env = {**os.environ, **offline_env(home), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env, timeout=600
-    )
 
 
 @pytest.mark.slow
@@ -153,10 +139,10 @@ def test_a_tool_run_through_the_cli_on_a_hub_chat_model_resumes(hub_home, tmp_pa
         "reward_funcs=[exact_answer]", f"output_dir={out}", "seed=1", "eval_steps=0",
         *(f"{k}={v}" for k, v in SETTINGS.items()),
     ]  # fmt: skip
-    first = _grpokit(hub_home, "train", *common, "max_steps=2")
+    first = grpokit_offline(hub_home, "train", *common, "max_steps=2")
     assert first.returncode == 0, first.stderr[-3000:]
-    second = _grpokit(hub_home, "train", *common, "max_steps=3", "resume=true")
+    second = grpokit_offline(hub_home, "train", *common, "max_steps=3", "resume=true")
     assert second.returncode == 0, second.stderr[-3000:]
-    steps = [r for r in _metrics(out) if "loss" in r]
+    steps = read_steps(out)
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert sum(r["env/tool_calls"] for r in steps) / 3 >= 0.5 and all(r["env/turns"] > 1.0 for r in steps)

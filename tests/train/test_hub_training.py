@@ -6,8 +6,6 @@ a warm start, evaluation, checkpoints that transformers loads, resume; and the p
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,8 @@ import torch
 
 from grpokit.data import render_prompt, with_system_prompt
 from grpokit.rewards import BUILTIN_REWARDS
-from tests.hub_cache import QWEN, offline_env
+from tests.helpers import read_metrics
+from tests.hub_cache import QWEN, grpokit_offline
 
 ROWS = [
     {
@@ -73,20 +72,12 @@ def test_a_system_prompt_opens_every_prompt_and_template_variables_reach_the_tem
     assert rows[0]["q"] == "What is 2+2?"  # the input rows untouched
     tok = AutoTokenizer.from_pretrained(QWEN)
     assert render_prompt(out[0]["q"], tok) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
     )
     tok.chat_template = "{{ messages[0]['content'] }}{% if enable_thinking is false %}/no_think{% endif %}"
     assert render_prompt(out[0]["q"], tok, template_kwargs={"enable_thinking": False}) == "Be brief./no_think"
     assert render_prompt(out[0]["q"], tok) == "Be brief."
-
-
-def _grpokit(home: Path, *args: str) -> subprocess.CompletedProcess:
-    import os
-
-    env = {**os.environ, **offline_env(home), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env, timeout=600
-    )
 
 
 TOY = [
@@ -111,16 +102,16 @@ TOY = [
 def test_the_gsm8k_preset_trains_a_hub_model_on_a_hub_layout_dataset_and_resumes(hub_home, tmp_path):
     """`grpokit train gsm8k model=ORG/NAME dataset=DIR` at toy size, through the CLI, offline: the chat
     template renders the system prompt, a warm start learns the worked solutions, GRPO scores with the
-    GSM8K rewards, evaluation reports accuracy and each reward, every checkpoint loads with transformers' Auto classes (chat
-    template included), and resume continues the run."""
+    GSM8K rewards, evaluation reports accuracy and each reward, every checkpoint loads with transformers'
+    Auto classes (chat template included), and resume continues the run."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     data, out = gsm8k_like(tmp_path / "gsm8k_data"), tmp_path / "run"
     common = ["gsm8k", f"model={QWEN}", f"dataset={data}", f"output_dir={out}", *TOY]
-    first = _grpokit(hub_home, "train", *common, "max_steps=2")
+    first = grpokit_offline(hub_home, "train", *common, "max_steps=2")
     assert first.returncode == 0, first.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     steps = [r for r in rows if "rewards/gsm8k_answer/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("rewards/gsm8k_format/mean" in r for r in steps)
@@ -152,9 +143,9 @@ def test_the_gsm8k_preset_trains_a_hub_model_on_a_hub_layout_dataset_and_resumes
         key = name if name in saved else "model.embed_tokens.weight"  # the tied head is stored once
         assert torch.equal(tensor, saved[key]), name
 
-    second = _grpokit(hub_home, "train", *common, "max_steps=3", "resume=true")
+    second = grpokit_offline(hub_home, "train", *common, "max_steps=3", "resume=true")
     assert second.returncode == 0, second.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     assert [r["step"] for r in rows if "rewards/gsm8k_answer/mean" in r] == [1, 2, 3]
 
 
@@ -290,7 +281,7 @@ def test_resume_on_a_hub_chat_model_ends_where_the_uninterrupted_run_ends(hub_of
     assert any(not torch.equal(a[k], first[k]) for k in a)  # step 2 moved the weights
 
     def step2(out):
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(out)
         return next(r["reward"] for r in rows if r.get("step") == 2 and "reward" in r)
 
     assert step2(whole) == step2(split)
