@@ -85,18 +85,12 @@ def _gpu_vs_trl():
     return module
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu(tmp_path, checkpointing):
-    """benchmarks/gpu_vs_trl.py --smoke: both trainers, each in its own process, on a tiny Llama with
-    tied embeddings and 2 KV heads (V = 512) on the CPU; every completion has the full 16 tokens
-    (EOS cannot be drawn), and the result has both sides' times and memory. With
+def _check_gpu_vs_trl_smoke(result: dict, checkpointing: bool) -> None:
+    """benchmarks/gpu_vs_trl.py --smoke's result: both trainers, each in its own process, on a tiny
+    Llama with tied embeddings and 2 KV heads (V = 512) on the CPU; every completion has the full 16
+    tokens (EOS cannot be drawn), and the result has both sides' times and memory. With
     --gradient-checkpointing, both trainers checkpoint."""
     module = _gpu_vs_trl()
-    out = tmp_path / "result.json"
-    flags = ["--gradient-checkpointing"] if checkpointing else []
-    assert module.main(["--smoke", "--out", str(out), *flags]) == 0
-    result = json.loads(out.read_text())
     assert result["settings"]["gradient_checkpointing"] is checkpointing
     assert result["work"] == "2 prompts x 4 completions x 16 tokens, prompts of 8 tokens"
     assert result["model"]["vocab"] == 512 and result["model"]["shape"]["kv_heads"] == 2
@@ -112,6 +106,15 @@ def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu(tmp_path, checkpointin
     assert sum(p["median"] for p in phases.values()) <= result["grpokit"]["own_step_time"]["max"]
     assert result["machine"]["device"] == "cpu" and result["machine"]["trl"] == "1.16.0"
     assert result["markdown_row"].startswith("| 2 prompts x 4 completions x 16 tokens")
+
+
+@pytest.mark.slow
+def test_gpu_vs_trl_script_runs_its_smoke_mode_on_the_cpu_with_gradient_checkpointing(tmp_path):
+    """gpu_vs_trl.py --smoke --gradient-checkpointing (without it, the same smoke run is gpu_check's
+    vs_trl part: test_gpu_check_smoke_runs_every_part_on_the_cpu checks its result the same way)."""
+    out = tmp_path / "result.json"
+    assert _gpu_vs_trl().main(["--smoke", "--out", str(out), "--gradient-checkpointing"]) == 0
+    _check_gpu_vs_trl_smoke(json.loads(out.read_text()), checkpointing=True)
 
 
 def test_gpu_vs_trl_script_needs_cuda_or_smoke(monkeypatch, capsys):
@@ -179,9 +182,12 @@ def test_gpu_check_stops_a_part_at_its_budget_with_its_output(tmp_path):
 @pytest.mark.slow
 def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
     """`--smoke`: every part runs at toy size on the CPU and reports its figures; the bf16 run's
-    reward rises (a CPU fact here, checked on a GPU by the real run)."""
-    out = tmp_path / "check.json"
-    assert _gpu_check().main(["--smoke", "--out", str(out)]) == 0
+    reward rises (a CPU fact here, checked on a GPU by the real run). The vs_trl part is
+    `gpu_vs_trl.py --smoke` itself: its own JSON (kept with --work) is checked in full here, so that
+    the suite runs that smoke comparison once."""
+    out, work = tmp_path / "check.json", tmp_path / "parts"
+    assert _gpu_check().main(["--smoke", "--out", str(out), "--work", str(work)]) == 0
+    _check_gpu_vs_trl_smoke(json.loads((work / "vs_trl.json").read_text()), checkpointing=False)
     result = json.loads(out.read_text())
     assert result["smoke"] is True and result["machine"]["device"] == "cpu"
     assert set(result["parts"]) == {"pytest_gpu", "decode", "throughput", "vs_trl", "train_bf16"}
