@@ -9,7 +9,6 @@ stopped and resumed must end where an uninterrupted 2-process run ends.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import TINY_MODEL, read_metrics, read_steps, tiny_run
 
 WORKER = Path(__file__).parent / "worker.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,25 +92,10 @@ def test_fsdp_cpu_offload_trains(updates):
 
 
 def _train(nproc: int, out: Path, *overrides: str) -> None:
-    tiny = [
-        "device=cpu",
-        "tiny_hidden_size=16",
-        "tiny_num_layers=1",
-        "tiny_num_heads=2",
-        "tiny_intermediate_size=32",
-        "prompts_per_step=4",
-        "num_generations=4",
-        "micro_batch_size=8",
-        "num_eval_prompts=4",
-        "eval_steps=0",
-        "log_completions_steps=0",
-        "progress=false",
-        "lr_scheduler_type=constant",
-        "learning_rate=1e-2",
-        "beta=0.04",
-        "save_steps=2",
-        "sft_steps=0",
-    ]
+    # the tiny run at the preset's completion length, with a reference (beta) and a checkpoint every 2 steps
+    tiny = tiny_run(
+        "max_completion_length", device="cpu", lr_scheduler_type="constant", beta=0.04, save_steps=2
+    )
     torchrun(nproc, "-m", "grpokit", "train", f"output_dir={out}", *tiny, *overrides)
 
 
@@ -129,8 +115,7 @@ def test_two_process_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_pa
         assert (tmp_path / "straight" / "checkpoint-4" / "dcp" / "rank-1.safetensors").is_file()
     # the runtime invariants hold at world size 2: the loss normaliser's total weight over both ranks
     # and all micro-batches is what one process gives the whole batch (issue 26)
-    rows = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "loss" in r]
+    rows = read_steps(tmp_path / "straight")
     assert len(rows) == 4
     for row in rows:
         assert abs(row["invariants/loss_weight_error"]) <= 1e-6
@@ -146,10 +131,7 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
 
     tiny = [
         "device=cpu",
-        "tiny_hidden_size=16",
-        "tiny_num_layers=1",
-        "tiny_num_heads=2",
-        "tiny_intermediate_size=32",
+        *TINY_MODEL,
         "batch_size=8",
         "micro_batch_size=4",
         "num_eval_pairs=8",
@@ -169,8 +151,7 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
     b = load_file(tmp_path / "b" / "checkpoint-4" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    rows = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
-    assert len([r for r in rows if '"loss"' in r]) == 4  # one writer: rank 0
+    assert [r["step"] for r in read_steps(tmp_path / "a")] == [1, 2, 3, 4]  # one writer: rank 0
 
 
 @pytest.mark.slow
@@ -188,5 +169,4 @@ def test_multi_turn_episodes_under_torchrun_resume_exactly(tmp_path, strategy):
     b = load_file(tmp_path / "stopped" / "checkpoint-4" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    rows = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
-    assert any('"env/turns"' in row for row in rows)
+    assert any("env/turns" in row for row in read_metrics(tmp_path / "straight"))
