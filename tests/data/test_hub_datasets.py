@@ -19,9 +19,14 @@ from grpokit.data import ANSWER_FORMATS, DataError, apply_answer_format, gsm8k_a
 from grpokit.train.grpo_setup import resolve_data
 from tests.helpers import TINY_MODEL
 
-pytest.importorskip("datasets")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+
+@pytest.fixture(autouse=True)
+def _needs_datasets():
+    """datasets (and pyarrow) are imported by the first test that runs here, not when the module is
+    collected: a pytest-xdist worker that runs none of these does not pay their ~1 s import."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("pyarrow.parquet")
+
 
 # GSM8K-like rows: a question, and a worked solution ending in "#### ANSWER"; the bare answers by hand
 TRAIN = [
@@ -67,6 +72,9 @@ def bare(rows, answers):
 
 def write_repo(root: Path) -> Path:
     """A dataset repo: README.md front matter with two configs (main: train + test; socratic: train)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     for folder in ("main", "socratic"):
         (root / folder).mkdir(parents=True, exist_ok=True)
     (root / "README.md").write_text(CARD)

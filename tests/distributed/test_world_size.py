@@ -4,12 +4,13 @@ One optimizer update on a fixed global batch must give the same gradients and th
 whatever the world size: the normalisers are global (dapo's token count across ranks), per-batch
 means average correctly, and the reward model's Bradley–Terry mean too. The worker computes in
 float64, so the tolerances below follow from float64 round-off, not from this machine. A 2-process run that is
-stopped and resumed must end where an uninterrupted 2-process run ends.
+resumed from a checkpoint must end where an uninterrupted 2-process run ends.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,18 @@ def test_fsdp_cpu_offload_trains(updates):
     test_one_update_is_the_same_on_one_and_two_processes(updates, "grpo-dapo-fsdp_offload")
 
 
+def _stopped_after_step_2(straight: Path, stopped: Path) -> Path:
+    """`straight` (a finished 4-step run with a checkpoint every 2 steps) as a process killed after
+    its step-2 checkpoint would leave it: the same directory without checkpoint-4. A resume continues
+    from checkpoint-2 and drops the metric rows written after it, so the resumed steps 3-4 must end
+    where the uninterrupted run did. (One run fewer than stopping a 2-step run and resuming it: each
+    torchrun start costs two interpreters importing torch and transformers.)"""
+    shutil.copytree(straight, stopped)
+    shutil.rmtree(stopped / "checkpoint-4")
+    assert (stopped / "checkpoint-2").is_dir()
+    return stopped
+
+
 def _train(nproc: int, out: Path, *overrides: str) -> None:
     # the tiny run at the preset's completion length, with a reference (beta) and a checkpoint every 2 steps
     tiny = tiny_run(
@@ -105,12 +118,13 @@ def test_two_process_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_pa
     from safetensors.torch import load_file
 
     _train(2, tmp_path / "straight", "max_steps=4", f"strategy={strategy}")
-    _train(2, tmp_path / "stopped", "max_steps=2", f"strategy={strategy}")
+    _stopped_after_step_2(tmp_path / "straight", tmp_path / "stopped")
     _train(2, tmp_path / "stopped", "max_steps=4", f"strategy={strategy}", "resume=true")
     a = load_file(tmp_path / "straight" / "checkpoint-4" / "model.safetensors")
     b = load_file(tmp_path / "stopped" / "checkpoint-4" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    assert [r["step"] for r in read_steps(tmp_path / "stopped")] == [1, 2, 3, 4]  # none lost or doubled
     if strategy == "fsdp":
         assert (tmp_path / "straight" / "checkpoint-4" / "dcp" / "rank-1.safetensors").is_file()
     # the runtime invariants hold at world size 2: the loss normaliser's total weight over both ranks
@@ -143,7 +157,7 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
         "max_length=32",
     ]
     torchrun(2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'a'}", "max_steps=4", *tiny)
-    torchrun(2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'b'}", "max_steps=2", *tiny)
+    _stopped_after_step_2(tmp_path / "a", tmp_path / "b")
     torchrun(
         2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'b'}", "max_steps=4", "resume=true", *tiny
     )
@@ -151,7 +165,8 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
     b = load_file(tmp_path / "b" / "checkpoint-4" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    assert [r["step"] for r in read_steps(tmp_path / "a")] == [1, 2, 3, 4]  # one writer: rank 0
+    for run in ("a", "b"):  # one writer (rank 0); the resumed run dropped and rewrote steps 3-4
+        assert [r["step"] for r in read_steps(tmp_path / run)] == [1, 2, 3, 4], run
 
 
 @pytest.mark.slow
@@ -163,7 +178,7 @@ def test_multi_turn_episodes_under_torchrun_resume_exactly(tmp_path, strategy):
 
     episodes = ["task=tool_addition", "max_completion_length=null", "max_turns=3", f"strategy={strategy}"]
     _train(2, tmp_path / "straight", "max_steps=4", *episodes)
-    _train(2, tmp_path / "stopped", "max_steps=2", *episodes)
+    _stopped_after_step_2(tmp_path / "straight", tmp_path / "stopped")
     _train(2, tmp_path / "stopped", "max_steps=4", "resume=true", *episodes)
     a = load_file(tmp_path / "straight" / "checkpoint-4" / "model.safetensors")
     b = load_file(tmp_path / "stopped" / "checkpoint-4" / "model.safetensors")

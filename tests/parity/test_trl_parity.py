@@ -9,6 +9,7 @@ process with gradient accumulation 1. The same for `RewardTrainer.compute_loss`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import zlib
 from collections import defaultdict
@@ -20,16 +21,23 @@ import torch
 from grpokit.ops import bradley_terry_loss, grpo_loss
 from tests.helpers import random_batch
 
-trl = pytest.importorskip("trl", reason="the parity reference; installed by `bash scripts/setup.sh test`")
-from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
-from trl.trainer.reward_trainer import RewardTrainer  # noqa: E402
-
 pytestmark = pytest.mark.parity
 D = torch.float64
 # TRL builds SAPO's per-row temperatures with torch.where on Python floats, which makes them float32
 # (its default 1.05 becomes 1.0499999523): a float32-exact temperature keeps the comparison exact.
 SAPO_NEG = 1.0625
 ALL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+
+
+@functools.cache
+def _trl() -> SimpleNamespace:
+    """TRL's trainers, imported by the first test that runs one (importing TRL takes ~2 s: a worker
+    that collects this module and runs none of it does not pay)."""
+    pytest.importorskip("trl", reason="the parity reference; installed by `bash scripts/setup.sh test`")
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.reward_trainer import RewardTrainer
+
+    return SimpleNamespace(GRPOTrainer=GRPOTrainer, RewardTrainer=RewardTrainer)
 
 
 class _OneProcess:
@@ -79,10 +87,10 @@ def trl_grpo_loss(
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
         _metrics=defaultdict(lambda: defaultdict(list)),
-        get_gamma_weights=GRPOTrainer.get_gamma_weights,
-        get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=_trl().GRPOTrainer.get_gamma_weights,
+        get_off_policy_mask=_trl().GRPOTrainer.get_off_policy_mask,
     )
-    me.get_high_entropy_mask = lambda e, m, thr: GRPOTrainer.get_high_entropy_mask(me, e, m, thr)
+    me.get_high_entropy_mask = lambda e, m, thr: _trl().GRPOTrainer.get_high_entropy_mask(me, e, m, thr)
     me._get_per_token_logps_and_entropies = lambda *a, **k: (lp, batch["entropies"], None)
     B, T = lp.shape
     mask = batch["mask"].long()  # TRL's completion_mask is an integer tensor
@@ -98,7 +106,7 @@ def trl_grpo_loss(
     }
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
-    loss = GRPOTrainer._compute_loss(me, None, inputs)
+    loss = _trl().GRPOTrainer._compute_loss(me, None, inputs)
     return loss, {name: values[-1] for name, values in me._metrics["train"].items()}
 
 
@@ -209,7 +217,7 @@ def trl_reward_loss(chosen, rejected, margin, coefficient):
     }
     if margin is not None:
         inputs["margin"] = margin
-    loss = RewardTrainer.compute_loss(me, lambda **kw: SimpleNamespace(logits=scores), inputs)
+    loss = _trl().RewardTrainer.compute_loss(me, lambda **kw: SimpleNamespace(logits=scores), inputs)
     return loss, {k: v[-1] for k, v in me._metrics["train"].items()}
 
 
@@ -237,6 +245,7 @@ def test_defaults_are_trl_1_16_grpo_config_defaults():
     """Every grpo_loss keyword TRL's GRPOConfig also has takes TRL's default (loss_type, beta, ε...)."""
     import inspect
 
+    _trl()  # skipped without TRL
     from trl import GRPOConfig
 
     config = GRPOConfig(output_dir="/tmp/unused-grpokit-parity", report_to=[], use_cpu=True, bf16=False)

@@ -138,15 +138,20 @@ def test_tool_addition_demonstrations_are_right_and_the_answer_is_read_after_the
     assert not {r["prompt"] for r in task.train} & {r["prompt"] for r in task.eval}
 
 
-rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is a test dependency (scripts/setup.sh test)")
+@pytest.fixture
+def reasoning_gym():
+    """Imported by the tests that use it (~1 s), not when this module is collected."""
+    return pytest.importorskip(
+        "reasoning_gym", reason="reasoning-gym is a test dependency (scripts/setup.sh test)"
+    )
 
 
 @pytest.mark.parametrize("name", ["chain_sum", "countdown"])
-def test_reasoning_gym_tasks_score_with_their_own_scorer(name):
+def test_reasoning_gym_tasks_score_with_their_own_scorer(name, reasoning_gym):
     from grpokit.data.reasoning_gym import reasoning_gym_task
 
-    # countdown generates ~100 rows a second: 200 training rows, not the 2000 a run draws
-    task = reasoning_gym_task(name, seed=1, num_eval=20, size=200)
+    # countdown generates ~100 rows a second: 60 training rows, not the 2000 a run draws
+    task = reasoning_gym_task(name, seed=1, num_eval=20, size=60)
     row = task.eval[0]
     assert task.is_correct(row["answer"], row) and task.is_correct(f"<answer>{row['answer']}</answer>", row)
     (wrong,) = task.reward([row["prompt"]], ["zzz"], **{k: [v] for k, v in row.items()})
@@ -158,7 +163,7 @@ def test_reasoning_gym_tasks_score_with_their_own_scorer(name):
 
 
 @pytest.mark.slow
-def test_a_reasoning_gym_task_trains_end_to_end(tmp_path):
+def test_a_reasoning_gym_task_trains_end_to_end(tmp_path, reasoning_gym):
     cfg = tiny_config(
         tmp_path, task="reasoning_gym:chain_sum", max_completion_length=None, sft_steps=5, eval_steps=2
     )

@@ -424,13 +424,16 @@ def test_an_output_dir_that_is_a_file_is_one_line(tmp_path):
     assert f"{str(out)!r} is a file, not a directory" in _error_line(result.stderr)
 
 
-def test_an_output_dir_that_holds_a_run_is_one_line(tmp_path):
+def test_an_output_dir_that_holds_a_run_is_one_line(tmp_path, capsys):
+    from grpokit.cli import main
+
     out = tmp_path / "run"
     (out / "checkpoint-2").mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    result = _cli(out, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    line = _error_line(result.stderr)
+    assert main(["train", f"output_dir={out}", "max_steps=2", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    line = _error_line(err)
     assert f"output_dir {str(out)!r} already holds a run (checkpoint-2, metrics.jsonl)" in line
     assert "resume=true" in line and "overwrite=true" in line and "output_dir=" in line
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'

@@ -58,6 +58,9 @@ def check_characters(
     character tokenizer's vocabulary), its row and the fix; a character tokenizer would otherwise
     read it as <unk> and the model would train or be scored on text it never sees."""
     vocab = set(known)
+    seen = set().union(*(text for row in rows for column in columns for text in _texts(row.get(column))))
+    if seen <= vocab:  # the common case, in one pass over the set of characters; else find the first row
+        return
     for index, row in enumerate(rows):
         for column in columns:
             for text in _texts(row.get(column)):

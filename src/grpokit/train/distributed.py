@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from ..models.device import DeviceError, resolve_device
 
@@ -254,11 +254,21 @@ def save_sharded(d: Dist, directory: Path, model: Any, optimizer: torch.optim.Op
     barrier(d)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2's parameters and optimizer states), else the tensor. No
+    DTensor exists unless torch.distributed.tensor was imported (FSDP imports it), so a run that never
+    shards does not pay the ~0.8 s that importing it costs at start."""
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    if tensor_module is not None and isinstance(tensor, tensor_module.DTensor):
+        return tensor.to_local()
+    return tensor
+
+
 def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """`value` as JSON, its tensors moved to `tensors` (keyed by their path in the state) and replaced
     by {"__tensor__": key}; a DTensor is stored as this rank's local shard."""
     if isinstance(value, torch.Tensor):
-        local = value.to_local() if isinstance(value, DTensor) else value
+        local = _local(value)
         # a copy of its own (safetensors refuses tensors sharing memory, and FSDP's shards are views)
         tensors[path] = local.detach().to("cpu", copy=True).contiguous()
         return {_TENSOR: path}
@@ -349,7 +359,7 @@ def _decode(
                 f"{directory} has {key}, which this model or optimizer does not: resume with the model "
                 "settings of the run that wrote it, or use another output_dir."
             )
-        local = template.to_local() if isinstance(template, DTensor) else template
+        local = _local(template)
         if stored.shape != local.shape or stored.dtype != local.dtype:
             raise ValueError(
                 f"{directory}: {key} is {tuple(stored.shape)} {stored.dtype} there and "
