@@ -19,8 +19,13 @@ from ..models.device import Precision, model_device
 from .optim import lr_factor
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+def _encode_all(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Each text's token ids (none for an empty one), in one call to the tokenizer: a fast
+    tokenizer encodes the list at once, where a call per text spent more time in Python than in
+    encoding (a tenth of the main job's warm start)."""
+    nonempty = [text for text in texts if text]
+    encoded = iter(tokenizer(nonempty, add_special_tokens=False)["input_ids"] if nonempty else [])
+    return [list(next(encoded)) if text else [] for text in texts]
 
 
 def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -28,13 +33,16 @@ def sft_batch(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> dict[str, torch
     A row with "segments" ([(text, learned)], a multi-turn episode) instead of "answer" learns the
     policy's segments and the final EOS, and reads the environment's as context; each segment is
     tokenized on its own, as a multi-turn rollout tokenizes each turn."""
+    laid = [
+        [(row["prompt"], False), *(row["segments"] if "segments" in row else [(row["answer"], True)])]
+        for row in rows
+    ]
+    encoded = iter(_encode_all(tokenizer, [text for parts in laid for text, _ in parts]))
     sequences, learned = [], []
-    for row in rows:
-        prompt = _encode(tokenizer, row["prompt"])
-        segments = row["segments"] if "segments" in row else [(row["answer"], True)]
-        ids, learn = list(prompt), [False] * len(prompt)
-        for text, policy in segments:
-            part = _encode(tokenizer, text)
+    for parts in laid:
+        ids, learn = [], []
+        for _, policy in parts:
+            part = next(encoded)
             ids += part
             learn += [bool(policy)] * len(part)
         sequences.append(ids + [tokenizer.eos_token_id])
