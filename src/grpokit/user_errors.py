@@ -17,9 +17,18 @@ def one_line(error: Exception, command: str) -> str | None:
     from .data import DataError
     from .rewards import RewardFunctionError
     from .train.grpo_step import OutOfDeviceMemory, first_line
+    from .train.rollout_worker import RolloutError
     from .train.run import TooManySkips
 
-    said = (ConfigError, DataError, RewardFunctionError, TooManySkips, OutOfDeviceMemory, ValueError)
+    said = (
+        ConfigError,
+        DataError,
+        RewardFunctionError,
+        TooManySkips,
+        OutOfDeviceMemory,
+        RolloutError,
+        ValueError,
+    )
     if isinstance(error, said):
         return str(error)  # ValueError: a DeviceError (device=cuda without a GPU) among others
     if isinstance(error, torch.OutOfMemoryError):  # outside a training step (warm start, a reward model...)

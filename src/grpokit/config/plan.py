@@ -303,6 +303,16 @@ class TeacherSpec:
 
 
 @dataclass(frozen=True)
+class RolloutSpec:
+    """Asynchronous GRPO (max_staleness set): a rollout worker samples and scores step s's batch with
+    the weights after step `train.rollout_worker.sampling_version(s, ...)`."""
+
+    max_staleness: int
+    weight_sync_steps: int
+    timeout: float  # weight_sync_timeout
+
+
+@dataclass(frozen=True)
 class GRPOPlan:
     """A GRPO run, resolved from its config (`grpo_plan`)."""
 
@@ -318,6 +328,7 @@ class GRPOPlan:
     evaluation: Evaluation
     display: Display
     teacher: TeacherSpec | None = None  # loss_type=opd or gkd
+    rollout: RolloutSpec | None = None  # None: the synchronous loop
 
 
 def _tuple(values: Any) -> tuple[Any, ...] | None:
@@ -421,7 +432,13 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         teacher = TeacherSpec(
             model=replace(model_spec(teacher_cfg), gradient_checkpointing=False), device=cfg.teacher_device
         )
+    rollout = (
+        None
+        if cfg.max_staleness is None
+        else RolloutSpec(cfg.max_staleness, cfg.weight_sync_steps, cfg.weight_sync_timeout)
+    )
     return GRPOPlan(
+        rollout=rollout,
         teacher=teacher,
         seed=cfg.seed,
         model=model_spec(cfg),

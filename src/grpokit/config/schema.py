@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..ops.loss_types import LossType
+from ..ops.loss_types import LOSS_TYPES, LossType
 from . import trl_names
 from .alerts import ALERT_THRESHOLDS
 from .load import shown
@@ -881,6 +881,33 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         resume=APPLIED,
     )
 
+    # ---------------------------------------------------------------- asynchronous GRPO
+    max_staleness: int | None = option(
+        None,
+        ge=0,
+        le=64,
+        description="sample and score in a rollout worker process, overlapped with the update: step s's "
+        "batch is sampled with the weights after step max(0, s-1-k), exactly (train/rollout_worker.py); "
+        "None: the synchronous loop; 0: the synchronous run's numbers, sampled in another process",
+        resume=Resume.fixed("the batches trained on so far were sampled that many versions back"),
+    )
+    weight_sync_steps: int = option(
+        1,
+        ge=1,
+        le=1000,
+        description="with max_staleness: publish the weights to the worker every this many steps (a batch "
+        "is then sampled with the newest version published at or before max(0, s-1-k))",
+        resume=Resume.fixed("the weights each batch so far was sampled with followed it"),
+    )
+    weight_sync_timeout: float = option(
+        600.0,
+        gt=0.0,
+        le=SECONDS_MAX,
+        description="with max_staleness: seconds the trainer waits for the worker's next batch before it "
+        "stops the run with one line (a worker that died, hangs or is too slow)",
+        resume=APPLIED,
+    )
+
     # ---------------------------------------------------------------- optimisation
     learning_rate: LearningRate = option(
         1e-6, description="peak AdamW learning rate (TRL: 1e-6)", resume=FIXED_OPTIM
@@ -1027,6 +1054,28 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 "answer is no transcript; set lmbda=1 (every step on the student's own episodes)"
             )
 
+    def _check_async(self) -> None:
+        """weight_sync_* are read only with max_staleness, and what the rollout worker does not take
+        yet is refused in one line each."""
+        if self.max_staleness is None:
+            for name, default in (("weight_sync_steps", 1), ("weight_sync_timeout", 600.0)):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name} is read only with max_staleness (asynchronous GRPO): set both")
+            return
+        refused = {
+            "use_peft": (self.use_peft, "the worker loads whole published weights, not LoRA adapters"),
+            "loss_type": (
+                LOSS_TYPES[self.loss_type].demonstrations,
+                f"{self.loss_type} also learns from dataset answers, which the worker does not draw",
+            ),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(
+                    f"{name} with max_staleness is not supported yet: {why}; drop max_staleness (the "
+                    "synchronous loop takes it)"
+                )
+
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:
         low, high = self.sampling_correction_min, self.sampling_correction_max
@@ -1036,6 +1085,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 "ratio would be kept within an empty range; lower the minimum or raise the maximum"
             )
         self._check_teacher()
+        self._check_async()
         if self.sampling_correction != "none" and self.loss_type == "vespo":
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from .grpo_step import OutOfDeviceMemory, StepResult
 from .hub_push import check_push, push_final
 from .memory_check import check_step_memory
 from .metrics import check_reporters, warn
+from .rollout_worker import AsyncRollout, check_rollout, worker_setup
 from .run import (
     Run,
     RunResult,
@@ -243,6 +245,8 @@ def check_inputs(
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
     check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # learning from demonstrations: an answer in every row
+    if plan.rollout is not None:  # what the rollout worker cannot take (a lambda reward, torchrun)
+        check_rollout(data, d.world_size)
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
     refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
     if refusal is not None:
@@ -266,7 +270,9 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
         learns_from_spread=variant.learns_from_spread_only and not spec.dynamic_sampling,
     )
     step, failed = run.start, None
-    with run:  # the metrics writer is closed however the loop ends
+    rollout = start_rollout(ready, plan) if plan.rollout is not None else None  # max_staleness: a worker
+    trainee = replace(trainee, rollout=rollout)
+    with run, rollout or nullcontext():  # the metrics writer closed, the worker stopped, however it ends
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
             # sample, score, advantages, log-probs before the update, μ updates (train/grpo_step.py)
@@ -276,6 +282,8 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
             if isinstance(out, Exception):  # a signal while a reward ran, or out of memory: dropped
                 failed = out
                 break
+            if rollout is not None:  # version `step`, as soon as it exists
+                rollout.after_step(step, trainee.engine.module)
             metrics = step_figures(out, time.perf_counter() - began, d)  # every rank takes part
             run.log(step, metrics)
             watch.after_step(step, metrics, out.batch)
@@ -297,6 +305,17 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
     result = run.result(TrainResult, step)
     push_final(control, main=d.is_main, stopped=run.stop.signal is not None)  # the final model, if asked
     return result
+
+
+def start_rollout(ready: PreparedRun, plan: GRPOPlan) -> AsyncRollout:
+    """max_staleness: the rollout worker, sampling from the step after run.start with the weights of
+    now (one process: a worker per rank is not built yet)."""
+    assert plan.rollout is not None
+    first, output_dir = ready.run.start + 1, Path(plan.run.output_dir)
+    setup = worker_setup(
+        ready.trainee, ready.data, plan.trainee.engine, plan.rollout, first, plan.run.max_steps, output_dir
+    )
+    return AsyncRollout.start(setup, plan.rollout.timeout, ready.trainee.engine.module, output_dir)
 
 
 def step_figures(out: StepResult, seconds: float, d: distributed.Dist) -> dict[str, Any]:

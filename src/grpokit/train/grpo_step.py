@@ -106,7 +106,10 @@ def draw_batch(
     should_stop: Callable[[], bool] | None,
 ) -> DrawnBatch:
     """The step's batch: the student's own completions, scored (`draw.generate_and_score`), or for a
-    loss that learns from demonstrations, the step's choice (`distill.draw_distillation_batch`)."""
+    loss that learns from demonstrations, the step's choice (`distill.draw_distillation_batch`); with
+    max_staleness, the rollout worker's (`rollout_worker.AsyncRollout.batch`)."""
+    if trainee.rollout is not None:  # max_staleness: sampled and scored by the rollout worker
+        return trainee.rollout.batch(step, trainee)
     if trainee.params.loss.variant.demonstrations:
         batch, metrics, on_policy = draw_distillation_batch(trainee, reward_funcs, step, d, should_stop)
     else:

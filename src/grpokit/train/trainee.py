@@ -77,6 +77,8 @@ class Trainee:
     prompts: PromptSampler
     entropy: EntropyControl | None = None
     teacher: PolicyEngine | None = None  # loss_type=opd or gkd: the teacher, scoring only
+    # max_staleness: the rollout worker that draws the batches (train/rollout_worker.AsyncRollout)
+    rollout: Any = None
 
 
 @dataclass(frozen=True)

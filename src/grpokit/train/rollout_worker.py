@@ -1,0 +1,433 @@
+"""Asynchronous GRPO: a rollout worker process samples and scores the batches while the trainer
+updates, with an exact staleness (`max_staleness`).
+
+Version v of the weights is the policy after v optimizer steps; a synchronous step s samples with
+version s − 1. With max_staleness = k the worker samples step s's batch with version
+`sampling_version(s, k, every)` = max(0, s − 1 − k) (rounded down to the versions published, one every
+`weight_sync_steps`) and no other; the trainer trains step s on that batch. Nothing is dropped and no
+batch is trained twice, so an asynchronous run is as reproducible as a synchronous one, and k = 0 is
+the synchronous run itself, bitwise, with the sampling moved to another process.
+
+The worker holds its own copy of the policy (the same engine, backend and decode loop), the prompt
+sampler (the data cursor and curriculum) and the reward functions; it hands finished batches to the
+trainer through a bounded queue. Weights go the other way as files: the trainer writes version v to
+`output_dir/.rollout/weights-v<v>.safetensors` under a temporary name and renames it (atomic), then
+says so. Files, not shared memory: a reader can never see half an update, a dead trainer leaves
+nothing half-written, and a rollout server's `/update_weights {"path"}` takes the same form. On a
+CPU the tiny models' files cost milliseconds; on a GPU a shared-memory or NCCL transport would avoid
+the copy through host memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import queue
+import shutil
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WEIGHTS_DIR = ".rollout"
+POLL_S = 0.5  # how often a waiting side looks whether the other is still alive
+STARTUP_S = 300.0  # the longest a worker may take to start (import, copy of the policy) when the
+# timeout is shorter: weight_sync_timeout counts from when it is ready
+READY = "ready"
+
+
+def sampling_version(step: int, max_staleness: int, every: int = 1) -> int:
+    """The weight version step `step`'s batch is sampled with: max(0, step − 1 − k), rounded down to
+    a version the trainer publishes (0 and every `every`-th)."""
+    newest = max(0, step - 1 - max_staleness)
+    return newest - newest % every
+
+
+class RolloutError(RuntimeError):
+    """The rollout worker failed, died, or stopped answering: the run cannot go on (one line)."""
+
+
+def refuse_unpicklable(what: str, items: Sequence[tuple[str, Any]]) -> None:
+    """Each item goes to the worker process by pickling: a lambda, a closure or a function defined in
+    `__main__` of another program cannot. One ValueError naming the first one and the fix."""
+    for name, item in items:
+        defined_in = getattr(item, "__module__", None) or type(item).__module__
+        if defined_in == "__main__":
+            raise ValueError(
+                f"{what} {name!r} is defined in the script being run (__main__), which the rollout worker "
+                "does not import (max_staleness is set: sampling and scoring run in another process): "
+                "move it to a module of its own and import it from there (or give its dotted path, "
+                "'package.module:function')"
+            )
+        try:
+            pickle.dumps(item)
+        except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is the same refusal
+            raise ValueError(
+                f"{what} {name!r} cannot be sent to the rollout worker (max_staleness is set: sampling "
+                f"and scoring run in another process): {type(error).__name__}: {error}. Define it as a "
+                "module-level function in an importable file (or give its dotted path, "
+                "'package.module:function'), or wrap one with functools.partial, instead of a lambda or "
+                "a closure."
+            ) from None
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What the worker builds its side from (pickled once, at start)."""
+
+    model: torch.nn.Module  # a copy of the policy on the CPU, with storage of its own
+    tokenizer: Any
+    engine: Any  # config.specs.EngineSpec
+    device: str
+    environment: Any  # envs.EnvironmentSpec, or None
+    prompts: Any  # data.PromptSampler, where the first batch the worker samples starts
+    reward_funcs: list[Callable[..., Any]]
+    params: Any  # trainee.StepParams
+    max_staleness: int
+    every: int  # weight_sync_steps
+    first_step: int  # the first step it samples
+    last_step: int
+    weights_dir: str
+    num_threads: int
+    parent_pid: int
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One step's batch from the worker."""
+
+    step: int
+    version: int  # the weights it was sampled with
+    batch: Any  # train.batch.Batch, on the host
+    metrics: dict[str, Any]
+    prompts_state: dict[str, Any]  # the prompt sampler's state after drawing it
+    worker_wait_s: float  # the worker waiting for this version's weights
+    weight_load_s: float  # the worker loading them
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    step: int
+    message: str  # one line
+    details: str  # the traceback, for --debug
+
+
+def _pack(value: Any) -> bytes:
+    """`value` as bytes, its tensors by value. What crosses the queues goes as bytes: torch's own
+    pickling of tensors for multiprocessing shares their memory through the sending process, and
+    fails once that process has ended (the worker's last batches) or moved the storage on."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)  # (our own process's objects, not a file's)
+
+
+def weights_path(directory: Path | str, version: int) -> Path:
+    return Path(directory) / f"weights-v{version}.safetensors"
+
+
+def publish_weights(module: torch.nn.Module, directory: Path, version: int) -> float:
+    """Write version `version` of `module`'s weights where the worker reads them, atomically;
+    -> seconds taken."""
+    from safetensors.torch import save_model
+
+    began = time.perf_counter()
+    directory.mkdir(parents=True, exist_ok=True)
+    final = weights_path(directory, version)
+    staging = final.with_suffix(".tmp")
+    save_model(module, str(staging))  # (save_model keeps tied weights tied)
+    os.replace(staging, final)
+    return time.perf_counter() - began
+
+
+def _wait_for_version(inbox: Any, newest: int, version: int, parent_pid: int) -> int | None:
+    """Block until the trainer says version ≥ `version` is published; None: told to stop, or the
+    trainer is gone."""
+    while newest < version:
+        try:
+            message = inbox.get(timeout=POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent_pid:  # the trainer died (kill -9): nobody will read what follows
+                return None
+            continue
+        if message is None:
+            return None
+        newest = max(newest, int(message))
+    return newest
+
+
+def _work(packed: bytes, inbox: Any, outbox: Any) -> None:
+    """The worker process: for each step, wait for its weight version, load it, sample and score."""
+    from safetensors.torch import load_model
+
+    from ..engine import PolicyEngine
+    from . import distributed
+    from .draw import generate_and_score
+
+    setup: WorkerSetup = _unpack(packed)
+    step = setup.first_step
+    # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops the worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        torch.set_num_threads(setup.num_threads)
+        device = torch.device(setup.device)
+        engine = PolicyEngine.create(
+            setup.model.to(device),
+            setup.tokenizer,
+            setup.engine,
+            device=device,
+            environment=setup.environment,
+        )
+        engine.train_module.train()  # as the trainer's engine is when it samples
+        outbox.put(_pack(READY))
+        newest, loaded = -1, -1
+        for step in range(setup.first_step, setup.last_step + 1):
+            version = sampling_version(step, setup.max_staleness, setup.every)
+            began = time.perf_counter()
+            found = _wait_for_version(inbox, newest, version, setup.parent_pid)
+            if found is None:
+                return
+            newest, waited = found, time.perf_counter() - began
+            began = time.perf_counter()
+            if loaded != version:
+                load_model(
+                    engine.train_module, str(weights_path(setup.weights_dir, version)), device=str(device)
+                )
+                loaded = version
+            load_s = time.perf_counter() - began
+            batch, metrics = generate_and_score(
+                engine, setup.prompts, setup.reward_funcs, setup.params, step, distributed.Dist(device=device)
+            )
+            outbox.put(
+                _pack(Sampled(step, version, batch, metrics, setup.prompts.state_dict(), waited, load_s))
+            )
+    except BaseException as error:  # noqa: BLE001 - whatever ends the worker is told to the trainer
+        line = (str(error).strip().splitlines() or [""])[0]
+        outbox.put(_pack(WorkerFailed(step, f"{type(error).__name__}: {line}", traceback.format_exc())))
+
+
+@contextlib.contextmanager
+def _main_not_imported() -> Iterator[None]:
+    """A spawned process imports the parent's `__main__` (a user's script, run again from the top
+    unless guarded by `if __name__ == "__main__"`: its data loaded again, its training started again;
+    `python -m grpokit` itself). The worker needs nothing from it (`check_rollout` refuses functions
+    defined there), so while it starts, `__main__` shows no file or module name to import."""
+    main = sys.modules["__main__"]
+    hidden = {name: main.__dict__.pop(name) for name in ("__file__",) if name in main.__dict__}
+    spec = getattr(main, "__spec__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(hidden)
+        main.__spec__ = spec
+
+
+class RolloutWorker:
+    """The trainer's side: starts the worker, publishes weights, takes batches in step order."""
+
+    def __init__(self, setup: WorkerSetup, timeout: float) -> None:
+        import multiprocessing as mp
+
+        self.setup, self.timeout, self.ready, self.hung = setup, timeout, False, False
+        context = mp.get_context("spawn")  # (a fork would copy the trainer's threads and locks)
+        self.inbox, self.outbox = context.Queue(), context.Queue(maxsize=setup.max_staleness + 1)
+        self.process = context.Process(
+            target=_work, args=(_pack(setup), self.inbox, self.outbox), daemon=True
+        )
+        with _main_not_imported():
+            self.process.start()
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.setup.weights_dir)
+
+    def publish(self, module: torch.nn.Module, version: int) -> float:
+        """Version `version` of the weights, for the batches that need it; -> seconds to write it."""
+        seconds = publish_weights(module, self.directory, version)
+        self.inbox.put(version)
+        return seconds
+
+    def take(self, step: int) -> Sampled:
+        """Step `step`'s batch, once the worker has it. A worker that failed, died, or sent nothing
+        for `timeout` seconds is a RolloutError (one line); never a hang."""
+        deadline = time.monotonic() + (self.timeout if self.ready else max(self.timeout, STARTUP_S))
+        while True:
+            try:
+                item = _unpack(self.outbox.get(timeout=POLL_S))
+                if item == READY:
+                    self.ready, deadline = True, time.monotonic() + self.timeout
+                    continue
+                break
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RolloutError(
+                        f"the rollout worker died (exit code {self.process.exitcode}) before it sampled step "
+                        f"{step}'s batch"
+                    ) from None
+                if time.monotonic() > deadline:
+                    self.hung = True
+                    raise RolloutError(
+                        f"the rollout worker sent no batch for step {step} within weight_sync_timeout="
+                        f"{self.timeout:g} s: a reward or environment that hangs, or a worker too slow for "
+                        "the timeout (raise weight_sync_timeout)"
+                    ) from None
+        if isinstance(item, WorkerFailed):
+            raise RolloutError(f"the rollout worker failed at step {item.step}: {item.message}")
+        if item.step != step:  # the queue is in step order by construction: a broken invariant
+            raise RuntimeError(f"the rollout worker sent step {item.step}'s batch when step {step}'s was due")
+        # the files of versions no later batch needs
+        needed = sampling_version(step + 1, self.setup.max_staleness, self.setup.every)
+        for path in self.directory.glob("weights-v*.safetensors"):
+            if int(path.stem.split("-v")[1]) < needed:
+                path.unlink(missing_ok=True)
+        return item
+
+    def close(self) -> None:
+        """Stop the worker (it ends at its next look at the inbox) and remove the weight files."""
+        with contextlib.suppress(OSError, ValueError):  # (a queue already closed)
+            self.inbox.put(None)
+        deadline = time.monotonic() + (0 if self.hung else 5)
+        while self.process.is_alive() and time.monotonic() < deadline:
+            # a worker blocked on a full queue takes its next look at the inbox once there is room
+            with contextlib.suppress(queue.Empty):
+                self.outbox.get(timeout=0.1)
+        if self.process.is_alive():  # busy in a reward or environment that does not return
+            self.process.kill()  # (it ignores SIGTERM, which a Ctrl-C's process group would send it)
+            self.process.join(timeout=5)
+        self.outbox.cancel_join_thread()
+        self.inbox.cancel_join_thread()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class AsyncRollout:
+    """What the training loop sees of the worker: step s's batch, drawn as a synchronous step would
+    have drawn it (with its async/* figures), and the weights published after the steps that make a
+    version."""
+
+    def __init__(self, worker: RolloutWorker, output_dir: Path) -> None:
+        self.worker, self.output_dir = worker, output_dir
+        self.publish_s = 0.0  # writing the version the last batch was sampled with
+
+    @classmethod
+    def start(
+        cls, setup: WorkerSetup, timeout: float, module: torch.nn.Module, output_dir: Path
+    ) -> AsyncRollout:
+        """The worker started, and the weights it samples step `setup.first_step` with published
+        (the trainer's now: version first_step − 1 rounded down to a published one is this one)."""
+        now = setup.first_step - 1
+        if now > 0 and (setup.max_staleness > 0 or sampling_version(setup.first_step, 0, setup.every) != now):
+            raise ValueError(
+                f"resuming an asynchronous run at step {now} needs the batches in flight then (max_staleness "
+                "≥ 1) or an older weight version (a step that is no multiple of weight_sync_steps), which "
+                "checkpoints do not hold yet: resume from a checkpoint at a multiple of weight_sync_steps "
+                "of a run with max_staleness=0, or start a new run"
+            )
+        rollout = cls(RolloutWorker(setup, timeout), output_dir)
+        rollout.publish_s = rollout.worker.publish(module, now)
+        return rollout
+
+    def batch(self, step: int, trainee: Any) -> Any:
+        """Step `step`'s DrawnBatch, its metrics with the async/* figures. The trainee's prompt sampler
+        is set to where the worker's stood after drawing it: a checkpoint after this step saves that
+        cursor."""
+        from .checkpoint import list_checkpoints, rng_state
+        from .trainee import DrawnBatch
+
+        began = time.perf_counter()
+        try:
+            item = self.worker.take(step)
+        except RolloutError as error:
+            saved = list_checkpoints(self.output_dir)
+            where = (
+                f"the last checkpoint is {saved[-1]} (resume=true continues from it)"
+                if saved
+                else "no checkpoint yet"
+            )
+            raise RolloutError(f"{error}; the run stopped before step {step}: {where}") from None
+        waited = time.perf_counter() - began
+        trainee.prompts.load_state_dict(item.prompts_state)
+        metrics = {
+            "async/staleness": float(step - 1 - item.version),
+            "async/weight_version": float(item.version),
+            "async/queue_wait_s": waited,  # the trainer waiting for this batch
+            "async/worker_wait_s": item.worker_wait_s,  # the worker waiting for its weights
+            "async/weight_sync_s": self.publish_s + item.weight_load_s,
+        }
+        # on-policy as the sampler is the student; the trainer's own random state goes on untouched
+        return DrawnBatch(item.batch, item.metrics | metrics, True, rng_state())
+
+    def after_step(self, step: int, module: torch.nn.Module) -> None:
+        """Publish version `step` when it is one the worker samples with."""
+        if step % self.worker.setup.every == 0:
+            self.publish_s = self.worker.publish(module, step)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def __enter__(self) -> AsyncRollout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_rollout(data: Any, world_size: int) -> None:
+    """What the rollout worker cannot take, refused before any work in one line: a reward function or
+    environment that cannot be pickled (a lambda, a closure), or several processes."""
+    if world_size > 1:
+        raise ValueError(
+            "max_staleness under torchrun is not supported yet (one rollout worker per process); run it "
+            "on one process, or drop max_staleness"
+        )
+    refuse_unpicklable("reward function", [(_name(f), f) for f in data.reward_funcs])
+    if data.environment is not None:
+        refuse_unpicklable("environment", [(type(data.environment).__name__, data.environment)])
+
+
+def worker_setup(
+    trainee: Any, data: Any, engine_spec: Any, spec: Any, first_step: int, last_step: int, output_dir: Path
+) -> WorkerSetup:
+    """The worker's side of a run: a CPU copy of the policy, the tokenizer, the prompt sampler where
+    the trainer's stands, the rewards and the environment (`check_rollout` has seen that they pickle),
+    and half the trainer's CPU threads (the trainer keeps the rest)."""
+    import copy
+
+    engine = trainee.engine
+    model = copy.deepcopy(engine.module).to("cpu")  # storage of its own: the trainer's weights move on
+    threads = torch.get_num_threads()
+    worker_threads = max(1, threads // 2)
+    torch.set_num_threads(max(1, threads - worker_threads))
+    return WorkerSetup(
+        model=model,
+        tokenizer=engine.tokenizer,
+        engine=engine_spec,
+        device=str(engine.device),
+        environment=data.environment,
+        prompts=trainee.prompts,
+        reward_funcs=list(data.reward_funcs),
+        params=trainee.params,
+        max_staleness=spec.max_staleness,
+        every=spec.weight_sync_steps,
+        first_step=first_step,
+        last_step=last_step,
+        weights_dir=str(output_dir / WEIGHTS_DIR),
+        num_threads=worker_threads,
+        parent_pid=os.getpid(),
+    )
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or repr(function)

@@ -1,0 +1,160 @@
+"""Asynchronous GRPO (max_staleness): a rollout worker process samples and scores, with an exact
+staleness (train/rollout_worker.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpokit.config import GRPOConfig
+from grpokit.train.grpo import train_grpo
+from grpokit.train.rollout_worker import RolloutError, sampling_version
+from tests.helpers import read_steps
+from tests.train.helpers import ones_reward, tiny_config, weights
+
+ASYNC_KEYS = ("async/", "timing/", "time", "step_time", "tokens_per_second")  # clocks, the async figures
+
+
+def test_the_version_a_batch_is_sampled_with():
+    """By hand: synchronous step s samples with version s − 1; k steps stale, max(0, s − 1 − k);
+    with weights published every n steps, the newest published version at or before that."""
+    assert [sampling_version(s, 0) for s in range(1, 6)] == [0, 1, 2, 3, 4]
+    assert [sampling_version(s, 2) for s in range(1, 7)] == [0, 0, 0, 1, 2, 3]
+    assert [sampling_version(s, 0, every=2) for s in range(1, 7)] == [0, 0, 2, 2, 4, 4]
+    assert [sampling_version(s, 1, every=3) for s in range(1, 9)] == [0, 0, 0, 0, 3, 3, 3, 6]
+
+
+def _without_clocks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if not k.startswith(ASYNC_KEYS)} for r in rows]
+
+
+@pytest.mark.slow  # a worker process (seconds to start), many steps
+def test_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
+    """max_staleness=0: every batch sampled in the worker with the weights of the step before, as the
+    synchronous loop samples it: the same metrics (clocks aside) and weights, bit for bit."""
+    # one CPU thread on both sides: a matrix product split over another number of threads rounds
+    # differently (the worker computes on its own share of the threads)
+    sync = tiny_config(
+        tmp_path / "sync", max_steps=20, save_steps=20, beta=0.04, num_iterations=2, num_threads=1
+    )
+    train_grpo(sync, reward_funcs=[ones_reward])
+    stale = sync.model_copy(update={"output_dir": str(tmp_path / "async" / "run"), "max_staleness": 0})
+    train_grpo(stale, reward_funcs=[ones_reward])
+    a, b = read_steps(sync.output_dir), read_steps(stale.output_dir)
+    assert [r["async/staleness"] for r in b] == [0.0] * 20
+    assert [r["async/weight_version"] for r in b] == [float(s - 1) for s in range(1, 21)]
+    assert _without_clocks(a) == _without_clocks(b)
+    wa, wb = weights(Path(sync.output_dir)), weights(Path(stale.output_dir))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not (tmp_path / "async" / "run" / ".rollout").exists()  # the weight files are removed
+
+
+@pytest.mark.slow  # a worker process (seconds to start), many steps
+def test_every_batch_is_exactly_k_versions_old_and_the_run_repeats_itself(tmp_path):
+    """k = 2 over 50 steps: step s trains on a batch of version max(0, s − 3), so after the first 2
+    steps every batch is exactly 2 versions old; the run is reproducible, and its first step (version
+    0, the same seed) is the synchronous run's first step."""
+    runs = []
+    for name in ("a", "b"):
+        cfg = tiny_config(tmp_path / name, max_steps=50, save_steps=50, max_staleness=2, num_threads=1)
+        train_grpo(cfg, reward_funcs=[ones_reward])
+        runs.append(read_steps(cfg.output_dir))
+    rows = runs[0]
+    assert [r["async/weight_version"] for r in rows] == [float(max(0, s - 3)) for s in range(1, 51)]
+    assert [r["async/staleness"] for r in rows[2:]] == [2.0] * 48
+    assert _without_clocks(runs[0]) == _without_clocks(runs[1])
+    assert weights(tmp_path / "a" / "run").keys() and all(
+        torch.equal(w, weights(tmp_path / "b" / "run")[k]) for k, w in weights(tmp_path / "a" / "run").items()
+    )
+    sync = tiny_config(tmp_path / "sync", max_steps=1, num_threads=1)
+    train_grpo(sync, reward_funcs=[ones_reward])
+    assert _without_clocks(read_steps(sync.output_dir))[0] == _without_clocks(rows)[0]
+    # later steps differ from a synchronous run's: they were sampled with older weights
+    assert rows[1]["async/staleness"] == 1.0
+
+
+@pytest.mark.slow  # a worker process (seconds to start), many steps
+def test_weights_published_every_n_steps(tmp_path):
+    """weight_sync_steps=2 at staleness 0: steps 1-2 sample with version 0, steps 3-4 with version 2."""
+    cfg = tiny_config(tmp_path, max_steps=5, max_staleness=0, weight_sync_steps=2)
+    train_grpo(cfg, reward_funcs=[ones_reward])
+    rows = read_steps(cfg.output_dir)
+    assert [r["async/weight_version"] for r in rows] == [0.0, 0.0, 2.0, 2.0, 4.0]
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_a_lambda_reward_is_refused_in_one_line(tmp_path):
+    cfg = tiny_config(tmp_path, max_staleness=1)
+    with pytest.raises(
+        ValueError, match=r"reward function '.*<lambda>' cannot be sent to the rollout worker"
+    ):
+        train_grpo(cfg, reward_funcs=[lambda prompts, completions, **_: [0.0] * len(completions)])
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any work
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"max_staleness": 1, "use_peft": True}, "use_peft with max_staleness is not supported yet"),
+        ({"weight_sync_steps": 2}, "weight_sync_steps is read only with max_staleness"),
+        ({"max_staleness": 1, "weight_sync_steps": 0}, "weight_sync_steps"),
+        ({"max_staleness": 1, "weight_sync_timeout": 0}, "weight_sync_timeout"),
+    ],
+)
+def test_each_option_refuses_a_bad_value_in_one_line(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**overrides)
+
+
+def fails_at_step_3(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """Raises from its third call on (the worker's third batch, and any retry of its rows)."""
+    fails_at_step_3.calls = getattr(fails_at_step_3, "calls", 0) + 1
+    if fails_at_step_3.calls >= 3:
+        raise RuntimeError("the sandbox is down")
+    return [0.0] * len(completions)
+
+
+def hangs_at_step_2(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    hangs_at_step_2.calls = getattr(hangs_at_step_2, "calls", 0) + 1
+    if hangs_at_step_2.calls == 2:
+        time.sleep(3600)
+    return [0.0] * len(completions)
+
+
+def dies_at_step_2(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    dies_at_step_2.calls = getattr(dies_at_step_2, "calls", 0) + 1
+    if dies_at_step_2.calls == 2:
+        os._exit(7)
+    return [0.0] * len(completions)
+
+
+@pytest.mark.slow  # a worker process each, and a timeout waited out
+@pytest.mark.parametrize(
+    "reward, said, saved",
+    [
+        (fails_at_step_3, "the rollout worker failed at step 3: RewardFunctionError", 2),
+        (hangs_at_step_2, "sent no batch for step 2 within weight_sync_timeout=3 s", 1),
+        (dies_at_step_2, "the rollout worker died (exit code 7)", 1),
+    ],
+)
+def test_a_worker_that_fails_hangs_or_dies_ends_the_run_in_one_line(tmp_path, reward, said, saved):
+    """Never a hang: the trainer stops within weight_sync_timeout (+ a poll) and names what happened
+    and the last checkpoint."""
+    cfg = tiny_config(
+        tmp_path, max_steps=4, max_staleness=0, weight_sync_timeout=3, reward_timeout=None, save_steps=1
+    )
+    began = time.monotonic()
+    with pytest.raises(RolloutError, match=re.escape(said)) as raised:
+        train_grpo(cfg, reward_funcs=[reward])
+    assert time.monotonic() - began < 60  # a worker start, a step or two, the timeout: far less
+    assert "\n" not in str(raised.value)
+    assert f"the last checkpoint is {tmp_path / 'run' / f'checkpoint-{saved}'} (resume=true" in str(
+        raised.value
+    )
