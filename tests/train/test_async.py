@@ -4,7 +4,11 @@ staleness (train/rollout_worker.py)."""
 from __future__ import annotations
 
 import os
+import random
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.train.grpo import train_grpo
 from grpokit.train.rollout_worker import RolloutError, sampling_version
-from tests.helpers import read_steps
+from tests.helpers import read_steps, tiny_run
 from tests.train.helpers import ones_reward, tiny_config, weights
 
 ASYNC_KEYS = ("async/", "timing/", "time", "step_time", "tokens_per_second")  # clocks, the async figures
@@ -89,6 +93,31 @@ def test_weights_published_every_n_steps(tmp_path):
     assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 0.0, 1.0, 0.0]
 
 
+@pytest.mark.slow  # three runs, each with a worker process
+def test_a_stopped_run_resumes_with_its_batches_in_flight_bitwise(tmp_path):
+    """k = 2, stopped after step 7 (last checkpoint: step 6, holding the batches of steps 7 and 8,
+    sampled with versions 4 and 5) and resumed: the same metrics and weights as the uninterrupted
+    run, and no step lost or doubled."""
+    settings = dict(max_steps=10, save_steps=3, max_staleness=2, num_threads=1)
+    straight = tiny_config(tmp_path / "a", **settings)
+    train_grpo(straight, reward_funcs=[ones_reward])
+    stopped = tiny_config(tmp_path / "b", **settings)
+
+    def stop_at_7(kind, step, data):
+        if kind == "step" and step == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(stopped, reward_funcs=[ones_reward], on_event=stop_at_7)
+    train_grpo(stopped.model_copy(update={"resume": True}), reward_funcs=[ones_reward])
+    a, b = read_steps(straight.output_dir), read_steps(stopped.output_dir)
+    assert [r["step"] for r in b] == list(range(1, 11))
+    assert [r["async/weight_version"] for r in b] == [float(max(0, s - 3)) for s in range(1, 11)]
+    assert _without_clocks(a) == _without_clocks(b)
+    wa, wb = weights(Path(straight.output_dir)), weights(Path(stopped.output_dir))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_a_lambda_reward_is_refused_in_one_line(tmp_path):
     cfg = tiny_config(tmp_path, max_staleness=1)
     with pytest.raises(
@@ -135,6 +164,40 @@ def dies_at_step_2(prompts: list[str], completions: list[str], **_: Any) -> list
     return [0.0] * len(completions)
 
 
+def dies_once_at_step_5(prompts: list[str], completions: list[str], **kw: Any) -> list[float]:
+    """ones_reward, but the first worker to call it a 5th time dies there (kill -9 of the worker)."""
+    dies_once_at_step_5.calls = getattr(dies_once_at_step_5, "calls", 0) + 1
+    marker = Path(os.environ["GRPOKIT_TEST_MARKER"])
+    if dies_once_at_step_5.calls == 5 and not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return ones_reward(prompts, completions, **kw)
+
+
+@pytest.mark.slow  # three runs, each with a worker process
+def test_a_run_whose_worker_was_killed_resumes_bitwise(tmp_path, monkeypatch):
+    """The worker killed (SIGKILL) while it scores step 5's batch, which the checkpoint after step 4
+    waits for (k = 1: it is in flight then): the run ends in one line, and resumed from its last
+    checkpoint it ends where the uninterrupted run ends, bit for bit. (The same reward function in
+    both runs: its name is in the metrics; the uninterrupted run finds the marker already there.)"""
+    settings = dict(max_steps=8, save_steps=2, max_staleness=1, num_threads=1)
+    (tmp_path / "never").touch()
+    monkeypatch.setenv("GRPOKIT_TEST_MARKER", str(tmp_path / "never"))
+    straight = tiny_config(tmp_path / "a", **settings)
+    train_grpo(straight, reward_funcs=[dies_once_at_step_5])
+    monkeypatch.setenv("GRPOKIT_TEST_MARKER", str(tmp_path / "killed"))
+    killed = tiny_config(tmp_path / "b", **settings)
+    with pytest.raises(RolloutError, match="the rollout worker died") as raised:
+        train_grpo(killed, reward_funcs=[dies_once_at_step_5])
+    assert (tmp_path / "killed").exists() and "the last checkpoint is" in str(raised.value)
+    train_grpo(killed.model_copy(update={"resume": True}), reward_funcs=[dies_once_at_step_5])
+    a, b = read_steps(straight.output_dir), read_steps(killed.output_dir)
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert _without_clocks(a) == _without_clocks(b)
+    wa, wb = weights(Path(straight.output_dir)), weights(Path(killed.output_dir))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 @pytest.mark.slow  # a worker process each, and a timeout waited out
 @pytest.mark.parametrize(
     "reward, said, saved",
@@ -158,3 +221,58 @@ def test_a_worker_that_fails_hangs_or_dies_ends_the_run_in_one_line(tmp_path, re
     assert f"the last checkpoint is {tmp_path / 'run' / f'checkpoint-{saved}'} (resume=true" in str(
         raised.value
     )
+
+
+def _cli(out: Path, *extra: str) -> subprocess.Popen:
+    settings = tiny_run(max_steps=12, save_steps=1, max_staleness=2, num_threads=1)
+    command = [sys.executable, "-m", "grpokit", "train", f"output_dir={out}", *settings, *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (the process ended meanwhile)
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow  # three command-line runs, each with a worker process
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker through /proc")
+def test_kill_9_of_the_trainer_then_resume_is_bitwise(tmp_path):
+    """`grpokit train max_staleness=2` killed with SIGKILL mid-run: its worker exits by itself (its
+    trainer is gone), and resume=true ends where the uninterrupted run ends, bit for bit, every step
+    logged once."""
+    from safetensors.torch import load_file
+
+    straight = _cli(tmp_path / "a")
+    _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err
+    out = tmp_path / "b"
+    process = _cli(out)
+    target = random.Random(5).randint(3, 9)
+    deadline = time.time() + 240
+    while (
+        len(read_steps(out) if (out / "metrics.jsonl").exists() else []) < target and time.time() < deadline
+    ):
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.01)
+    workers = _children(process.pid)
+    time.sleep(random.Random(6).random() * 0.2)  # anywhere in the next step, checkpoint writes included
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    gone = time.time() + 10
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.time() < gone:
+        time.sleep(0.1)
+    assert workers and not any(Path(f"/proc/{w}").exists() for w in workers)  # no orphan left running
+    resumed = _cli(out, "resume=true")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    a = load_file(tmp_path / "a" / "checkpoint-12" / "model.safetensors")
+    b = load_file(out / "checkpoint-12" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in read_steps(out)] == list(range(1, 13))

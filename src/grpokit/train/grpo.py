@@ -186,6 +186,11 @@ def prepare_run(
     if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
         model = add_lora(model, plan.lora)
     trainee = build_trainee(spec, model, inputs.tokenizer, data, d)  # engine (reference, wrapping), optimizer
+    if plan.rollout is not None:  # max_staleness: the worker's trainer side (started by the loop)
+        rollout = AsyncRollout(
+            plan.rollout.max_staleness, plan.rollout.weight_sync_steps, plan.rollout.timeout, output_dir
+        )
+        trainee = replace(trainee, rollout=rollout)
     if plan.teacher is not None:  # a loss with a teacher (opd, gkd): it scores the student's completions
         teacher = load_teacher(plan.teacher, inputs.tokenizer, spec.engine, d)
         if spec.step.loss.variant.teacher == "distributions":
@@ -270,8 +275,9 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
         learns_from_spread=variant.learns_from_spread_only and not spec.dynamic_sampling,
     )
     step, failed = run.start, None
-    rollout = start_rollout(ready, plan) if plan.rollout is not None else None  # max_staleness: a worker
-    trainee = replace(trainee, rollout=rollout)
+    rollout = trainee.rollout  # max_staleness: the rollout worker, started here
+    if rollout is not None:
+        start_rollout(ready, plan)
     with run, rollout or nullcontext():  # the metrics writer closed, the worker stopped, however it ends
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
@@ -307,15 +313,16 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
     return result
 
 
-def start_rollout(ready: PreparedRun, plan: GRPOPlan) -> AsyncRollout:
-    """max_staleness: the rollout worker, sampling from the step after run.start with the weights of
-    now (one process: a worker per rank is not built yet)."""
-    assert plan.rollout is not None
-    first, output_dir = ready.run.start + 1, Path(plan.run.output_dir)
+def start_rollout(ready: PreparedRun, plan: GRPOPlan) -> None:
+    """max_staleness: the rollout worker, sampling from the first step after run.start that is not
+    in hand (a resume restored the batches in flight), with the weights of now."""
+    trainee, rollout = ready.trainee, ready.trainee.rollout
+    assert plan.rollout is not None and rollout is not None
+    first, output_dir = ready.run.start + 1 + len(rollout.buffer), Path(plan.run.output_dir)
     setup = worker_setup(
-        ready.trainee, ready.data, plan.trainee.engine, plan.rollout, first, plan.run.max_steps, output_dir
+        trainee, ready.data, plan.trainee.engine, plan.rollout, first, plan.run.max_steps, output_dir
     )
-    return AsyncRollout.start(setup, plan.rollout.timeout, ready.trainee.engine.module, output_dir)
+    rollout.start(setup, trainee.engine.module)
 
 
 def step_figures(out: StepResult, seconds: float, d: distributed.Dist) -> dict[str, Any]:

@@ -766,6 +766,8 @@ def save(
         extra["reference"] = distributed.full_state_dict(d, engine.reference)
     if trainee.entropy is not None:
         extra["entropy_control"] = trainee.entropy.state_dict()
+    if trainee.rollout is not None:  # max_staleness: the batches in flight after this step
+        extra["rollout"] = trainee.rollout.state_dict(step)
     save_distributed(d, strategy, to, step, _parts(trainee), eval_before, extra)
 
 
@@ -779,4 +781,6 @@ def restore(
         distributed.unwrap(engine.reference).load_state_dict(state["reference"])  # (checked: its shapes)
     if trainee.entropy is not None and "entropy_control" in state:
         trainee.entropy.load_state_dict(state["entropy_control"])
+    if trainee.rollout is not None and "rollout" in state:
+        trainee.rollout.load_state_dict(state["rollout"])
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}

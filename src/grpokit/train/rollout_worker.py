@@ -314,49 +314,49 @@ class RolloutWorker:
 
 class AsyncRollout:
     """What the training loop sees of the worker: step s's batch, drawn as a synchronous step would
-    have drawn it (with its async/* figures), and the weights published after the steps that make a
-    version."""
+    have drawn it (with its async/* figures); the weights published after the steps that make a
+    version; and in a checkpoint after step c, the batches in flight then (steps c+1 … c+k, sampled
+    with versions before c), so that a resume trains exactly what the uninterrupted run trains.
 
-    def __init__(self, worker: RolloutWorker, output_dir: Path) -> None:
-        self.worker, self.output_dir = worker, output_dir
+    Built before the run opens (a resume restores the batches in flight into it), started by the
+    loop (`start`)."""
+
+    def __init__(self, max_staleness: int, every: int, timeout: float, output_dir: Path) -> None:
+        self.max_staleness, self.every, self.timeout, self.output_dir = (
+            max_staleness,
+            every,
+            timeout,
+            output_dir,
+        )
+        self.worker: RolloutWorker | None = None
+        self.buffer: dict[
+            int, Sampled
+        ] = {}  # batches taken from the worker (or a checkpoint), not trained yet
         self.publish_s = 0.0  # writing the version the last batch was sampled with
 
-    @classmethod
-    def start(
-        cls, setup: WorkerSetup, timeout: float, module: torch.nn.Module, output_dir: Path
-    ) -> AsyncRollout:
-        """The worker started, and the weights it samples step `setup.first_step` with published
-        (the trainer's now: version first_step − 1 rounded down to a published one is this one)."""
-        now = setup.first_step - 1
-        if now > 0 and (setup.max_staleness > 0 or sampling_version(setup.first_step, 0, setup.every) != now):
+    def start(self, setup: WorkerSetup, module: torch.nn.Module) -> None:
+        """The worker started after the batches already in hand, and the weights of now published: the
+        version its first batch needs (a checkpoint at a step that is no multiple of weight_sync_steps
+        would need an older one, which it does not hold: refused in one line)."""
+        now, first = setup.first_step - 1 - len(self.buffer), setup.first_step
+        if first <= setup.last_step and sampling_version(first, self.max_staleness, self.every) != now:
             raise ValueError(
-                f"resuming an asynchronous run at step {now} needs the batches in flight then (max_staleness "
-                "≥ 1) or an older weight version (a step that is no multiple of weight_sync_steps), which "
-                "checkpoints do not hold yet: resume from a checkpoint at a multiple of weight_sync_steps "
-                "of a run with max_staleness=0, or start a new run"
+                f"resuming an asynchronous run at step {now}, which is no multiple of weight_sync_steps="
+                f"{self.every}, needs an older weight version than the checkpoint holds: resume from a "
+                "checkpoint at a multiple of weight_sync_steps"
             )
-        rollout = cls(RolloutWorker(setup, timeout), output_dir)
-        rollout.publish_s = rollout.worker.publish(module, now)
-        return rollout
+        self.worker = RolloutWorker(setup, self.timeout)
+        self.publish_s = self.worker.publish(module, now)
 
     def batch(self, step: int, trainee: Any) -> Any:
         """Step `step`'s DrawnBatch, its metrics with the async/* figures. The trainee's prompt sampler
         is set to where the worker's stood after drawing it: a checkpoint after this step saves that
         cursor."""
-        from .checkpoint import list_checkpoints, rng_state
+        from .checkpoint import rng_state
         from .trainee import DrawnBatch
 
         began = time.perf_counter()
-        try:
-            item = self.worker.take(step)
-        except RolloutError as error:
-            saved = list_checkpoints(self.output_dir)
-            where = (
-                f"the last checkpoint is {saved[-1]} (resume=true continues from it)"
-                if saved
-                else "no checkpoint yet"
-            )
-            raise RolloutError(f"{error}; the run stopped before step {step}: {where}") from None
+        item = self.buffer.pop(step) if step in self.buffer else self._take(step)
         waited = time.perf_counter() - began
         trainee.prompts.load_state_dict(item.prompts_state)
         metrics = {
@@ -369,13 +369,52 @@ class AsyncRollout:
         # on-policy as the sampler is the student; the trainer's own random state goes on untouched
         return DrawnBatch(item.batch, item.metrics | metrics, True, rng_state())
 
+    def _take(self, step: int) -> Sampled:
+        from .checkpoint import list_checkpoints
+
+        assert self.worker is not None
+        try:
+            return self.worker.take(step)
+        except RolloutError as error:
+            saved = list_checkpoints(self.output_dir)
+            where = (
+                f"the last checkpoint is {saved[-1]} (resume=true continues from it)"
+                if saved
+                else "no checkpoint yet"
+            )
+            raise RolloutError(f"{error}; the run stopped before step {step}: {where}") from None
+
     def after_step(self, step: int, module: torch.nn.Module) -> None:
         """Publish version `step` when it is one the worker samples with."""
-        if step % self.worker.setup.every == 0:
+        if step % self.every == 0 and self.worker is not None:
             self.publish_s = self.worker.publish(module, step)
 
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """For checkpoint-<step>: the batches of steps step+1 … step+k (up to the last step), taken from
+        the worker if not yet in hand: they were sampled with versions before `step`, which the
+        checkpoint does not hold. About k batches of token ids, log-probs and rewards on disk."""
+        assert self.worker is not None
+        last = min(step + self.max_staleness, self.worker.setup.last_step)
+        for ahead in range(step + 1, last + 1):
+            if ahead not in self.buffer:
+                self.buffer[ahead] = self._take(ahead)
+        return {"in_flight": [_pack(self.buffer[s]) for s in range(step + 1, last + 1)]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer = {item.step: item for item in map(_unpack, state["in_flight"])}
+
+    def next_prompts(self, prompts: Any) -> Any:
+        """A copy of the trainer's prompt sampler where the worker starts: after the last batch in hand."""
+        import copy
+
+        sampler = copy.deepcopy(prompts)
+        if self.buffer:
+            sampler.load_state_dict(self.buffer[max(self.buffer)].prompts_state)
+        return sampler
+
     def close(self) -> None:
-        self.worker.close()
+        if self.worker is not None:
+            self.worker.close()
 
     def __enter__(self) -> AsyncRollout:
         return self
@@ -416,7 +455,7 @@ def worker_setup(
         engine=engine_spec,
         device=str(engine.device),
         environment=data.environment,
-        prompts=trainee.prompts,
+        prompts=trainee.rollout.next_prompts(trainee.prompts),
         reward_funcs=list(data.reward_funcs),
         params=trainee.params,
         max_staleness=spec.max_staleness,
