@@ -60,62 +60,20 @@ def test_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
 
 
 @pytest.mark.slow  # a worker process (seconds to start), many steps
-def test_every_batch_is_exactly_k_versions_old_and_the_run_repeats_itself(tmp_path):
+def test_every_batch_is_exactly_k_versions_old(tmp_path):
     """k = 2 over 50 steps: step s trains on a batch of version max(0, s − 3), so after the first 2
-    steps every batch is exactly 2 versions old; the run is reproducible, and its first step (version
-    0, the same seed) is the synchronous run's first step."""
-    runs = []
-    for name in ("a", "b"):
-        cfg = tiny_config(tmp_path / name, max_steps=50, save_steps=50, max_staleness=2, num_threads=1)
-        train_grpo(cfg, reward_funcs=[ones_reward])
-        runs.append(read_steps(cfg.output_dir))
-    rows = runs[0]
-    assert [r["async/weight_version"] for r in rows] == [float(max(0, s - 3)) for s in range(1, 51)]
-    assert [r["async/staleness"] for r in rows[2:]] == [2.0] * 48
-    assert _without_clocks(runs[0]) == _without_clocks(runs[1])
-    assert weights(tmp_path / "a" / "run").keys() and all(
-        torch.equal(w, weights(tmp_path / "b" / "run")[k]) for k, w in weights(tmp_path / "a" / "run").items()
-    )
-    sync = tiny_config(tmp_path / "sync", max_steps=1, num_threads=1)
-    train_grpo(sync, reward_funcs=[ones_reward])
-    assert _without_clocks(read_steps(sync.output_dir))[0] == _without_clocks(rows)[0]
-    # later steps differ from a synchronous run's: they were sampled with older weights
-    assert rows[1]["async/staleness"] == 1.0
-
-
-@pytest.mark.slow  # a worker process (seconds to start), many steps
-def test_weights_published_every_n_steps(tmp_path):
-    """weight_sync_steps=2 at staleness 0: steps 1-2 sample with version 0, steps 3-4 with version 2."""
-    cfg = tiny_config(tmp_path, max_steps=5, max_staleness=0, weight_sync_steps=2)
+    steps every batch is exactly 2 versions old; the first step (version 0, the same seed) is the
+    synchronous run's first step, the second is not (sampled with version 0, not 1). (That such a
+    run repeats itself bit for bit is what the resume tests below prove.)"""
+    cfg = tiny_config(tmp_path / "a", max_steps=50, save_steps=50, max_staleness=2, num_threads=1)
     train_grpo(cfg, reward_funcs=[ones_reward])
     rows = read_steps(cfg.output_dir)
-    assert [r["async/weight_version"] for r in rows] == [0.0, 0.0, 2.0, 2.0, 4.0]
-    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 0.0, 1.0, 0.0]
-
-
-@pytest.mark.slow  # three runs, each with a worker process
-def test_a_stopped_run_resumes_with_its_batches_in_flight_bitwise(tmp_path):
-    """k = 2, stopped after step 7 (last checkpoint: step 6, holding the batches of steps 7 and 8,
-    sampled with versions 4 and 5) and resumed: the same metrics and weights as the uninterrupted
-    run, and no step lost or doubled."""
-    settings = dict(max_steps=10, save_steps=3, max_staleness=2, num_threads=1)
-    straight = tiny_config(tmp_path / "a", **settings)
-    train_grpo(straight, reward_funcs=[ones_reward])
-    stopped = tiny_config(tmp_path / "b", **settings)
-
-    def stop_at_7(kind, step, data):
-        if kind == "step" and step == 7:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train_grpo(stopped, reward_funcs=[ones_reward], on_event=stop_at_7)
-    train_grpo(stopped.model_copy(update={"resume": True}), reward_funcs=[ones_reward])
-    a, b = read_steps(straight.output_dir), read_steps(stopped.output_dir)
-    assert [r["step"] for r in b] == list(range(1, 11))
-    assert [r["async/weight_version"] for r in b] == [float(max(0, s - 3)) for s in range(1, 11)]
-    assert _without_clocks(a) == _without_clocks(b)
-    wa, wb = weights(Path(straight.output_dir)), weights(Path(stopped.output_dir))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [r["async/weight_version"] for r in rows] == [float(max(0, s - 3)) for s in range(1, 51)]
+    assert [r["async/staleness"] for r in rows[2:]] == [2.0] * 48
+    sync = tiny_config(tmp_path / "sync", max_steps=2, num_threads=1)
+    train_grpo(sync, reward_funcs=[ones_reward])
+    first_two = _without_clocks(read_steps(sync.output_dir))
+    assert first_two[0] == _without_clocks(rows)[0] and first_two[1] != _without_clocks(rows)[1]
 
 
 def test_a_lambda_reward_is_refused_in_one_line(tmp_path):
@@ -178,9 +136,10 @@ def dies_once_at_step_5(prompts: list[str], completions: list[str], **kw: Any) -
 def test_a_run_whose_worker_was_killed_resumes_bitwise(tmp_path, monkeypatch):
     """The worker killed (SIGKILL) while it scores step 5's batch, which the checkpoint after step 4
     waits for (k = 1: it is in flight then): the run ends in one line, and resumed from its last
-    checkpoint it ends where the uninterrupted run ends, bit for bit. (The same reward function in
+    checkpoint (with the batch in flight then) it ends where the uninterrupted run ends, bit for bit;
+    weights published every 2 steps (weight_sync_steps) throughout. (The same reward function in
     both runs: its name is in the metrics; the uninterrupted run finds the marker already there.)"""
-    settings = dict(max_steps=8, save_steps=2, max_staleness=1, num_threads=1)
+    settings = dict(max_steps=8, save_steps=2, max_staleness=1, weight_sync_steps=2, num_threads=1)
     (tmp_path / "never").touch()
     monkeypatch.setenv("GRPOKIT_TEST_MARKER", str(tmp_path / "never"))
     straight = tiny_config(tmp_path / "a", **settings)
@@ -193,6 +152,8 @@ def test_a_run_whose_worker_was_killed_resumes_bitwise(tmp_path, monkeypatch):
     train_grpo(killed.model_copy(update={"resume": True}), reward_funcs=[dies_once_at_step_5])
     a, b = read_steps(straight.output_dir), read_steps(killed.output_dir)
     assert [r["step"] for r in b] == list(range(1, 9))
+    # published every 2 steps: the newest version at or before s - 2
+    assert [r["async/weight_version"] for r in b] == [0.0, 0.0, 0.0, 2.0, 2.0, 4.0, 4.0, 6.0]
     assert _without_clocks(a) == _without_clocks(b)
     wa, wb = weights(Path(straight.output_dir)), weights(Path(killed.output_dir))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

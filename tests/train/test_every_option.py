@@ -326,8 +326,8 @@ ELSEWHERE = {
     "dataset_train_split": "tests/data/test_hub_datasets.py (the split trained on; a missing one)",
     "dataset_test_split": "tests/data/test_hub_datasets.py (held-out rows from it; a missing one)",
     "max_staleness": "test_async.py::test_staleness_0_is_the_synchronous_run_bitwise; "
-    "test_every_batch_is_exactly_k_versions_old_and_the_run_repeats_itself",
-    "weight_sync_steps": "test_async.py::test_weights_published_every_n_steps",
+    "test_every_batch_is_exactly_k_versions_old",
+    "weight_sync_steps": "test_async.py::test_a_run_whose_worker_was_killed_resumes_bitwise",
     "weight_sync_timeout": "test_async.py::test_a_worker_that_fails_hangs_or_dies_ends_the_run_in_one_line",
     "use_peft": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged",
     "lora_r": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter shapes)",
