@@ -70,10 +70,31 @@ def test_every_batch_is_exactly_k_versions_old(tmp_path):
     rows = read_steps(cfg.output_dir)
     assert [r["async/weight_version"] for r in rows] == [float(max(0, s - 3)) for s in range(1, 51)]
     assert [r["async/staleness"] for r in rows[2:]] == [2.0] * 48
-    sync = tiny_config(tmp_path / "sync", max_steps=2, num_threads=1)
+    # (the same loss: k ≥ 1 takes the decoupled objective, sampling_correction=token_truncate)
+    sync = tiny_config(tmp_path / "sync", max_steps=2, num_threads=1, sampling_correction="token_truncate")
     train_grpo(sync, reward_funcs=[ones_reward])
     first_two = _without_clocks(read_steps(sync.output_dir))
     assert first_two[0] == _without_clocks(rows)[0] and first_two[1] != _without_clocks(rows)[1]
+
+
+def test_stale_batches_take_the_decoupled_objective_unless_told_otherwise():
+    """max_staleness ≥ 1 with sampling_correction unset: token_truncate (each token weighted by the
+    weights-before-the-update over the sampler's probability, capped), said in config.yaml; set
+    explicitly, or at k = 0, or for vespo (its own weights), the value stays."""
+    from grpokit.config.applied import ASYNC, annotated_yaml, applied
+
+    resolved = applied(GRPOConfig(max_staleness=1))
+    assert resolved.config.sampling_correction == "token_truncate"
+    assert resolved.sources["sampling_correction"] == ASYNC
+    assert f"# {ASYNC}, as unset (default: none)\nsampling_correction: token_truncate" in annotated_yaml(
+        resolved
+    )
+    for kept in (
+        {"max_staleness": 0},
+        {"max_staleness": 1, "sampling_correction": "none"},
+        {"loss_type": "vespo", "max_staleness": 1},
+    ):
+        assert applied(GRPOConfig(**kept)).config.sampling_correction == "none", kept
 
 
 def test_a_lambda_reward_is_refused_in_one_line(tmp_path):

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from ..ops.loss_types import LOSS_TYPES
 from .load import load_yaml
 from .schema import GRPOConfig
 
@@ -53,7 +54,7 @@ class Applied:
     """A config with the values chosen for its model, and where each option's value came from."""
 
     config: GRPOConfig
-    sources: Mapping[str, str]  # option -> "default", "preset NAME", "yours" or CHOSEN
+    sources: Mapping[str, str]  # option -> "default", "preset NAME", "yours", CHOSEN or ASYNC
     defaults: Mapping[str, Any]  # option -> the default a chosen value replaced
 
 
@@ -73,13 +74,32 @@ def tiny_choices(cfg: GRPOConfig, model_given: bool = False) -> dict[str, Any]:
     return {key: preset[key] for key in unset if preset[key] != getattr(cfg, key)}
 
 
+ASYNC = "chosen for max_staleness >= 1"  # the source of a value chosen for asynchronous GRPO
+
+
+def async_choices(cfg: GRPOConfig) -> dict[str, Any]:
+    """max_staleness ≥ 1 trains on batches sampled by older weights: with sampling_correction unset it
+    takes token_truncate, the decoupled objective (AReaL): the ratio clipped against the weights before
+    the update, each token weighted by their probability over the sampler's, capped at
+    sampling_correction_max. (vespo folds its own weights in; a loss without a ratio has none to fix.)"""
+    variant = LOSS_TYPES[cfg.loss_type]
+    stale = cfg.max_staleness is not None and cfg.max_staleness >= 1
+    if not stale or "sampling_correction" in cfg.model_fields_set or not variant.has_ratio:
+        return {}
+    return {} if cfg.loss_type == "vespo" else {"sampling_correction": "token_truncate"}
+
+
 def applied(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: bool = False) -> Applied:
-    """`cfg` with the values chosen for its model (`tiny_choices`), and each option's source: chosen,
-    the default, the preset's, or yours (set in your file, on the command line or in Python)."""
-    chosen = tiny_choices(cfg, model_given)
+    """`cfg` with the values chosen for its model (`tiny_choices`) and for asynchronous GRPO
+    (`async_choices`), and each option's source: chosen, the default, the preset's, or yours (set in
+    your file, on the command line or in Python)."""
+    tiny, stale = tiny_choices(cfg, model_given), async_choices(cfg)
+    chosen = tiny | stale
     sources = {}
     for name in type(cfg).model_fields:
-        if name in chosen:
+        if name in stale:
+            sources[name] = ASYNC
+        elif name in tiny:
             sources[name] = CHOSEN
         elif name not in cfg.model_fields_set:
             sources[name] = DEFAULT
@@ -99,9 +119,9 @@ def annotated_yaml(resolved: Applied) -> str:
     lines = ["# every value is its default unless the comment above it says where it came from"]
     for name, value in resolved.config.model_dump(mode="json").items():
         source = resolved.sources[name]
-        if source == CHOSEN:
+        if name in resolved.defaults:  # chosen (for the model, or for max_staleness)
             default = yaml.safe_dump(resolved.defaults[name], default_flow_style=True).removesuffix("\n...\n")
-            lines.append(f"# {CHOSEN}, as unset (default: {default.strip()})")
+            lines.append(f"# {source}, as unset (default: {default.strip()})")
         elif source != DEFAULT:
             lines.append(f"# {source}")
         lines.append(yaml.safe_dump({name: value}, sort_keys=False).rstrip("\n"))

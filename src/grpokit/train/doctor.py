@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from ..config import GRPOConfig
-from ..config.applied import CHOSEN, Preset, applied
+from ..config.applied import ASYNC, CHOSEN, Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
 from ..data import columns_of, demonstration, render_prompt
 from ..models import (
@@ -133,9 +133,10 @@ def checkup(
     plan = grpo_plan(cfg, preset)
     resolved = applied(cfg, preset)
     _config_section(report, resolved.config, plan)
-    chosen = [f"{k}={getattr(resolved.config, k)}" for k, v in resolved.sources.items() if v == CHOSEN]
-    if chosen:
-        report.add("config", f"{CHOSEN}", ", ".join(chosen), advice="set them yourself to override")
+    for why in (CHOSEN, ASYNC):  # values a run chooses where the config leaves them unset
+        chosen = [f"{k}={getattr(resolved.config, k)}" for k, v in resolved.sources.items() if v == why]
+        if chosen:
+            report.add("config", why, ", ".join(chosen), advice="set them yourself to override")
     try:
         data = resolve_data(plan.data, plan.episodes, plan.rewards, UserInputs(), device=torch.device("cpu"))
     except (OSError, ValueError, ImportError) as error:  # a hub dataset offline, a missing column or file
