@@ -59,20 +59,35 @@ def test_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
     assert not (tmp_path / "async" / "run" / ".rollout").exists()  # the weight files are removed
 
 
+REWARD_FILE = """
+def ones(prompts, completions, **columns):
+    return [c.count("1") / max(len(c), 1) for c in completions]
+"""
+
+
 @pytest.mark.slow  # a worker process (seconds to start), many steps
 def test_every_batch_is_exactly_k_versions_old(tmp_path):
     """k = 2 over 50 steps: step s trains on a batch of version max(0, s − 3), so after the first 2
     steps every batch is exactly 2 versions old; the first step (version 0, the same seed) is the
-    synchronous run's first step, the second is not (sampled with version 0, not 1). (That such a
-    run repeats itself bit for bit is what the resume tests below prove.)"""
-    cfg = tiny_config(tmp_path / "a", max_steps=50, save_steps=50, max_staleness=2, num_threads=1)
-    train_grpo(cfg, reward_funcs=[ones_reward])
+    synchronous run's first step, the second is not (sampled with version 0, not 1). The reward is a
+    file of the user's (`python: file.py:f`), loaded by the worker as by the trainer. (That such a run
+    repeats itself bit for bit is what the resume tests below prove.)"""
+    (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
+    rewards = [{"python": f"{tmp_path / 'my_rewards.py'}:ones"}]
+    cfg = tiny_config(
+        tmp_path / "a", max_steps=50, save_steps=50, max_staleness=2, num_threads=1, reward_funcs=rewards
+    )
+    train_grpo(cfg)
     rows = read_steps(cfg.output_dir)
     assert [r["async/weight_version"] for r in rows] == [float(max(0, s - 3)) for s in range(1, 51)]
     assert [r["async/staleness"] for r in rows[2:]] == [2.0] * 48
+    assert "rewards/ones/mean" in rows[0]
     # (the same loss: k ≥ 1 takes the decoupled objective, sampling_correction=token_truncate)
-    sync = tiny_config(tmp_path / "sync", max_steps=2, num_threads=1, sampling_correction="token_truncate")
-    train_grpo(sync, reward_funcs=[ones_reward])
+    correction = "token_truncate"
+    sync = tiny_config(
+        tmp_path / "sync", max_steps=2, num_threads=1, sampling_correction=correction, reward_funcs=rewards
+    )
+    train_grpo(sync)
     first_two = _without_clocks(read_steps(sync.output_dir))
     assert first_two[0] == _without_clocks(rows)[0] and first_two[1] != _without_clocks(rows)[1]
 

@@ -41,6 +41,30 @@ def split_reference(reference: str, label: str | None = None) -> tuple[str, str]
     return where, name
 
 
+FILE_MODULE = "grpokit_reward_"  # the prefix of the module a reward file is loaded as
+
+
+def loaded_files() -> dict[str, str]:
+    """module name -> path of every reward file loaded in this process (`python: file.py:f`): what
+    another process must load the same way before it can unpickle functions defined in them."""
+    return {
+        name: str(module.__file__)
+        for name, module in list(sys.modules.items())
+        if name.startswith(FILE_MODULE) and getattr(module, "__file__", None)
+    }
+
+
+def load_files(files: dict[str, str]) -> None:
+    """Load reward files under the module names another process gave them (`loaded_files`)."""
+    for name, path in files.items():
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+
+
 def _load_file(label: str, where: str) -> Any:
     path = Path(where).expanduser()
     if not path.is_file():
@@ -50,7 +74,7 @@ def _load_file(label: str, where: str) -> Any:
         )
     resolved = path.resolve()
     # one module per file, named after its path, so the same file loaded twice is the same module
-    module_name = f"grpokit_reward_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    module_name = f"{FILE_MODULE}{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, resolved)

@@ -167,14 +167,18 @@ def _wait_for_version(inbox: Any, newest: int, version: int, parent_pid: int) ->
     return newest
 
 
-def _work(packed: bytes, inbox: Any, outbox: Any) -> None:
-    """The worker process: for each step, wait for its weight version, load it, sample and score."""
+def _work(files: dict[str, str], packed: bytes, inbox: Any, outbox: Any) -> None:
+    """The worker process: for each step, wait for its weight version, load it, sample and score.
+    `files`: the reward files the trainer loaded (`python: file.py:f`), loaded here the same way first,
+    so that the functions in them unpickle."""
     from safetensors.torch import load_model
 
     from ..engine import PolicyEngine
+    from ..rewards.loading import load_files
     from . import distributed
     from .draw import generate_and_score
 
+    load_files(files)
     setup: WorkerSetup = _unpack(packed)
     step = setup.first_step
     # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops the worker
@@ -241,11 +245,13 @@ class RolloutWorker:
     def __init__(self, setup: WorkerSetup, timeout: float) -> None:
         import multiprocessing as mp
 
+        from ..rewards.loading import loaded_files
+
         self.setup, self.timeout, self.ready, self.hung = setup, timeout, False, False
         context = mp.get_context("spawn")  # (a fork would copy the trainer's threads and locks)
         self.inbox, self.outbox = context.Queue(), context.Queue(maxsize=setup.max_staleness + 1)
         self.process = context.Process(
-            target=_work, args=(_pack(setup), self.inbox, self.outbox), daemon=True
+            target=_work, args=(loaded_files(), _pack(setup), self.inbox, self.outbox), daemon=True
         )
         with _main_not_imported():
             self.process.start()
