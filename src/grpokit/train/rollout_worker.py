@@ -178,13 +178,14 @@ def _work(files: dict[str, str], packed: bytes, inbox: Any, outbox: Any) -> None
     from . import distributed
     from .draw import generate_and_score
 
-    load_files(files)
-    setup: WorkerSetup = _unpack(packed)
-    step = setup.first_step
+    step = 0  # (before the first: what failed was the start)
     # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
+        load_files(files)  # (a reward file that raises here is said as any other failure)
+        setup: WorkerSetup = _unpack(packed)
+        step = setup.first_step
         torch.set_num_threads(setup.num_threads)
         device = torch.device(setup.device)
         engine = PolicyEngine.create(
