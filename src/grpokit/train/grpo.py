@@ -187,10 +187,7 @@ def prepare_run(
         model = add_lora(model, plan.lora)
     trainee = build_trainee(spec, model, inputs.tokenizer, data, d)  # engine (reference, wrapping), optimizer
     if plan.rollout is not None:  # max_staleness: the worker's trainer side (started by the loop)
-        rollout = AsyncRollout(
-            plan.rollout.max_staleness, plan.rollout.weight_sync_steps, plan.rollout.timeout, output_dir
-        )
-        trainee = replace(trainee, rollout=rollout)
+        trainee = replace(trainee, rollout=AsyncRollout(plan.rollout, output_dir))
     if plan.teacher is not None:  # a loss with a teacher (opd, gkd): it scores the student's completions
         teacher = load_teacher(plan.teacher, inputs.tokenizer, spec.engine, d)
         if spec.step.loss.variant.teacher == "distributions":
@@ -276,9 +273,9 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
     )
     step, failed = run.start, None
     rollout = trainee.rollout  # max_staleness: the rollout worker, started here
-    if rollout is not None:
-        start_rollout(ready, plan)
     with run, rollout or nullcontext():  # the metrics writer closed, the worker stopped, however it ends
+        if rollout is not None:
+            start_rollout(ready, plan)
         for step in range(run.start + 1, control.max_steps + 1):
             began = time.perf_counter()
             # sample, score, advantages, log-probs before the update, μ updates (train/grpo_step.py)

@@ -328,13 +328,9 @@ class AsyncRollout:
     Built before the run opens (a resume restores the batches in flight into it), started by the
     loop (`start`)."""
 
-    def __init__(self, max_staleness: int, every: int, timeout: float, output_dir: Path) -> None:
-        self.max_staleness, self.every, self.timeout, self.output_dir = (
-            max_staleness,
-            every,
-            timeout,
-            output_dir,
-        )
+    def __init__(self, spec: Any, output_dir: Path) -> None:  # spec: config.plan.RolloutSpec
+        self.max_staleness, self.every = spec.max_staleness, spec.weight_sync_steps
+        self.timeout, self.output_dir = spec.timeout, output_dir
         self.worker: RolloutWorker | None = None
         self.buffer: dict[
             int, Sampled
