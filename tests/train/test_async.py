@@ -121,6 +121,21 @@ def test_a_lambda_reward_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any work
 
 
+def raises_on_eval(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    raise RuntimeError("the judge is down")
+
+
+def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path):
+    """The worker process starts before the warm start (its imports overlap it); a run that ends before
+    its loop (here the starting evaluation's reward raises) stops it: no process is left running."""
+    import multiprocessing
+
+    cfg = tiny_config(tmp_path, max_staleness=1, eval_steps=2, on_reward_error="raise")
+    with pytest.raises(Exception, match="the judge is down"):
+        train_grpo(cfg, reward_funcs=[raises_on_eval])
+    assert multiprocessing.active_children() == []
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -265,3 +280,37 @@ def test_kill_9_of_the_trainer_then_resume_is_bitwise(tmp_path):
     b = load_file(out / "checkpoint-12" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in read_steps(out)] == list(range(1, 13))
+
+
+def test_sampling_weights_taken_in_the_update_equal_a_pass_before_it(tmp_path, monkeypatch):
+    """One optimizer step per batch: the weights π_old / q come from the update's own forward instead of
+    a no-grad pass before it (which a stale batch's decoupled objective would otherwise pay every step).
+    Same weights, loss, metrics and trained weights as the pass before; the repetition penalty makes
+    the sampler differ from the training forward, so the weights are not all 1 and some hit their cap."""
+    from grpokit.train import before_update
+
+    options = dict(
+        max_steps=3,
+        num_threads=1,
+        repetition_penalty=1.5,
+        sampling_correction="token_truncate",
+        sampling_correction_max=1.05,
+    )
+    train_grpo(tiny_config(tmp_path / "in_update", **options), reward_funcs=[ones_reward])
+    monkeypatch.setattr(before_update, "weights_in_update", lambda params, source: False)
+    train_grpo(tiny_config(tmp_path / "pass_before", **options), reward_funcs=[ones_reward])
+    a, b = read_steps(tmp_path / "in_update" / "run"), read_steps(tmp_path / "pass_before" / "run")
+    assert max(r["sampling/importance_sampling_ratio/max"] for r in a) > 1.05  # the cap is reached
+    for x, y in zip(a, b, strict=True):
+        for key in (
+            "loss",
+            "grad_norm",
+            "sampling/importance_sampling_ratio/mean",
+            "sampling/importance_sampling_ratio/max",
+            "sampling/sampling_logp_difference/mean",
+        ):
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), key
+        assert y["timing/reference"] > 0 and set(x) == set(y)
+    final_a, final_b = weights(tmp_path / "in_update" / "run"), weights(tmp_path / "pass_before" / "run")
+    for name, tensor in final_a.items():
+        torch.testing.assert_close(tensor, final_b[name], rtol=1e-5, atol=1e-6)

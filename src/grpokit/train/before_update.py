@@ -39,6 +39,14 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
     return "forward"
 
 
+def weights_in_update(params: StepParams, source: str) -> bool:
+    """sampling_correction's weights π_old / q come from the update's own forward (detached) when the
+    batch gets one optimizer step (source "none": that forward's policy is π_old) and the sampler drew
+    from the full distribution; otherwise from a pass before the update (a cut replayed there)."""
+    correcting = params.spec.sampling_correction != "none"
+    return correcting and source == "none" and not truncates(params.sampling)
+
+
 @dataclass(frozen=True)
 class LogpsBeforeUpdate:
     """What the loss compares the policy with, for one generation batch (None where not needed)."""
@@ -50,6 +58,10 @@ class LogpsBeforeUpdate:
     # teacher: distributions (gkd): the teacher's last hidden states [B, T, H_T] and its head, on the
     # policy's device
     teacher_states: HeadStates | None = None
+    # sampling_correction with one optimizer step on the batch (num_iterations = 1) and no cut of the
+    # sampler's distribution: π_old is the policy the update's own forward computes, so the weights come
+    # from that forward's log-probs, detached (`weights_in_update`), and no pass before it is needed
+    weights_in_update: bool = False
 
 
 def logps_before_update(
@@ -67,8 +79,9 @@ def logps_before_update(
     stays on the full distribution, both sides alike."""
     source = old_logps_source(engine, params)
     correcting = params.spec.sampling_correction != "none"
+    in_update = weights_in_update(params, source)
     current = as_sampled = None
-    if source == "forward" or correcting:  # π_old: the policy before updating
+    if source == "forward" or (correcting and not in_update):  # π_old: the policy before updating
         micro = params.spec.micro_batch_size
         if truncates(params.sampling):
             replayed = engine.replayed_logps(batch, micro, params.sampling)
@@ -82,13 +95,18 @@ def logps_before_update(
     weights, metrics = None, {}
     if as_sampled is not None:  # the sampler's log-probs against the training forward's, as sampled
         metrics = mismatch_metrics(as_sampled, batch.sampling_logps, batch.completion_mask)
-    if correcting:
+    if correcting and not in_update:
         assert as_sampled is not None
         weights, correction = importance_weights(as_sampled, batch, params)
         metrics |= correction
     teacher_logps, teacher_states = teacher_pass(teacher, engine, batch, params)
     before = LogpsBeforeUpdate(
-        old=old, ref=ref, weights=weights, teacher=teacher_logps, teacher_states=teacher_states
+        old=old,
+        ref=ref,
+        weights=weights,
+        teacher=teacher_logps,
+        teacher_states=teacher_states,
+        weights_in_update=in_update,
     )
     return before, metrics
 
@@ -96,21 +114,29 @@ def logps_before_update(
 def importance_weights(
     as_sampled: torch.Tensor, batch: Batch, params: StepParams
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """sampling_correction's weights π_old / q [B, T] (or [B, 1]) within their bounds, and the ratios'
-    mean and largest value before the bounds."""
+    """sampling_correction's weights π_old / q [B, T] (or [B, 1]) within their bounds (`bounded_weights`),
+    and the ratios' mean and largest value before the bounds."""
     mask = batch.completion_mask
+    weights = bounded_weights(as_sampled, batch.sampling_logps, mask, params)
+    return weights, ratio_metrics(as_sampled, batch.sampling_logps, mask)
+
+
+def bounded_weights(
+    old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, params: StepParams
+) -> torch.Tensor:
+    """The weights π_old / q [b, T] (or [b, 1]) of sampling_correction's mode within its bounds, from
+    log π_old and log q [b, T] of the sampled tokens (mask [b, T] bool)."""
     low, high = params.spec.sampling_correction_bounds
-    weights = sampling_weights(
-        as_sampled,
-        batch.sampling_logps,
-        mask,
-        mode=params.spec.sampling_correction,
-        clip_min=low,
-        clip_max=high,
-    )
-    diff = (as_sampled - batch.sampling_logps)[mask]  # [N]: log π_old − log q of the counted tokens
-    none = diff.new_tensor(float("nan"))  # no counted token: NaN, which rank averaging skips
-    return weights, {  # the ratios before bounds
+    mode = params.spec.sampling_correction
+    return sampling_weights(old, sampling, mask, mode=mode, clip_min=low, clip_max=high)
+
+
+def ratio_metrics(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """The importance ratios π_old / q [B, T] before their bounds: mean and largest over the counted
+    tokens (NaN with none, which rank averaging skips)."""
+    diff = (old - sampling)[mask]  # [N]: log π_old − log q of the counted tokens
+    none = diff.new_tensor(float("nan"))
+    return {
         "sampling/importance_sampling_ratio/mean": diff.exp().mean() if diff.numel() else none,
         "sampling/importance_sampling_ratio/max": diff.exp().max() if diff.numel() else none,
     }

@@ -79,13 +79,9 @@ def generate_and_score(
     attempts = spec.max_resample_batches if spec.dynamic_sampling else 1
     seconds = {"timing/sampling": 0.0, "timing/scoring": 0.0}
     for attempt in range(attempts):
-        began = time.perf_counter()
-        drawn = step_prompts(prompts, P, d, engine, spec, tools=True)
-        sampling = replace(params.sampling, seed=step_seed(spec.seed, step, attempt, d.rank))
-        # ends on the host: synced (multi-turn episodes start from their rows)
-        rollout = engine.generate(drawn.texts, sampling, rows=drawn.rows)
+        drawn, rollout, took = sample_rollout(engine, prompts, params, step, d, attempt)
         sampled = time.perf_counter()
-        seconds["timing/sampling"] += sampled - began
+        seconds["timing/sampling"] += took
         batch, zero, first = score_rollout(rollout, drawn, reward_funcs, spec, G, should_stop)
         if prompts.curriculum is not None:  # every batch drawn is a visit of its prompts, kept or not
             record_visits(prompts, drawn.drawn, batch.rewards, zero, G, d)
@@ -107,6 +103,42 @@ def generate_and_score(
         chosen.append((batch, groups[:need]))
         need -= len(chosen[-1][1])
     batch = merge_groups(chosen, G, engine.tokenizer.pad_token_id)
+    return batch, metrics | group_invariants(batch, G)
+
+
+def sample_rollout(
+    engine: PolicyEngine,
+    prompts: PromptSampler,
+    params: StepParams,
+    step: int,
+    d: distributed.Dist,
+    attempt: int,
+) -> tuple[StepPrompts, Rollout, float]:
+    """Generation batch `attempt` of step `step`: this rank's prompts, G completions of each (ends on the
+    host: synced; multi-turn episodes start from their rows), and the seconds it took."""
+    began, spec = time.perf_counter(), params.spec
+    drawn = step_prompts(prompts, params.prompts_per_rank, d, engine, spec, tools=True)
+    sampling = replace(params.sampling, seed=step_seed(spec.seed, step, attempt, d.rank))
+    rollout = engine.generate(drawn.texts, sampling, rows=drawn.rows)
+    return drawn, rollout, time.perf_counter() - began
+
+
+def scored_batch(
+    drawn: StepPrompts,
+    rollout: Rollout,
+    sampling_s: float,
+    reward_funcs: Sequence[Callable[..., Any]],
+    params: StepParams,
+    pad_token_id: int,
+) -> tuple[Batch, dict[str, Any]]:
+    """`generate_and_score`'s batch and metrics when one generation batch is the step's (no dynamic
+    sampling, no curriculum: nothing about the next draw waits for these rewards), from a rollout
+    sampled apart (`sample_rollout`): the rollout worker scores one batch while it samples the next."""
+    began, G = time.perf_counter(), params.sampling.num_generations
+    batch, _, metrics = score_rollout(rollout, drawn, reward_funcs, params.spec, G, None)
+    metrics["num_generation_batches"] = 1
+    metrics |= {"timing/sampling": sampling_s, "timing/scoring": time.perf_counter() - began}
+    batch = merge_groups([(batch, list(range(len(drawn.rows))))], G, pad_token_id)
     return batch, metrics | group_invariants(batch, G)
 
 

@@ -170,11 +170,32 @@ def prepare_run(
     """Every input checked before any work, the output directory prepared, the policy on its device
     (warm-started), the engine, optimizer and teacher built, and the run opened (resumed, or its
     starting evaluation). -> the run, or the result of a stop signal that arrived first."""
-    spec, control, emit, stop = plan.trainee, plan.run, hooks.emit, hooks.stop
+    spec, control = plan.trainee, plan.run
     d = distributed.init(spec.placement.device)  # this rank's device: the config's, or cuda:LOCAL_RANK
     output_dir = Path(control.output_dir)
     inputs = check_inputs(plan, given, d, on_event, compare)
     prepare_output_dir(d, control, inputs.replacing, inputs.resume_from is not None)  # clear, config
+    rollout = None
+    if plan.rollout is not None:  # max_staleness: the worker process starts now (its imports take
+        # seconds, spent while the policy is placed, warm-started and evaluated); the loop sets it up
+        preload = tuple({type(x).__module__ for x in (inputs.model, inputs.tokenizer)})
+        rollout = AsyncRollout(plan.rollout, output_dir).spawn(preload)
+    try:
+        prepared = _prepare_policy_and_run(plan, inputs, d, hooks, rollout)
+    except BaseException:
+        if rollout is not None:
+            rollout.close()
+        raise
+    if rollout is not None and not isinstance(prepared, PreparedRun):  # stopped before step 1
+        rollout.close()
+    return prepared
+
+
+def _prepare_policy_and_run(
+    plan: GRPOPlan, inputs: Inputs, d: distributed.Dist, hooks: Hooks, rollout: AsyncRollout | None
+) -> PreparedRun | TrainResult:
+    spec, control, emit, stop = plan.trainee, plan.run, hooks.emit, hooks.stop
+    output_dir = Path(control.output_dir)
     data, resume_from = inputs.data, inputs.resume_from
     model = place_policy(precision_of(spec.engine), inputs.model, d)  # on the device, master dtype
     # a supervised warm start (identical on every rank), unless resuming; its probe samples as training does
@@ -186,8 +207,8 @@ def prepare_run(
     if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
         model = add_lora(model, plan.lora)
     trainee = build_trainee(spec, model, inputs.tokenizer, data, d)  # engine (reference, wrapping), optimizer
-    if plan.rollout is not None:  # max_staleness: the worker's trainer side (started by the loop)
-        trainee = replace(trainee, rollout=AsyncRollout(plan.rollout, output_dir))
+    if rollout is not None:  # max_staleness: the worker's trainer side (set up by the loop)
+        trainee = replace(trainee, rollout=rollout)
     if plan.teacher is not None:  # a loss with a teacher (opd, gkd): it scores the student's completions
         teacher = load_teacher(plan.teacher, inputs.tokenizer, spec.engine, d)
         if spec.step.loss.variant.teacher == "distributions":
@@ -316,8 +337,9 @@ def start_rollout(ready: PreparedRun, plan: GRPOPlan) -> None:
     trainee, rollout = ready.trainee, ready.trainee.rollout
     assert plan.rollout is not None and rollout is not None
     first, output_dir = ready.run.start + 1 + len(rollout.buffer), Path(plan.run.output_dir)
+    steps = (first, plan.run.max_steps)
     setup = worker_setup(
-        trainee, ready.data, plan.trainee.engine, plan.rollout, first, plan.run.max_steps, output_dir
+        trainee, ready.data, plan.trainee.engine, plan.rollout, steps, output_dir, ready.run.threads
     )
     rollout.start(setup, trainee.engine.module)
 

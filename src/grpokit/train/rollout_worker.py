@@ -21,6 +21,7 @@ the copy through host memory.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
 import pickle
@@ -167,22 +168,48 @@ def _wait_for_version(inbox: Any, newest: int, version: int, parent_pid: int) ->
     return newest
 
 
-def _work(files: dict[str, str], packed: bytes, inbox: Any, outbox: Any) -> None:
-    """The worker process: for each step, wait for its weight version, load it, sample and score.
-    `files`: the reward files the trainer loaded (`python: file.py:f`), loaded here the same way first,
-    so that the functions in them unpickle."""
+def _wait_for_setup(inbox: Any, parent_pid: int) -> tuple[dict[str, str], bytes] | None:
+    """Block until the trainer sends the worker's setup; None: told to stop, or the trainer is gone."""
+    while True:
+        try:
+            message = inbox.get(timeout=POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                return None
+            continue
+        return message
+
+
+def _work(inbox: Any, outbox: Any, parent_pid: int, preload: tuple[str, ...]) -> None:
+    """The worker process: started early (its imports take seconds, spent while the trainer loads and
+    warm-starts the policy: torch, grpokit, and `preload`, the modules of the policy's and tokenizer's
+    classes, such as transformers, which unpickling them would import), it waits for its setup, then
+    for each step waits for its weight version, loads it, samples and scores. The setup comes with the
+    reward files the trainer loaded (`python: file.py:f`), loaded here the same way first, so that the
+    functions in them unpickle.
+    Where nothing about the next draw waits for a batch's rewards (no dynamic sampling, no curriculum),
+    a batch is scored on a thread of its own while the next one is sampled (`_Scorer`): a slow reward
+    (a sandbox, a judge) hides behind generation."""
     from safetensors.torch import load_model
 
     from ..engine import PolicyEngine
     from ..rewards.loading import load_files
     from . import distributed
-    from .draw import generate_and_score
+    from .draw import generate_and_score, sample_rollout
 
     step = 0  # (before the first: what failed was the start)
     # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    scorer: _Scorer | None = None
+    for name in preload:  # (one that fails to import fails again, said, when the setup is unpickled)
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
     try:
+        sent = _wait_for_setup(inbox, parent_pid)
+        if sent is None:
+            return
+        files, packed = sent
         load_files(files)  # (a reward file that raises here is said as any other failure)
         setup: WorkerSetup = _unpack(packed)
         step = setup.first_step
@@ -196,13 +223,16 @@ def _work(files: dict[str, str], packed: bytes, inbox: Any, outbox: Any) -> None
             environment=setup.environment,
         )
         engine.train_module.train()  # as the trainer's engine is when it samples
+        d, params, prompts = distributed.Dist(device=device), setup.params, setup.prompts
+        if not params.spec.dynamic_sampling and prompts.curriculum is None:
+            scorer = _Scorer(outbox, setup, engine.tokenizer.pad_token_id)
         outbox.put(_pack(READY))
         newest, loaded = -1, -1
         for step in range(setup.first_step, setup.last_step + 1):
             version = sampling_version(step, setup.max_staleness, setup.every)
             began = time.perf_counter()
             found = _wait_for_version(inbox, newest, version, setup.parent_pid)
-            if found is None:
+            if found is None or (scorer is not None and scorer.failed):
                 return
             newest, waited = found, time.perf_counter() - began
             began = time.perf_counter()
@@ -211,16 +241,60 @@ def _work(files: dict[str, str], packed: bytes, inbox: Any, outbox: Any) -> None
                     engine.train_module, str(weights_path(setup.weights_dir, version)), device=str(device)
                 )
                 loaded = version
-            load_s = time.perf_counter() - began
-            batch, metrics = generate_and_score(
-                engine, setup.prompts, setup.reward_funcs, setup.params, step, distributed.Dist(device=device)
-            )
-            outbox.put(
-                _pack(Sampled(step, version, batch, metrics, setup.prompts.state_dict(), waited, load_s))
-            )
+            waits = (waited, time.perf_counter() - began)
+            if scorer is None:
+                batch, metrics = generate_and_score(engine, prompts, setup.reward_funcs, params, step, d)
+                outbox.put(_pack(Sampled(step, version, batch, metrics, prompts.state_dict(), *waits)))
+            else:
+                drawn, rollout, took = sample_rollout(engine, prompts, params, step, d, 0)
+                scorer.submit(step, version, (drawn, rollout, took), prompts.state_dict(), waits)
+        if scorer is not None:
+            scorer.finish(setup.parent_pid)
     except BaseException as error:  # noqa: BLE001 - whatever ends the worker is told to the trainer
         line = (str(error).strip().splitlines() or [""])[0]
         outbox.put(_pack(WorkerFailed(step, f"{type(error).__name__}: {line}", traceback.format_exc())))
+
+
+class _Scorer:
+    """The worker's scoring thread: the sampled batches scored in step order, one at a time (a reward
+    function is never called twice at once), each sent to the trainer once scored. A reward that
+    raises is sent as the worker's failure, and the sampling loop stops at its next step."""
+
+    def __init__(self, outbox: Any, setup: WorkerSetup, pad_token_id: int) -> None:
+        import threading
+
+        self.outbox, self.setup, self.pad_token_id = outbox, setup, pad_token_id
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.failed = False
+        self.thread = threading.Thread(target=self._run, name="rollout-scoring", daemon=True)
+        self.thread.start()
+
+    def submit(self, step: int, version: int, sampled: tuple, prompts_state: dict, waits: tuple) -> None:
+        self.jobs.put((step, version, sampled, prompts_state, waits))
+
+    def _run(self) -> None:
+        from .draw import scored_batch
+
+        while (job := self.jobs.get()) is not None:
+            step, version, (drawn, rollout, took), prompts_state, waits = job
+            try:
+                setup = self.setup
+                batch, metrics = scored_batch(
+                    drawn, rollout, took, setup.reward_funcs, setup.params, self.pad_token_id
+                )
+                self.outbox.put(_pack(Sampled(step, version, batch, metrics, prompts_state, *waits)))
+            except BaseException as error:  # noqa: BLE001 - told to the trainer, as the worker's own
+                self.failed = True
+                line = (str(error).strip().splitlines() or [""])[0]
+                failure = WorkerFailed(step, f"{type(error).__name__}: {line}", traceback.format_exc())
+                self.outbox.put(_pack(failure))
+                return
+
+    def finish(self, parent_pid: int) -> None:
+        """Wait for the last batches to be scored and sent (while the trainer lives)."""
+        self.jobs.put(None)
+        while self.thread.is_alive() and os.getppid() == parent_pid:
+            self.thread.join(timeout=POLL_S)
 
 
 @contextlib.contextmanager
@@ -243,23 +317,28 @@ def _main_not_imported() -> Iterator[None]:
 class RolloutWorker:
     """The trainer's side: starts the worker, publishes weights, takes batches in step order."""
 
-    def __init__(self, setup: WorkerSetup, timeout: float) -> None:
+    def __init__(
+        self, directory: Path, max_staleness: int, timeout: float, preload: tuple[str, ...] = ()
+    ) -> None:
+        """Start the worker process; it imports (`preload` too), then waits for its setup (`begin`)."""
         import multiprocessing as mp
 
-        from ..rewards.loading import loaded_files
-
-        self.setup, self.timeout, self.ready, self.hung = setup, timeout, False, False
+        self.directory, self.timeout, self.ready, self.hung = directory, timeout, False, False
+        self.setup: WorkerSetup | None = None
         context = mp.get_context("spawn")  # (a fork would copy the trainer's threads and locks)
-        self.inbox, self.outbox = context.Queue(), context.Queue(maxsize=setup.max_staleness + 1)
+        self.inbox, self.outbox = context.Queue(), context.Queue(maxsize=max_staleness + 1)
         self.process = context.Process(
-            target=_work, args=(loaded_files(), _pack(setup), self.inbox, self.outbox), daemon=True
+            target=_work, args=(self.inbox, self.outbox, os.getpid(), preload), daemon=True
         )
         with _main_not_imported():
             self.process.start()
 
-    @property
-    def directory(self) -> Path:
-        return Path(self.setup.weights_dir)
+    def begin(self, setup: WorkerSetup) -> None:
+        """What the worker samples from, with the reward files it loads first."""
+        from ..rewards.loading import loaded_files
+
+        self.setup = setup
+        self.inbox.put((loaded_files(), _pack(setup)))
 
     def publish(self, module: torch.nn.Module, version: int) -> float:
         """Version `version` of the weights, for the batches that need it; -> seconds to write it."""
@@ -296,6 +375,7 @@ class RolloutWorker:
         if item.step != step:  # the queue is in step order by construction: a broken invariant
             raise RuntimeError(f"the rollout worker sent step {item.step}'s batch when step {step}'s was due")
         # the files of versions no later batch needs
+        assert self.setup is not None
         needed = sampling_version(step + 1, self.setup.max_staleness, self.setup.every)
         for path in self.directory.glob("weights-v*.safetensors"):
             if int(path.stem.split("-v")[1]) < needed:
@@ -337,6 +417,14 @@ class AsyncRollout:
         ] = {}  # batches taken from the worker (or a checkpoint), not trained yet
         self.publish_s = 0.0  # writing the version the last batch was sampled with
 
+    def spawn(self, preload: tuple[str, ...] = ()) -> AsyncRollout:
+        """Start the worker process now: its imports (`preload` too: module names) overlap the trainer's
+        loading and warm start."""
+        if self.worker is None:
+            directory = self.output_dir / WEIGHTS_DIR
+            self.worker = RolloutWorker(directory, self.max_staleness, self.timeout, preload)
+        return self
+
     def start(self, setup: WorkerSetup, module: torch.nn.Module) -> None:
         """The worker started after the batches already in hand, and the weights of now published: the
         version its first batch needs (a checkpoint at a step that is no multiple of weight_sync_steps
@@ -348,7 +436,9 @@ class AsyncRollout:
                 f"{self.every}, needs an older weight version than the checkpoint holds: resume from a "
                 "checkpoint at a multiple of weight_sync_steps"
             )
-        self.worker = RolloutWorker(setup, self.timeout)
+        self.spawn()
+        assert self.worker is not None
+        self.worker.begin(setup)
         self.publish_s = self.worker.publish(module, now)
 
     def batch(self, step: int, trainee: Any) -> Any:
@@ -396,7 +486,7 @@ class AsyncRollout:
         """For checkpoint-<step>: the batches of steps step+1 … step+k (up to the last step), taken from
         the worker if not yet in hand: they were sampled with versions before `step`, which the
         checkpoint does not hold. About k batches of token ids, log-probs and rewards on disk."""
-        assert self.worker is not None
+        assert self.worker is not None and self.worker.setup is not None
         last = min(step + self.max_staleness, self.worker.setup.last_step)
         for ahead in range(step + 1, last + 1):
             if ahead not in self.buffer:
@@ -440,18 +530,28 @@ def check_rollout(data: Any, world_size: int) -> None:
 
 
 def worker_setup(
-    trainee: Any, data: Any, engine_spec: Any, spec: Any, first_step: int, last_step: int, output_dir: Path
+    trainee: Any,
+    data: Any,
+    engine_spec: Any,
+    spec: Any,
+    steps: tuple[int, int],
+    output_dir: Path,
+    threads: Any = None,
 ) -> WorkerSetup:
     """The worker's side of a run: a CPU copy of the policy, the tokenizer, the prompt sampler where
     the trainer's stands, the rewards and the environment (`check_rollout` has seen that they pickle),
-    and half the trainer's CPU threads (the trainer keeps the rest)."""
+    for steps `steps` (first, last); and half the trainer's CPU threads: the trainer keeps the rest
+    (`threads`, the run's ThreadGovernor, stops adapting to a load that is now its own worker's)."""
     import copy
 
     engine = trainee.engine
     model = copy.deepcopy(engine.module).to("cpu")  # storage of its own: the trainer's weights move on
-    threads = torch.get_num_threads()
-    worker_threads = max(1, threads // 2)
-    torch.set_num_threads(max(1, threads - worker_threads))
+    count = torch.get_num_threads()
+    worker_threads = max(1, count // 2)
+    if threads is not None:
+        threads.keep(max(1, count - worker_threads))
+    else:
+        torch.set_num_threads(max(1, count - worker_threads))
     return WorkerSetup(
         model=model,
         tokenizer=engine.tokenizer,
@@ -463,8 +563,8 @@ def worker_setup(
         params=trainee.params,
         max_staleness=spec.max_staleness,
         every=spec.weight_sync_steps,
-        first_step=first_step,
-        last_step=last_step,
+        first_step=steps[0],
+        last_step=steps[1],
         weights_dir=str(output_dir / WEIGHTS_DIR),
         num_threads=worker_threads,
         parent_pid=os.getpid(),

@@ -113,6 +113,12 @@ class ThreadGovernor:
             governor.adaptive = governor._last is not None
         return governor
 
+    def keep(self, count: int) -> None:
+        """From now on run on `count` threads and stop adapting: the rest of the cores are lent to a
+        process of the run's own (the rollout worker), whose load is no other program's."""
+        self.adaptive, self.current = False, count
+        self.set_threads(count)
+
     def tick(self) -> str | None:
         """After a step: a new reading once a window has passed; the count changes when CONFIRM
         windows in a row ask for the same other count. Returns a line to say when it changed."""

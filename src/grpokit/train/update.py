@@ -13,7 +13,7 @@ from ..engine import PolicyEngine
 from ..ops import LossOutput, distillation_advantages, grpo_loss, loss_weight
 from . import distributed, optim
 from .batch import Batch, pad_cat
-from .before_update import LogpsBeforeUpdate, mismatch_metrics
+from .before_update import LogpsBeforeUpdate, bounded_weights, mismatch_metrics, ratio_metrics
 from .distill import gkd_loss
 from .trainee import StepParams, StepProgress, Update
 
@@ -28,11 +28,13 @@ class FirstUpdateChecks:
     * `invariants/kl_at_start_max` (step 1 of a run, β ≠ 0): max |log π_θ − log π_ref|. The reference
       is the starting policy, so 0 to round-off; anything else is a stale or different reference;
     * the sampler/training mismatch (`mismatch_metrics`) when no pass before the update measured it and
-      the sampler draws from the loss's own distribution (no top-k, top-p, min-p or repetition penalty);
+      the sampler draws from the loss's own distribution (no top-k, top-p, min-p or repetition penalty),
+      and with sampling weights taken in the update (`LogpsBeforeUpdate.weights_in_update`), their
+      ratios before the bounds;
     * a teacher's log-probs (opd): the student's reverse KL to it and the teacher's mean log-prob."""
 
     def __init__(self, before: LogpsBeforeUpdate, step: int, mismatch: bool) -> None:
-        self.before, self.mismatch = before, mismatch
+        self.before, self.mismatch = before, mismatch or before.weights_in_update
         self.kl = step == 1 and before.ref is not None
         self.ratio: list[torch.Tensor] = []  # per micro-batch: max |ratio − 1| (0-d, on the device)
         self.gap: list[torch.Tensor] = []  # per micro-batch: max |log π_θ − log π_ref|
@@ -67,6 +69,8 @@ class FirstUpdateChecks:
         if self.parts:
             logps, q, mask = (pad_cat([p[i] for p in self.parts], 0, left=False) for i in range(3))
             out |= mismatch_metrics(logps, q, mask.bool())
+            if self.before.weights_in_update:
+                out |= ratio_metrics(logps, q, mask.bool())
         if self.distill:  # opd: the student's reverse KL to the teacher, k1 at the sampled tokens
             gap, teacher, count = torch.stack(self.distill).sum(0)
             out["distill/kl"] = gap / count.clamp(min=1.0)
@@ -133,6 +137,10 @@ def policy_loss(
             batch.completion_mask[rows],
             coef=params.spec.distill_coef,
         )  # [b, T]
+    weights = None if before.weights is None else before.weights[rows]
+    if before.weights_in_update:  # π_old is this forward's policy (one optimizer step on the batch)
+        q, mask = batch.sampling_logps[rows], batch.completion_mask[rows]  # [b, T]
+        weights = bounded_weights(stats.logps.detach(), q, mask, params)
     out = grpo_loss(
         stats.logps,
         advantages,
@@ -140,7 +148,7 @@ def policy_loss(
         old_logps=None if before.old is None else before.old[rows],
         ref_logps=None if before.ref is None else before.ref[rows],
         entropies=stats.entropy if entropy_coef else stats.entropy.detach(),  # the bonus's gradient
-        sampling_weights=None if before.weights is None else before.weights[rows],
+        sampling_weights=weights,
         num_items_in_batch=num_items,
         entropy_coef=entropy_coef,
         **asdict(params.loss),  # loss_type, beta, epsilon, ...: grpo_loss's own names
