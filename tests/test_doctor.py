@@ -6,6 +6,7 @@ the presets' time are in tests/test_main_job.py (slow)."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 
@@ -81,6 +82,21 @@ def test_a_slow_reward_and_cut_completions_are_flagged(tmp_path):
     assert latency[0] == "warn" and "slow" in latency[2]
     cut = _levels(report, "sampling")["cut at max_completion_length=2"]
     assert cut[0] == "warn" and report.truncated > 0.2
+    # what asynchronous GRPO would change: the slow reward is most of the step, and overlapped with the
+    # update a step takes the longer of the two (their figures as the line states them)
+    line = _levels(report, "time")["asynchronous"][1]
+    found = re.fullmatch(
+        r"sampling and scoring are (\d+)% of the step \(~([\d.]+) s of ~([\d.]+) s\): with max_staleness=1 "
+        r"a step would take about ([\d.]+) s if each kept its speed \(on a CPU .*\)",
+        line,
+    )
+    assert found, line
+    share, drawing, whole, overlapped = (float(x) for x in found.groups())
+    assert share > 50 and overlapped == pytest.approx(max(drawing, whole - drawing), abs=0.011)
+    asked = checkup(
+        _config(tmp_path, slow_reward, max_completion_length=2, prompts_per_step=32, max_staleness=2)
+    )
+    assert _levels(asked, "time")["asynchronous"][1].startswith("max_staleness=2: sampling and scoring (~")
 
 
 def test_a_gpu_too_small_gets_the_micro_batch_that_fits_or_none(tmp_path):

@@ -195,6 +195,7 @@ def test_no_private_name_is_imported_across_modules(structure):
 LONG_ON_PURPOSE = {
     "grpo_loss": "ops: every semantic choice a named argument, with TRL's GRPOConfig names",
     "GRPOTrainer.__init__": "TRL's GRPOTrainer(model, reward_funcs, args, train_dataset, ...) shape",
+    "AsyncGRPOTrainer.__init__": "TRL's experimental AsyncGRPOTrainer(model, reward_funcs, args, ...) shape",
     "train_grpo": "the Python API: a config plus what the config cannot hold (model, data, callbacks)",
     "build_policy": "Edifice's GRPO.build(hidden, layers, heads, vocab, dropout, max_seq_len) and a seed",
 }

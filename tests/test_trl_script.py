@@ -235,3 +235,126 @@ def test_peft_defaults_for_a_hub_id_come_from_its_config_through_the_cache(hub_o
         ValueError, match=r"'org/absent' is not in the Hugging Face cache .*hf download org/absent"
     ):
         GRPOTrainer("org/absent", exact_answer, None, ROWS, peft_config=peft.LoraConfig())
+
+
+# ----------------------------------------------------------------------------- TRL's asynchronous trainer
+
+# Written as TRL 1.16's experimental AsyncGRPOTrainer wants it: the reward a module-level function of
+# an importable module (TRL scores in a spawned process, and so does grpokit's rollout worker).
+TRL_ASYNC_SCRIPT = textwrap.dedent(
+    """
+    from datasets import Dataset
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from my_rewards import reward_len
+
+    dataset = Dataset.from_dict({"prompt": [f"Write about the number {i}:" for i in range(16)]})
+
+    training_args = AsyncGRPOConfig(
+        output_dir="qwen2-chat-AsyncGRPO",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-5,
+        max_steps=3,
+        logging_steps=1,
+        report_to="none",
+        max_staleness=1,
+        vllm_server_base_url="http://localhost:8000",
+    )
+    trainer = AsyncGRPOTrainer(
+        model="tiny-org/qwen2-chat",
+        reward_funcs=reward_len,
+        args=training_args,
+        train_dataset=dataset,
+    )
+    trainer.train()
+    """
+)
+GRPOKIT_ASYNC_SCRIPT = TRL_ASYNC_SCRIPT.replace(
+    "from trl.experimental.async_grpo import", "from grpokit import"
+)
+REWARDS_MODULE = (
+    "def reward_len(completions, **kwargs):\n    return [-abs(20 - len(c)) for c in completions]\n"
+)
+
+
+def _trl_async(monkeypatch):
+    """TRL's experimental AsyncGRPOConfig and AsyncGRPOTrainer (its import warning silenced, as TRL says)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    return AsyncGRPOConfig, AsyncGRPOTrainer
+
+
+def test_the_async_scripts_differ_in_the_import_line_only_and_are_valid_trl(monkeypatch):
+    import dataclasses
+
+    TRLConfig, TRLTrainer = _trl_async(monkeypatch)
+
+    changed = [
+        (a, b)
+        for a, b in zip(TRL_ASYNC_SCRIPT.splitlines(), GRPOKIT_ASYNC_SCRIPT.splitlines(), strict=True)
+        if a != b
+    ]
+    assert len(changed) == 1 and changed[0][1] == "from grpokit import AsyncGRPOConfig, AsyncGRPOTrainer"
+    calls = {
+        node.func.id: node
+        for node in ast.walk(ast.parse(TRL_ASYNC_SCRIPT))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    assert {k.arg for k in calls["AsyncGRPOConfig"].keywords} <= {
+        f.name for f in dataclasses.fields(TRLConfig)
+    }
+    inspect.signature(TRLTrainer.__init__).bind(
+        None, **{k.arg: 0 for k in calls["AsyncGRPOTrainer"].keywords}
+    )
+
+
+@pytest.mark.slow  # a rollout worker process
+def test_a_trl_async_script_trains_with_only_its_import_changed(hub_offline, tmp_path, monkeypatch, caplog):
+    """Asynchronous: every batch exactly max_staleness=1 weight versions old after the first (step 1
+    samples with version 0, step s ≥ 2 with version s − 2); the vLLM server's URL said unused in one
+    line; TRL's batch names as in the synchronous script."""
+    (tmp_path / "my_rewards.py").write_text(REWARDS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(GRPOKIT_ASYNC_SCRIPT, "trl_async_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    out = tmp_path / "qwen2-chat-AsyncGRPO"
+    config = (out / "config.yaml").read_text()
+    assert "max_staleness: 1\n" in config and "prompts_per_step: 2\n" in config
+    steps = read_steps(out)
+    assert [row["async/weight_version"] for row in steps] == [0.0, 0.0, 1.0]
+    assert [row["async/staleness"] for row in steps] == [0.0, 1.0, 1.0]
+    for row in steps:
+        assert row["rewards/reward_len/mean"] == row["reward"] <= 0
+    said = [r.getMessage() for r in caplog.records if "vllm_server_base_url" in r.getMessage()]
+    assert len(said) == 1 and "is not used: grpokit samples in its own rollout worker" in said[0]
+
+
+def test_the_async_parameters_are_trls_in_trls_order(monkeypatch):
+    from grpokit import AsyncGRPOTrainer
+
+    _, TRLTrainer = _trl_async(monkeypatch)
+
+    theirs = list(inspect.signature(TRLTrainer.__init__).parameters)
+    assert list(inspect.signature(AsyncGRPOTrainer.__init__).parameters) == theirs
+
+
+@pytest.mark.parametrize("name", ["rollout_worker", "weight_transfer"])
+def test_trls_async_transports_are_refused_in_one_line(name):
+    from grpokit import AsyncGRPOTrainer
+
+    with pytest.raises(ValueError, match=rf"^grpokit's AsyncGRPOTrainer does not take {name} \(TRL's\); "):
+        AsyncGRPOTrainer("tiny", exact_answer, None, ROWS, **{name: object()})
+
+
+def test_an_async_trainer_is_asynchronous_whatever_its_args():
+    from grpokit import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    assert AsyncGRPOTrainer("tiny", exact_answer, None, ROWS).config.max_staleness == 1
+    assert AsyncGRPOTrainer("tiny", exact_answer, GRPOConfig(), ROWS).config.max_staleness == 1
+    assert AsyncGRPOTrainer("tiny", exact_answer, {"max_staleness": 3}, ROWS).config.max_staleness == 3
+    assert AsyncGRPOConfig(max_staleness=0).max_staleness == 0
+    assert AsyncGRPOConfig(max_staleness=None).max_staleness is None  # (the synchronous loop, if asked)

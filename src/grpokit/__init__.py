@@ -1,7 +1,7 @@
 """grpokit: Group Relative Policy Optimization for language models.
 
-The math lives in `grpokit.ops` (pure torch). `GRPOTrainer` and `GRPOConfig` are imported on first
-use, so `import grpokit` stays light and never pulls in transformers.
+The math lives in `grpokit.ops` (pure torch). `GRPOTrainer` and `GRPOConfig` (and their asynchronous
+forms) are imported on first use, so `import grpokit` stays light and never pulls in transformers.
 """
 
 from typing import Any
@@ -11,6 +11,8 @@ from .ops import LossOutput, bradley_terry_loss, group_advantages, grpo_loss
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncGRPOConfig",
+    "AsyncGRPOTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "RewardConfig",
@@ -24,6 +26,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "AsyncGRPOTrainer":
+        from .trainer import AsyncGRPOTrainer
+
+        return AsyncGRPOTrainer
+    if name == "AsyncGRPOConfig":
+        from .config import AsyncGRPOConfig
+
+        return AsyncGRPOConfig
     if name == "GRPOTrainer":
         from .trainer import GRPOTrainer
 

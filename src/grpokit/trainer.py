@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import GRPOConfig
+from .config import AsyncGRPOConfig, GRPOConfig
 from .config.plan import display, model_spec
 from .data import load_prompts
 from .envs import EnvironmentSpec, tool_environment
@@ -141,6 +141,64 @@ class GRPOTrainer:
                 on_event=events,
                 environment=self.environment,
             )
+
+
+# TRL's AsyncGRPOTrainer parameters for its own transport (given other than None: what to do)
+_ASYNC_NOT_TAKEN = {
+    "rollout_worker": "grpokit's rollout worker is a process of its own, built from the config "
+    "(max_staleness, weight_sync_steps, weight_sync_timeout)",
+    "weight_transfer": "grpokit publishes each weight version as a safetensors file the worker loads "
+    "(train/rollout_worker.py)",
+}
+
+
+class AsyncGRPOTrainer(GRPOTrainer):
+    """AsyncGRPOTrainer(model, reward_funcs, args=AsyncGRPOConfig(...), train_dataset=...).train(): TRL's
+    asynchronous trainer (trl.experimental.async_grpo, TRL 1.16) in TRL's parameter order, on grpokit's
+    rollout worker: sampling and scoring in a process of its own, overlapped with the update, each
+    batch exactly `max_staleness` weight versions old (train/rollout_worker.py). `args`: an
+    AsyncGRPOConfig (max_staleness 1 by default), or a GRPOConfig or dict, whose max_staleness unset
+    becomes 1. rollout_worker and weight_transfer (TRL's transports) are not taken: one line each.
+    Reward functions and environments must be importable by the worker (module-level functions, not
+    lambdas or closures). Evaluation: the config's held-out split (TRL's asynchronous trainer takes no
+    eval_dataset)."""
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: GRPOConfig | dict[str, Any] | None = None,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        peft_config: Any = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
+        rollout_worker: Any = None,
+        weight_transfer: Any = None,
+    ) -> None:
+        for name, value in (("rollout_worker", rollout_worker), ("weight_transfer", weight_transfer)):
+            if value is not None:
+                raise ValueError(
+                    f"grpokit's AsyncGRPOTrainer does not take {name} (TRL's); {_ASYNC_NOT_TAKEN[name]}."
+                )
+        if not isinstance(args, GRPOConfig):
+            args = AsyncGRPOConfig(**(args or {}))
+        elif args.max_staleness is None:
+            args = args.model_copy(update={"max_staleness": 1})
+        super().__init__(
+            model,
+            reward_funcs,
+            args,
+            train_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            peft_config=peft_config,
+            tools=tools,
+            environment_factory=environment_factory,
+        )
 
 
 def _refuse_not_taken(given: dict[str, Any]) -> None:

@@ -38,22 +38,44 @@ def _without_clocks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not k.startswith(ASYNC_KEYS)} for r in rows]
 
 
+# the synchronous runs async=0 must equal: the main options (a reference, two updates per batch); a
+# multi-turn tool run (the calc tool, after a warm start that teaches calling it); dynamic sampling with
+# the curriculum (drawing again, and the pools, in the worker)
+SYNCHRONOUS_RUNS = {
+    "main": dict(max_steps=20, beta=0.04, num_iterations=2),
+    "tool": dict(
+        task="tool_addition",
+        max_steps=20,
+        max_turns=3,
+        sft_steps=15,
+        sft_batch_size=32,
+        max_completion_length=80,
+    ),
+    "dynamic_curriculum": dict(max_steps=10, dynamic_sampling=True, curriculum=True, max_resample_batches=3),
+}
+
+
 @pytest.mark.slow  # a worker process (seconds to start), many steps
-def test_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
+@pytest.mark.parametrize("case", list(SYNCHRONOUS_RUNS))
+def test_staleness_0_is_the_synchronous_run_bitwise(tmp_path, case):
     """max_staleness=0: every batch sampled in the worker with the weights of the step before, as the
     synchronous loop samples it: the same metrics (clocks aside) and weights, bit for bit."""
     # one CPU thread on both sides: a matrix product split over another number of threads rounds
     # differently (the worker computes on its own share of the threads)
-    sync = tiny_config(
-        tmp_path / "sync", max_steps=20, save_steps=20, beta=0.04, num_iterations=2, num_threads=1
-    )
-    train_grpo(sync, reward_funcs=[ones_reward])
+    options = SYNCHRONOUS_RUNS[case]
+    sync = tiny_config(tmp_path / "sync", save_steps=options["max_steps"], num_threads=1, **options)
+    train_grpo(sync, reward_funcs=None if case == "tool" else [ones_reward])
     stale = sync.model_copy(update={"output_dir": str(tmp_path / "async" / "run"), "max_staleness": 0})
-    train_grpo(stale, reward_funcs=[ones_reward])
+    train_grpo(stale, reward_funcs=None if case == "tool" else [ones_reward])
     a, b = read_steps(sync.output_dir), read_steps(stale.output_dir)
-    assert [r["async/staleness"] for r in b] == [0.0] * 20
-    assert [r["async/weight_version"] for r in b] == [float(s - 1) for s in range(1, 21)]
+    n = options["max_steps"]
+    assert [r["async/staleness"] for r in b] == [0.0] * n
+    assert [r["async/weight_version"] for r in b] == [float(s - 1) for s in range(1, n + 1)]
     assert _without_clocks(a) == _without_clocks(b)
+    if case == "tool":  # episodes of more than one turn (a tool called, well or not)
+        assert max(r["env/turns"] for r in b) > 1
+    if case == "dynamic_curriculum":  # drew again for groups with no spread, at some step
+        assert max(r["num_generation_batches"] for r in b) > 1
     wa, wb = weights(Path(sync.output_dir)), weights(Path(stale.output_dir))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not (tmp_path / "async" / "run" / ".rollout").exists()  # the weight files are removed
@@ -121,15 +143,35 @@ def test_a_lambda_reward_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any work
 
 
+@pytest.mark.parametrize("option", ["dynamic_sampling", "curriculum"])
+def test_what_ranks_agree_on_through_collectives_is_refused_under_torchrun(option):
+    from types import SimpleNamespace
+
+    from grpokit.config.plan import grpo_plan
+    from grpokit.train.rollout_worker import check_rollout
+
+    step = grpo_plan(GRPOConfig(max_staleness=1, **{option: True})).trainee.step
+    data = SimpleNamespace(reward_funcs=[ones_reward], environment=None)  # (what it reads of RunData)
+    check_rollout(data, 1, step)  # one process: taken
+    with pytest.raises(
+        ValueError, match=rf"^{option} with max_staleness under torchrun is not supported yet"
+    ):
+        check_rollout(data, 2, step)
+
+
 def raises_on_eval(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
     raise RuntimeError("the judge is down")
 
 
-def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path):
-    """The worker process starts before the warm start (its imports overlap it); a run that ends before
-    its loop (here the starting evaluation's reward raises) stops it: no process is left running."""
+def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path, monkeypatch):
+    """On an accelerator the worker process starts before the warm start (its imports overlap it); a
+    run that ends before its loop (here the starting evaluation's reward raises) stops it: no process
+    is left running."""
     import multiprocessing
 
+    from grpokit.train import grpo
+
+    monkeypatch.setattr(grpo, "spawns_early", lambda device: True)  # as on a GPU
     cfg = tiny_config(tmp_path, max_staleness=1, eval_steps=2, on_reward_error="raise")
     with pytest.raises(Exception, match="the judge is down"):
         train_grpo(cfg, reward_funcs=[raises_on_eval])
@@ -245,34 +287,45 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow  # three command-line runs, each with a worker process
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs: it exists and is no zombie (an orphan's exit is reaped by the
+    machine's init, which in some containers never reaps)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in status
+
+
+@pytest.mark.slow  # five command-line runs, each with a worker process
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker through /proc")
 def test_kill_9_of_the_trainer_then_resume_is_bitwise(tmp_path):
-    """`grpokit train max_staleness=2` killed with SIGKILL mid-run: its worker exits by itself (its
-    trainer is gone), and resume=true ends where the uninterrupted run ends, bit for bit, every step
-    logged once."""
+    """`grpokit train max_staleness=2` killed with SIGKILL at 3 random points (each resumed run killed
+    again): its worker exits by itself each time (its trainer is gone), and the last resume=true ends
+    where the uninterrupted run ends, bit for bit, every step logged once."""
     from safetensors.torch import load_file
 
     straight = _cli(tmp_path / "a")
     _, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err
-    out = tmp_path / "b"
-    process = _cli(out)
-    target = random.Random(5).randint(3, 9)
-    deadline = time.time() + 240
-    while (
-        len(read_steps(out) if (out / "metrics.jsonl").exists() else []) < target and time.time() < deadline
-    ):
-        assert process.poll() is None, process.stderr.read()
-        time.sleep(0.01)
-    workers = _children(process.pid)
-    time.sleep(random.Random(6).random() * 0.2)  # anywhere in the next step, checkpoint writes included
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
-    gone = time.time() + 10
-    while any(Path(f"/proc/{w}").exists() for w in workers) and time.time() < gone:
-        time.sleep(0.1)
-    assert workers and not any(Path(f"/proc/{w}").exists() for w in workers)  # no orphan left running
+    out, chance = tmp_path / "b", random.Random(5)
+    for target in sorted(chance.sample(range(2, 12), 3)):  # steps logged when the kill comes
+        process = _cli(out, *(["resume=true"] if (out / "metrics.jsonl").exists() else []))
+        deadline = time.time() + 240
+        workers: list[int] = []  # (a resumed run's worker starts with its loop, after the log is read)
+        while (
+            len(read_steps(out) if (out / "metrics.jsonl").exists() else []) < target or not workers
+        ) and time.time() < deadline:
+            assert process.poll() is None, process.stderr.read()
+            workers = _children(process.pid)
+            time.sleep(0.01)
+        time.sleep(chance.random() * 0.2)  # anywhere in the next step, checkpoint writes included
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+        gone = time.time() + 10
+        while any(_running(w) for w in workers) and time.time() < gone:
+            time.sleep(0.1)
+        assert workers and not any(_running(w) for w in workers)  # no orphan left
     resumed = _cli(out, "resume=true")
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err

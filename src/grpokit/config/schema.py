@@ -11,7 +11,7 @@ No torch import here: `grpokit print-config` and config errors are instant.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -230,7 +230,7 @@ class _Keys(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
-        return trl_names.check_keys(cls.__name__, cls.model_fields, data)
+        return trl_names.check_keys(getattr(cls, "TRL_TABLES", cls.__name__), cls.model_fields, data)
 
 
 class _TinyModel(_Keys):
@@ -1355,3 +1355,26 @@ class RewardConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisatio
                 f"batch_size={self.batch_size} must be divisible by micro_batch_size={self.micro_batch_size}"
             )
         return self
+
+
+class AsyncGRPOConfig(GRPOConfig):
+    """TRL's AsyncGRPOConfig (trl.experimental.async_grpo): GRPOConfig with the rollout worker on.
+    max_staleness defaults to 1, not TRL's 4: grpokit's staleness is exact (every batch is exactly that
+    many weight versions old, never fewer), and 1 already overlaps sampling and scoring with the whole
+    update. TRL's options for its vLLM server, queue and task scheduling are answered in one line each
+    (`trl_names.ASYNC_NOT_USED`) and otherwise not used."""
+
+    TRL_TABLES: ClassVar[str] = "GRPOConfig"  # TRL's names are answered as GRPOConfig's
+
+    max_staleness: int | None = option(
+        1,
+        ge=0,
+        le=64,
+        description=GRPOConfig.model_fields["max_staleness"].description or "",
+        resume=Resume.fixed("the batches trained on so far were sampled that many versions back"),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_async_names(cls, data: Any) -> Any:
+        return trl_names.drop_async_names(data)

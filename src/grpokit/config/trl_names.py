@@ -216,6 +216,37 @@ REMOVED: dict[str, dict[str, str]] = {
     },
 }
 
+# TRL's AsyncGRPOConfig options (trl.experimental.async_grpo, TRL 1.16) that grpokit's rollout worker
+# has no use for: an AsyncGRPOConfig given one says so in one line and goes on without it
+_NO_SERVER = (
+    "grpokit samples in its own rollout worker process (a copy of the policy, the same decode loop), "
+    "not on a vLLM server"
+)
+ASYNC_NOT_USED = {
+    "vllm_server_base_url": _NO_SERVER,
+    "vllm_server_timeout": _NO_SERVER,
+    "request_timeout": _NO_SERVER + "; weight_sync_timeout bounds every wait for the worker",
+    "heartbeat_stale_after_s": "weight_sync_timeout bounds every wait for the worker",
+    "queue_maxsize": "the queue holds max_staleness + 1 batches: each batch is sampled exactly "
+    "max_staleness versions back, so no more can be waiting",
+    "max_inflight_tasks": "the worker samples whole batches of prompts_per_step x num_generations",
+    "fork_threshold_tokens": "the worker samples whole batches with one KV cache",
+    "token_budget": "a step is prompts_per_step x num_generations completions",
+}
+
+
+def drop_async_names(data: Any) -> Any:
+    """AsyncGRPOConfig's before-validator: TRL's async options grpokit does not use, each said in one
+    line (once per process) and dropped."""
+    if not isinstance(data, Mapping):
+        return data
+    out = dict(data)
+    for name, why in ASYNC_NOT_USED.items():
+        if name in out:
+            _say(f"TRL's AsyncGRPOConfig option {name}={shown(out.pop(name))} is not used: {why}")
+    return out
+
+
 COMMANDS = {"GRPOConfig": "train", "RewardConfig": "reward", "SFTConfig": "sft"}
 
 # ------------------------------------------------------------------------ accepted: TRL's batch geometry

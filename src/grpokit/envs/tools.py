@@ -24,6 +24,7 @@ Call syntax, inside the markers, either of:
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import threading
@@ -243,30 +244,30 @@ def turn_message(tools: Sequence[Callable[..., Any]], fmt: ToolCallFormat) -> Ca
     """How a policy turn reads as a chat message, as TRL gives one to reward functions: a turn that
     calls a known tool with arguments that bind is {"role": "assistant", "content": the text around
     the call, "tool_calls": [{"type": "function", "function": {"name", "arguments": {...}}}]}; any
-    other turn is its text as content."""
-    by_name = {t.__name__: t for t in tools}
+    other turn is its text as content. (A partial of a module-level function: it pickles, for the
+    rollout worker, whenever the tools do.)"""
+    return functools.partial(_turn_message, {t.__name__: t for t in tools}, fmt)
 
-    def message(text: str) -> dict[str, Any]:
-        start = text.rfind(fmt.call_start)
-        end = text.rfind(fmt.call_end)
-        plain = {"role": "assistant", "content": text}
-        if start < 0 or end < start:
-            return plain
-        try:
-            call = parse_call(text[start + len(fmt.call_start) : end])
-            tool = by_name[call.name]
-            arguments = dict(inspect.signature(tool).bind(*call.args, **call.kwargs).arguments)
-        except (MalformedCall, KeyError, TypeError, ValueError):
-            return plain
-        function = {"name": call.name, "arguments": arguments}
-        content = (text[:start] + text[end + len(fmt.call_end) :]).strip()
-        return {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": [{"type": "function", "function": function}],
-        }
 
-    return message
+def _turn_message(by_name: dict[str, Callable[..., Any]], fmt: ToolCallFormat, text: str) -> dict[str, Any]:
+    start = text.rfind(fmt.call_start)
+    end = text.rfind(fmt.call_end)
+    plain = {"role": "assistant", "content": text}
+    if start < 0 or end < start:
+        return plain
+    try:
+        call = parse_call(text[start + len(fmt.call_start) : end])
+        tool = by_name[call.name]
+        arguments = dict(inspect.signature(tool).bind(*call.args, **call.kwargs).arguments)
+    except (MalformedCall, KeyError, TypeError, ValueError):
+        return plain
+    function = {"name": call.name, "arguments": arguments}
+    content = (text[:start] + text[end + len(fmt.call_end) :]).strip()
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"type": "function", "function": function}],
+    }
 
 
 def tool_environment(
@@ -289,7 +290,7 @@ def tool_environment(
     # with conversational prompts: the policy ends a call with its EOS, as a chat model does, and the
     # result is a "tool" message of the chat template, which writes the response markers if any
     chat = EnvironmentSpec(
-        factory=lambda: ToolEnvironment(tools, style, timeout, bare=True),
+        factory=functools.partial(ToolEnvironment, tools, style, timeout, bare=True),
         max_turns=max_turns,
         name=name,
         tool_schemas=schemas,
@@ -297,7 +298,7 @@ def tool_environment(
         turn_message=turn_message(tools, style),
     )
     return EnvironmentSpec(
-        factory=lambda: ToolEnvironment(tools, style, timeout),
+        factory=functools.partial(ToolEnvironment, tools, style, timeout),  # (picklable)
         max_turns=max_turns,
         stop_strings=(style.call_end,),
         name=name,

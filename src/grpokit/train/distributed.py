@@ -403,6 +403,15 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
+def gather_objects(d: Dist, value: Any) -> list[Any]:
+    """Every rank's `value` (anything picklable), in rank order, on every rank; [value] with one process."""
+    if not d.enabled:
+        return [value]
+    out: list[Any] = [None] * d.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
 def broadcast_object(d: Dist, value: Any) -> Any:
     """Rank 0's `value` (anything picklable) on every rank; the other ranks' `value` is ignored and
     they wait here until rank 0 sends. With one process, `value` itself."""

@@ -372,6 +372,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
     sampled = time.perf_counter() - began
     repeated = [r[spec.prompt_column] for r in rows for _ in range(G)]
     columns = columns_of(rows, spec.prompt_column, repeat=G)
+    began = time.perf_counter()
     scores = score_completions(
         data.reward_funcs,
         repeated,
@@ -380,6 +381,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
         weights=spec.reward_weights,
         rules=CallRules(on_error="unscorable", timeout=spec.reward_timeout),
     )
+    scored = time.perf_counter() - began
     advantages = group_advantages(scores.rewards, G, scale=spec.scale_rewards)
     report.zero_spread = float(advantages.is_std_zero.float().mean())
     report.truncated = float(rollout.truncated.float().mean())
@@ -424,6 +426,34 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
         f"~{report.step_seconds:.2f} s a step ({tokens / sampled:.0f} sampled tokens/s here), "
         f"~{report.step_seconds * plan.run.max_steps / 60:.1f} min for {plan.run.max_steps} steps",
     )
+    _async_finding(report, plan, scale * (sampled + scored), scale * forward * passes, engine.device)
+
+
+def _async_finding(report: Checkup, plan: GRPOPlan, drawing: float, update: float, device: Any) -> None:
+    """What asynchronous GRPO (max_staleness) changes, from the measured phases: sampling and scoring
+    overlap the update, so a step takes about the longer of the two instead of their sum. On a CPU the
+    worker takes half the threads, so each side runs slower than measured here: said, not modelled."""
+    share = drawing / max(drawing + update, 1e-9)
+    overlapped = max(drawing, update)
+    shared = " if each kept its speed (on a CPU the two share the cores and each runs slower)" * (
+        torch.device(device).type == "cpu"
+    )
+    k = plan.rollout.max_staleness if plan.rollout is not None else None
+    if k is None:
+        report.add(
+            "time",
+            "asynchronous",
+            f"sampling and scoring are {100 * share:.0f}% of the step (~{drawing:.2f} s of "
+            f"~{drawing + update:.2f} s): with max_staleness=1 a step would take about {overlapped:.2f} s"
+            + shared,
+        )
+    else:
+        report.add(
+            "time",
+            "asynchronous",
+            f"max_staleness={k}: sampling and scoring (~{drawing:.2f} s) overlap the update "
+            f"(~{update:.2f} s): about {overlapped:.2f} s a step" + shared,
+        )
 
 
 # ----------------------------------------------------------------------------- 5. memory

@@ -176,10 +176,10 @@ def prepare_run(
     inputs = check_inputs(plan, given, d, on_event, compare)
     prepare_output_dir(d, control, inputs.replacing, inputs.resume_from is not None)  # clear, config
     rollout = None
-    if plan.rollout is not None:  # max_staleness: the worker process starts now (its imports take
-        # seconds, spent while the policy is placed, warm-started and evaluated); the loop sets it up
-        preload = tuple({type(x).__module__ for x in (inputs.model, inputs.tokenizer)})
-        rollout = AsyncRollout(plan.rollout, output_dir).spawn(preload)
+    if plan.rollout is not None:  # max_staleness: the worker's trainer side (the loop sets it up)
+        rollout = AsyncRollout(plan.rollout, output_dir, d)
+        if spawns_early(d.device):
+            rollout.spawn(tuple({type(x).__module__ for x in (inputs.model, inputs.tokenizer)}))
     try:
         prepared = _prepare_policy_and_run(plan, inputs, d, hooks, rollout)
     except BaseException:
@@ -189,6 +189,14 @@ def prepare_run(
     if rollout is not None and not isinstance(prepared, PreparedRun):  # stopped before step 1
         rollout.close()
     return prepared
+
+
+def spawns_early(device: Any) -> bool:
+    """Whether the rollout worker's process starts before the warm start: its imports (seconds) then
+    overlap the policy's placing, warm start and evaluation, on the cores an accelerator leaves idle.
+    Not on a CPU, where the trainer's threads use every core and the imports would only slow them
+    (measured: a 2-core main job's warm start took 9 s longer): there it starts with the loop."""
+    return device.type != "cpu"
 
 
 def _prepare_policy_and_run(
@@ -206,6 +214,8 @@ def _prepare_policy_and_run(
             return _stopped_early(emit, stop, output_dir, "warm start")
     if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
         model = add_lora(model, plan.lora)
+    if rollout is not None:  # the worker's copy of the policy, before wrapping (FSDP2 shards in place)
+        rollout.keep_policy(model)
     trainee = build_trainee(spec, model, inputs.tokenizer, data, d)  # engine (reference, wrapping), optimizer
     if rollout is not None:  # max_staleness: the worker's trainer side (set up by the loop)
         trainee = replace(trainee, rollout=rollout)
@@ -269,7 +279,7 @@ def check_inputs(
     check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # learning from demonstrations: an answer in every row
     if plan.rollout is not None:  # what the rollout worker cannot take (a lambda reward, torchrun)
-        check_rollout(data, d.world_size)
+        check_rollout(data, d.world_size, spec.step)
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
     refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
     if refusal is not None:

@@ -10,12 +10,18 @@ the synchronous run itself, bitwise, with the sampling moved to another process.
 
 The worker holds its own copy of the policy (the same engine, backend and decode loop), the prompt
 sampler (the data cursor and curriculum) and the reward functions; it hands finished batches to the
-trainer through a bounded queue. Weights go the other way as files: the trainer writes version v to
+trainer through a pipe. Weights go the other way as files: the trainer writes version v to
 `output_dir/.rollout/weights-v<v>.safetensors` under a temporary name and renames it (atomic), then
 says so. Files, not shared memory: a reader can never see half an update, a dead trainer leaves
 nothing half-written, and a rollout server's `/update_weights {"path"}` takes the same form. On a
 CPU the tiny models' files cost milliseconds; on a GPU a shared-memory or NCCL transport would avoid
 the copy through host memory.
+
+Under torchrun each rank has a worker of its own, which samples and scores that rank's share of every
+batch (its prompts, its seeds) exactly as the rank's synchronous step would; rank 0 writes each
+version (gathered from the shards under FSDP) and every rank tells its worker once it is written. A
+checkpoint holds every rank's batches in flight. Dynamic sampling and the curriculum, which agree
+across ranks through collectives, are refused there.
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ class WorkerSetup:
     weights_dir: str
     num_threads: int
     parent_pid: int
+    rank: int = 0  # under torchrun: the trainer's rank, whose share of each batch the worker samples
+    world_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -138,121 +146,168 @@ def weights_path(directory: Path | str, version: int) -> Path:
     return Path(directory) / f"weights-v{version}.safetensors"
 
 
-def publish_weights(module: torch.nn.Module, directory: Path, version: int) -> float:
-    """Write version `version` of `module`'s weights where the worker reads them, atomically;
-    -> seconds taken."""
-    from safetensors.torch import save_model
+def publish_weights(module: torch.nn.Module, directory: Path, version: int, d: Any = None) -> float:
+    """Write version `version` of `module`'s weights where the workers read them, atomically;
+    -> seconds taken. Under torchrun (`d`, a distributed.Dist): every rank calls it, the weights are
+    gathered (a collective under FSDP), rank 0 writes them, and every rank returns once they are
+    written."""
+    from safetensors.torch import save_file, save_model
+
+    from . import distributed
 
     began = time.perf_counter()
-    directory.mkdir(parents=True, exist_ok=True)
     final = weights_path(directory, version)
     staging = final.with_suffix(".tmp")
-    save_model(module, str(staging))  # (save_model keeps tied weights tied)
-    os.replace(staging, final)
+    if d is None or not d.enabled:
+        directory.mkdir(parents=True, exist_ok=True)
+        save_model(module, str(staging))  # (save_model keeps tied weights tied)
+        os.replace(staging, final)
+        return time.perf_counter() - began
+    weights = distributed.full_state_dict(d, module)  # (rank 0's; empty elsewhere under FSDP)
+    if d.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        seen: set[int] = set()  # tied weights once (the first name), as save_model writes them
+        unique = {}
+        for name, tensor in weights.items():
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                unique[name] = tensor.contiguous()
+        save_file(unique, str(staging))
+        os.replace(staging, final)
+    distributed.barrier(d)
     return time.perf_counter() - began
+
+
+def _receive(inbox: Any, parent_pid: int) -> Any:
+    """The trainer's next message (a version number, the setup file's path, or None: stop); None too
+    when the trainer is gone (its end of the pipe closed, or it no longer is this process's parent).
+    Messages are a few bytes, written at once: a trainer killed while writing one leaves none."""
+    while True:
+        try:
+            if inbox.poll(POLL_S):
+                return inbox.recv()
+        except (EOFError, OSError):
+            return None
+        if os.getppid() != parent_pid:  # the trainer died (kill -9): nobody will read what follows
+            return None
 
 
 def _wait_for_version(inbox: Any, newest: int, version: int, parent_pid: int) -> int | None:
     """Block until the trainer says version ≥ `version` is published; None: told to stop, or the
     trainer is gone."""
     while newest < version:
-        try:
-            message = inbox.get(timeout=POLL_S)
-        except queue.Empty:
-            if os.getppid() != parent_pid:  # the trainer died (kill -9): nobody will read what follows
-                return None
-            continue
+        message = _receive(inbox, parent_pid)
         if message is None:
             return None
         newest = max(newest, int(message))
     return newest
 
 
-def _wait_for_setup(inbox: Any, parent_pid: int) -> tuple[dict[str, str], bytes] | None:
-    """Block until the trainer sends the worker's setup; None: told to stop, or the trainer is gone."""
-    while True:
-        try:
-            message = inbox.get(timeout=POLL_S)
-        except queue.Empty:
-            if os.getppid() != parent_pid:
-                return None
-            continue
-        return message
+class _Outbox:
+    """The worker's end of the pipe to the trainer, shared by its sampling loop and its scoring thread
+    (one message at a time). A trainer that is gone makes a send raise (BrokenPipeError), which ends
+    the worker instead of leaving it blocked."""
+
+    def __init__(self, connection: Any) -> None:
+        import threading
+
+        self.connection, self.lock = connection, threading.Lock()
+
+    def put(self, value: Any) -> None:
+        data = _pack(value)
+        with self.lock:
+            self.connection.send_bytes(data)
 
 
-def _work(inbox: Any, outbox: Any, parent_pid: int, preload: tuple[str, ...]) -> None:
-    """The worker process: started early (its imports take seconds, spent while the trainer loads and
-    warm-starts the policy: torch, grpokit, and `preload`, the modules of the policy's and tokenizer's
-    classes, such as transformers, which unpickling them would import), it waits for its setup, then
-    for each step waits for its weight version, loads it, samples and scores. The setup comes with the
-    reward files the trainer loaded (`python: file.py:f`), loaded here the same way first, so that the
-    functions in them unpickle.
-    Where nothing about the next draw waits for a batch's rewards (no dynamic sampling, no curriculum),
-    a batch is scored on a thread of its own while the next one is sampled (`_Scorer`): a slow reward
-    (a sandbox, a judge) hides behind generation."""
-    from safetensors.torch import load_model
+def _failure(step: int, error: BaseException) -> WorkerFailed:
+    line = (str(error).strip().splitlines() or [""])[0]
+    return WorkerFailed(step, f"{type(error).__name__}: {line}", traceback.format_exc())
 
-    from ..engine import PolicyEngine
-    from ..rewards.loading import load_files
-    from . import distributed
-    from .draw import generate_and_score, sample_rollout
 
-    step = 0  # (before the first: what failed was the start)
+def _work(inbox: Any, connection: Any, parent_pid: int, preload: tuple[str, ...]) -> None:
+    """The worker process: started early on an accelerator (its imports take seconds, spent while the
+    trainer loads and warm-starts the policy: torch, grpokit, and `preload`, the modules of the
+    policy's and tokenizer's classes, such as transformers, which unpickling them would import), it
+    waits for its setup, then for each step waits for its weight version, loads it, samples and
+    scores. Where nothing about the next draw waits for a batch's rewards (no dynamic sampling, no
+    curriculum), a batch is scored on a thread of its own while the next one is sampled (`_Scorer`): a
+    slow reward (a sandbox, a judge) hides behind generation. `inbox` and `connection`: this process's
+    ends of its two pipes (the trainer holds the others, so either side sees the other's death)."""
     # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    scorer: _Scorer | None = None
     for name in preload:  # (one that fails to import fails again, said, when the setup is unpickled)
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    outbox, step = _Outbox(connection), 0  # (before the first: what failed was the start)
     try:
-        sent = _wait_for_setup(inbox, parent_pid)
-        if sent is None:
+        path = _receive(inbox, parent_pid)
+        if path is None:
             return
-        files, packed = sent
-        load_files(files)  # (a reward file that raises here is said as any other failure)
-        setup: WorkerSetup = _unpack(packed)
+        setup, engine = _set_up(path)
         step = setup.first_step
-        torch.set_num_threads(setup.num_threads)
-        device = torch.device(setup.device)
-        engine = PolicyEngine.create(
-            setup.model.to(device),
-            setup.tokenizer,
-            setup.engine,
-            device=device,
-            environment=setup.environment,
-        )
-        engine.train_module.train()  # as the trainer's engine is when it samples
-        d, params, prompts = distributed.Dist(device=device), setup.params, setup.prompts
-        if not params.spec.dynamic_sampling and prompts.curriculum is None:
-            scorer = _Scorer(outbox, setup, engine.tokenizer.pad_token_id)
-        outbox.put(_pack(READY))
-        newest, loaded = -1, -1
-        for step in range(setup.first_step, setup.last_step + 1):
-            version = sampling_version(step, setup.max_staleness, setup.every)
-            began = time.perf_counter()
-            found = _wait_for_version(inbox, newest, version, setup.parent_pid)
-            if found is None or (scorer is not None and scorer.failed):
-                return
-            newest, waited = found, time.perf_counter() - began
-            began = time.perf_counter()
-            if loaded != version:
-                load_model(
-                    engine.train_module, str(weights_path(setup.weights_dir, version)), device=str(device)
-                )
-                loaded = version
-            waits = (waited, time.perf_counter() - began)
-            if scorer is None:
-                batch, metrics = generate_and_score(engine, prompts, setup.reward_funcs, params, step, d)
-                outbox.put(_pack(Sampled(step, version, batch, metrics, prompts.state_dict(), *waits)))
-            else:
-                drawn, rollout, took = sample_rollout(engine, prompts, params, step, d, 0)
-                scorer.submit(step, version, (drawn, rollout, took), prompts.state_dict(), waits)
-        if scorer is not None:
-            scorer.finish(setup.parent_pid)
+        _sample_steps(setup, engine, inbox, outbox)
     except BaseException as error:  # noqa: BLE001 - whatever ends the worker is told to the trainer
-        line = (str(error).strip().splitlines() or [""])[0]
-        outbox.put(_pack(WorkerFailed(step, f"{type(error).__name__}: {line}", traceback.format_exc())))
+        with contextlib.suppress(OSError):  # (unless the trainer is gone)
+            outbox.put(_failure(step, error))
+
+
+def _set_up(path: str) -> tuple[WorkerSetup, Any]:
+    """The setup the trainer wrote to `path` (with the reward files it loaded, `python: file.py:f`,
+    loaded here the same way first, so that the functions in them unpickle), and the engine over the
+    worker's copy of the policy, in training mode as the trainer's engine is when it samples."""
+    from ..engine import PolicyEngine
+    from ..rewards.loading import load_files
+
+    files, packed = _unpack(Path(path).read_bytes())
+    load_files(files)  # (a reward file that raises here is said as any other failure)
+    setup: WorkerSetup = _unpack(packed)
+    torch.set_num_threads(setup.num_threads)
+    device = torch.device(setup.device)
+    engine = PolicyEngine.create(
+        setup.model.to(device), setup.tokenizer, setup.engine, device=device, environment=setup.environment
+    )
+    engine.train_module.train()
+    return setup, engine
+
+
+def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) -> None:
+    """Each step's batch with exactly its weight version, sent in step order."""
+    from safetensors.torch import load_model
+
+    from . import distributed
+    from .draw import generate_and_score, sample_rollout
+
+    # this rank's share of each batch (no collectives here: `check_rollout` refused what needs them)
+    device = engine.device
+    d = distributed.Dist(rank=setup.rank, world_size=setup.world_size, device=device)
+    params, prompts = setup.params, setup.prompts
+    scorer = None
+    if not params.spec.dynamic_sampling and prompts.curriculum is None:
+        scorer = _Scorer(outbox, setup, engine.tokenizer.pad_token_id)
+    outbox.put(READY)
+    newest, loaded = -1, -1
+    for step in range(setup.first_step, setup.last_step + 1):
+        version = sampling_version(step, setup.max_staleness, setup.every)
+        began = time.perf_counter()
+        found = _wait_for_version(inbox, newest, version, setup.parent_pid)
+        if found is None or (scorer is not None and scorer.failed):
+            return
+        newest, waited = found, time.perf_counter() - began
+        began = time.perf_counter()
+        if loaded != version:
+            path = str(weights_path(setup.weights_dir, version))
+            load_model(engine.train_module, path, device=str(device))
+            loaded = version
+        waits = (waited, time.perf_counter() - began)
+        if scorer is None:
+            batch, metrics = generate_and_score(engine, prompts, setup.reward_funcs, params, step, d)
+            outbox.put(Sampled(step, version, batch, metrics, prompts.state_dict(), *waits))
+        else:
+            drawn, rollout, took = sample_rollout(engine, prompts, params, step, d, 0)
+            scorer.submit(step, version, (drawn, rollout, took), prompts.state_dict(), waits)
+    if scorer is not None:
+        scorer.finish(setup.parent_pid)
 
 
 class _Scorer:
@@ -260,7 +315,7 @@ class _Scorer:
     function is never called twice at once), each sent to the trainer once scored. A reward that
     raises is sent as the worker's failure, and the sampling loop stops at its next step."""
 
-    def __init__(self, outbox: Any, setup: WorkerSetup, pad_token_id: int) -> None:
+    def __init__(self, outbox: _Outbox, setup: WorkerSetup, pad_token_id: int) -> None:
         import threading
 
         self.outbox, self.setup, self.pad_token_id = outbox, setup, pad_token_id
@@ -282,12 +337,11 @@ class _Scorer:
                 batch, metrics = scored_batch(
                     drawn, rollout, took, setup.reward_funcs, setup.params, self.pad_token_id
                 )
-                self.outbox.put(_pack(Sampled(step, version, batch, metrics, prompts_state, *waits)))
+                self.outbox.put(Sampled(step, version, batch, metrics, prompts_state, *waits))
             except BaseException as error:  # noqa: BLE001 - told to the trainer, as the worker's own
                 self.failed = True
-                line = (str(error).strip().splitlines() or [""])[0]
-                failure = WorkerFailed(step, f"{type(error).__name__}: {line}", traceback.format_exc())
-                self.outbox.put(_pack(failure))
+                with contextlib.suppress(OSError):  # (unless the trainer is gone)
+                    self.outbox.put(_failure(step, error))
                 return
 
     def finish(self, parent_pid: int) -> None:
@@ -318,85 +372,112 @@ class RolloutWorker:
     """The trainer's side: starts the worker, publishes weights, takes batches in step order."""
 
     def __init__(
-        self, directory: Path, max_staleness: int, timeout: float, preload: tuple[str, ...] = ()
+        self,
+        directory: Path,
+        max_staleness: int,
+        timeout: float,
+        preload: tuple[str, ...] = (),
+        d: Any = None,
     ) -> None:
-        """Start the worker process; it imports (`preload` too), then waits for its setup (`begin`)."""
+        """Start the worker process; it imports (`preload` too), then waits for its setup (`begin`).
+        `d`: the trainer's distributed.Dist under torchrun (rank 0 writes and removes the weight files)."""
         import multiprocessing as mp
 
         self.directory, self.timeout, self.ready, self.hung = directory, timeout, False, False
+        self.d, self.is_main = d, d is None or d.is_main
         self.setup: WorkerSetup | None = None
         context = mp.get_context("spawn")  # (a fork would copy the trainer's threads and locks)
-        self.inbox, self.outbox = context.Queue(), context.Queue(maxsize=max_staleness + 1)
-        self.process = context.Process(
-            target=_work, args=(self.inbox, self.outbox, os.getpid(), preload), daemon=True
-        )
+        # two one-way pipes, each end held by one process only: a side that dies mid-message closes its
+        # end, and the other reads end-of-file instead of waiting for the rest of it (never a hang)
+        inbox, self.inbox = context.Pipe(duplex=False)  # (the worker reads, the trainer writes)
+        self.outbox, outbox = context.Pipe(duplex=False)  # (the trainer reads, the worker writes)
+        self.process = context.Process(target=_work, args=(inbox, outbox, os.getpid(), preload), daemon=True)
         with _main_not_imported():
             self.process.start()
+        inbox.close()
+        outbox.close()
 
     def begin(self, setup: WorkerSetup) -> None:
-        """What the worker samples from, with the reward files it loads first."""
+        """What the worker samples from, with the reward files it loads first: written to a file (a
+        message through the pipe stays a few bytes), whose path the worker is sent."""
         from ..rewards.loading import loaded_files
 
         self.setup = setup
-        self.inbox.put((loaded_files(), _pack(setup)))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"setup-rank{setup.rank}.pt"
+        path.with_suffix(".tmp").write_bytes(_pack((loaded_files(), _pack(setup))))
+        os.replace(path.with_suffix(".tmp"), path)
+        self.inbox.send(str(path))
 
     def publish(self, module: torch.nn.Module, version: int) -> float:
         """Version `version` of the weights, for the batches that need it; -> seconds to write it."""
-        seconds = publish_weights(module, self.directory, version)
-        self.inbox.put(version)
+        seconds = publish_weights(module, self.directory, version, self.d)
+        with contextlib.suppress(OSError):  # the worker is gone: said by `take`, with its exit code
+            self.inbox.send(version)
         return seconds
 
     def take(self, step: int) -> Sampled:
         """Step `step`'s batch, once the worker has it. A worker that failed, died, or sent nothing
         for `timeout` seconds is a RolloutError (one line); never a hang."""
-        deadline = time.monotonic() + (self.timeout if self.ready else max(self.timeout, STARTUP_S))
-        while True:
-            try:
-                item = _unpack(self.outbox.get(timeout=POLL_S))
-                if item == READY:
-                    self.ready, deadline = True, time.monotonic() + self.timeout
-                    continue
-                break
-            except queue.Empty:
-                if not self.process.is_alive():
-                    raise RolloutError(
-                        f"the rollout worker died (exit code {self.process.exitcode}) before it sampled step "
-                        f"{step}'s batch"
-                    ) from None
-                if time.monotonic() > deadline:
-                    self.hung = True
-                    raise RolloutError(
-                        f"the rollout worker sent no batch for step {step} within weight_sync_timeout="
-                        f"{self.timeout:g} s: a reward or environment that hangs, or a worker too slow for "
-                        "the timeout (raise weight_sync_timeout)"
-                    ) from None
+        item = self._next(step)
         if isinstance(item, WorkerFailed):
             raise RolloutError(f"the rollout worker failed at step {item.step}: {item.message}")
         if item.step != step:  # the queue is in step order by construction: a broken invariant
             raise RuntimeError(f"the rollout worker sent step {item.step}'s batch when step {step}'s was due")
-        # the files of versions no later batch needs
+        # the files of versions no batch still to be taken needs, on any rank: every rank has taken
+        # step − 1's batch (its collectives are done), so no worker samples with a version before step's
         assert self.setup is not None
-        needed = sampling_version(step + 1, self.setup.max_staleness, self.setup.every)
-        for path in self.directory.glob("weights-v*.safetensors"):
+        needed = sampling_version(step, self.setup.max_staleness, self.setup.every)
+        for path in self.directory.glob("weights-v*.safetensors") if self.is_main else ():
             if int(path.stem.split("-v")[1]) < needed:
                 path.unlink(missing_ok=True)
         return item
 
+    def _next(self, step: int) -> Any:
+        """The worker's next message after READY: a batch or a failure."""
+        deadline = time.monotonic() + (self.timeout if self.ready else max(self.timeout, STARTUP_S))
+        died = f"the rollout worker died (exit code {{}}) before it sampled step {step}'s batch"
+        while True:
+            try:
+                if self.outbox.poll(POLL_S):
+                    item = _unpack(self.outbox.recv_bytes())
+                    if item != READY:
+                        return item
+                    self.ready, deadline = True, time.monotonic() + self.timeout
+                    continue
+            except (EOFError, OSError):  # its end closed: it died, mid-message or between two
+                self.process.join(timeout=5)
+                raise RolloutError(died.format(self.process.exitcode)) from None
+            if not self.process.is_alive():
+                raise RolloutError(died.format(self.process.exitcode))
+            if time.monotonic() > deadline:
+                self.hung = True
+                raise RolloutError(
+                    f"the rollout worker sent no batch for step {step} within weight_sync_timeout="
+                    f"{self.timeout:g} s: a reward or environment that hangs, or a worker too slow for "
+                    "the timeout (raise weight_sync_timeout)"
+                )
+
     def close(self) -> None:
         """Stop the worker (it ends at its next look at the inbox) and remove the weight files."""
-        with contextlib.suppress(OSError, ValueError):  # (a queue already closed)
-            self.inbox.put(None)
+        with contextlib.suppress(OSError, ValueError):  # (a worker already gone)
+            self.inbox.send(None)
         deadline = time.monotonic() + (0 if self.hung else 5)
         while self.process.is_alive() and time.monotonic() < deadline:
-            # a worker blocked on a full queue takes its next look at the inbox once there is room
-            with contextlib.suppress(queue.Empty):
-                self.outbox.get(timeout=0.1)
+            # a worker blocked sending a batch takes its next look at the inbox once it is read
+            try:
+                if self.outbox.poll(0.1):
+                    self.outbox.recv_bytes()
+            except (EOFError, OSError):
+                break
+        self.process.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():  # busy in a reward or environment that does not return
             self.process.kill()  # (it ignores SIGTERM, which a Ctrl-C's process group would send it)
             self.process.join(timeout=5)
-        self.outbox.cancel_join_thread()
-        self.inbox.cancel_join_thread()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.inbox.close()
+        self.outbox.close()
+        if self.is_main:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class AsyncRollout:
@@ -408,10 +489,12 @@ class AsyncRollout:
     Built before the run opens (a resume restores the batches in flight into it), started by the
     loop (`start`)."""
 
-    def __init__(self, spec: Any, output_dir: Path) -> None:  # spec: config.plan.RolloutSpec
+    def __init__(self, spec: Any, output_dir: Path, d: Any = None) -> None:  # spec: config.plan.RolloutSpec
         self.max_staleness, self.every = spec.max_staleness, spec.weight_sync_steps
         self.timeout, self.output_dir = spec.timeout, output_dir
+        self.d = d  # the trainer's distributed.Dist (None: one process)
         self.worker: RolloutWorker | None = None
+        self.policy: torch.nn.Module | None = None  # the worker's copy of the policy (`keep_policy`)
         self.buffer: dict[
             int, Sampled
         ] = {}  # batches taken from the worker (or a checkpoint), not trained yet
@@ -422,8 +505,13 @@ class AsyncRollout:
         loading and warm start."""
         if self.worker is None:
             directory = self.output_dir / WEIGHTS_DIR
-            self.worker = RolloutWorker(directory, self.max_staleness, self.timeout, preload)
+            self.worker = RolloutWorker(directory, self.max_staleness, self.timeout, preload, self.d)
         return self
+
+    def keep_policy(self, model: torch.nn.Module) -> None:
+        """A CPU copy of the policy for the worker, taken before it is wrapped for training (FSDP2
+        shards it in place); its values do not matter: the worker loads the version it needs first."""
+        self.policy = cpu_copy(model)
 
     def start(self, setup: WorkerSetup, module: torch.nn.Module) -> None:
         """The worker started after the batches already in hand, and the weights of now published: the
@@ -491,10 +579,21 @@ class AsyncRollout:
         for ahead in range(step + 1, last + 1):
             if ahead not in self.buffer:
                 self.buffer[ahead] = self._take(ahead)
-        return {"in_flight": [_pack(self.buffer[s]) for s in range(step + 1, last + 1)]}
+        mine = [_pack(self.buffer[s]) for s in range(step + 1, last + 1)]
+        from . import distributed
+
+        # every rank's (a collective under torchrun): rank 0 writes the checkpoint
+        return {"in_flight_by_rank": distributed.gather_objects(self.d or distributed.Dist(), mine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer = {item.step: item for item in map(_unpack, state["in_flight"])}
+        by_rank = state["in_flight_by_rank"]
+        rank, world = (self.d.rank, self.d.world_size) if self.d is not None else (0, 1)
+        if len(by_rank) != world:
+            raise ValueError(
+                f"this checkpoint of an asynchronous run holds the batches in flight of {len(by_rank)} "
+                f"process(es), each its own share; resume it on {len(by_rank)}, not {world}"
+            )
+        self.buffer = {item.step: item for item in map(_unpack, by_rank[rank])}
 
     def next_prompts(self, prompts: Any) -> Any:
         """A copy of the trainer's prompt sampler where the worker starts: after the last batch in hand."""
@@ -516,14 +615,17 @@ class AsyncRollout:
         self.close()
 
 
-def check_rollout(data: Any, world_size: int) -> None:
+def check_rollout(data: Any, world_size: int, step: Any) -> None:
     """What the rollout worker cannot take, refused before any work in one line: a reward function or
-    environment that cannot be pickled (a lambda, a closure), or several processes."""
-    if world_size > 1:
-        raise ValueError(
-            "max_staleness under torchrun is not supported yet (one rollout worker per process); run it "
-            "on one process, or drop max_staleness"
-        )
+    environment that cannot be pickled (a lambda, a closure); under torchrun, dynamic sampling and the
+    curriculum (`step`: the plan's StepSpec), whose ranks agree through collectives the workers lack."""
+    for name, on in (("dynamic_sampling", step.dynamic_sampling), ("curriculum", step.curriculum)):
+        if world_size > 1 and on:
+            raise ValueError(
+                f"{name} with max_staleness under torchrun is not supported yet: its ranks agree through "
+                "collectives, which the rollout workers (one per process) do not take part in; drop one "
+                "of them, or run on one process"
+            )
     refuse_unpicklable("reward function", [(_name(f), f) for f in data.reward_funcs])
     if data.environment is not None:
         refuse_unpicklable("environment", [(type(data.environment).__name__, data.environment)])
@@ -542,10 +644,10 @@ def worker_setup(
     the trainer's stands, the rewards and the environment (`check_rollout` has seen that they pickle),
     for steps `steps` (first, last); and half the trainer's CPU threads: the trainer keeps the rest
     (`threads`, the run's ThreadGovernor, stops adapting to a load that is now its own worker's)."""
-    import copy
-
-    engine = trainee.engine
-    model = copy.deepcopy(engine.module).to("cpu")  # storage of its own: the trainer's weights move on
+    engine, rollout = trainee.engine, trainee.rollout
+    model = rollout.policy if rollout.policy is not None else cpu_copy(engine.module)
+    rollout.policy = None  # (pickled into the setup: the trainer need not hold it)
+    rank, world = (rollout.d.rank, rollout.d.world_size) if rollout.d is not None else (0, 1)
     count = torch.get_num_threads()
     worker_threads = max(1, count // 2)
     if threads is not None:
@@ -568,7 +670,22 @@ def worker_setup(
         weights_dir=str(output_dir / WEIGHTS_DIR),
         num_threads=worker_threads,
         parent_pid=os.getpid(),
+        rank=rank,
+        world_size=world,
     )
+
+
+def cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` on the CPU with storage of its own, made without a second copy on its device:
+    each parameter and buffer is copied to the CPU first, and the module's structure around them."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    for tensor in model.parameters():
+        memo[id(tensor)] = torch.nn.Parameter(tensor.detach().to("cpu", copy=True), tensor.requires_grad)
+    for tensor in model.buffers():
+        memo[id(tensor)] = tensor.detach().to("cpu", copy=True)
+    return copy.deepcopy(model, memo)
 
 
 def _name(function: Any) -> str:
