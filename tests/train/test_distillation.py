@@ -107,6 +107,18 @@ def test_a_student_distils_the_teachers_habit_with_no_reward(tmp_path):
     assert all(r["distill/teacher_logps"] < 0.0 for r in distilled)
 
 
+@pytest.mark.slow  # two runs and a rollout worker process
+def test_a_student_distils_from_batches_one_version_stale(tmp_path):
+    """opd under max_staleness=1: the worker samples, the trainer scores against the teacher and
+    distils from batches one version old (the decoupled objective's weights); the habit is learnt as
+    in the synchronous run (test above: its thresholds)."""
+    teacher = habit_teacher(tmp_path)
+    _, distilled = student_run(tmp_path, "opd", loss_type="opd", teacher_model=str(teacher), max_staleness=1)
+    assert [r["async/staleness"] for r in distilled] == [0.0] + [1.0] * 14
+    assert distilled[0]["distill/kl"] > 3.0 and distilled[-1]["distill/kl"] < 0.5
+    assert distilled[-1]["rewards/ones_reward/mean"] > 0.8
+
+
 def test_resume_is_bitwise_and_keeps_the_teacher(tmp_path):
     teacher = habit_teacher(tmp_path)
     opd = dict(loss_type="opd", teacher_model=str(teacher), save_steps=2, learning_rate=3e-2)

@@ -178,7 +178,8 @@ def prepare_run(
     rollout = None
     if plan.rollout is not None:  # max_staleness: the worker's trainer side (the loop sets it up)
         rollout = AsyncRollout(plan.rollout, output_dir, d)
-        if spawns_early(d.device):
+        warm_starts = bool(plan.warm_start.schedule.steps) and inputs.resume_from is None
+        if spawns_early(d.device, warm_starts):
             rollout.spawn(tuple({type(x).__module__ for x in (inputs.model, inputs.tokenizer)}))
     try:
         prepared = _prepare_policy_and_run(plan, inputs, d, hooks, rollout)
@@ -191,12 +192,13 @@ def prepare_run(
     return prepared
 
 
-def spawns_early(device: Any) -> bool:
-    """Whether the rollout worker's process starts before the warm start: its imports (seconds) then
-    overlap the policy's placing, warm start and evaluation, on the cores an accelerator leaves idle.
-    Not on a CPU, where the trainer's threads use every core and the imports would only slow them
-    (measured: a 2-core main job's warm start took 9 s longer): there it starts with the loop."""
-    return device.type != "cpu"
+def spawns_early(device: Any, warm_starts: bool) -> bool:
+    """Whether the rollout worker's process starts before the policy is placed and warm-started: its
+    imports (seconds) then overlap that work, on the cores an accelerator leaves idle, or beside a
+    set-up without a warm start (loading, mostly one thread). Not before a warm start on a CPU, whose
+    threads use every core: the imports would only slow it (measured: a 2-core main job's warm start
+    took 9 s longer); there the worker starts with the loop."""
+    return device.type != "cpu" or not warm_starts
 
 
 def _prepare_policy_and_run(
