@@ -97,7 +97,13 @@ def test_every_batch_is_exactly_k_versions_old(tmp_path):
     (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
     rewards = [{"python": f"{tmp_path / 'my_rewards.py'}:ones"}]
     cfg = tiny_config(
-        tmp_path / "a", max_steps=50, save_steps=50, max_staleness=2, num_threads=1, reward_funcs=rewards
+        tmp_path / "a",
+        max_steps=50,
+        save_steps=50,
+        max_staleness=2,
+        num_threads=1,
+        reward_funcs=rewards,
+        rollout_device="cpu",  # (as chosen anyway on a CPU: the option's path, given)
     )
     train_grpo(cfg)
     rows = read_steps(cfg.output_dir)
@@ -159,6 +165,34 @@ def test_what_ranks_agree_on_through_collectives_is_refused_under_torchrun(optio
         check_rollout(data, 2, step)
 
 
+def test_the_rollout_device_by_hand(monkeypatch):
+    """Given, it is used; unset: the trainer's device on a CPU; on GPUs the first one no rank of the
+    machine trains on (2 ranks on a 4-GPU machine: the workers on cuda:2 and cuda:3), else the trainer's
+    GPU. A CUDA device the machine lacks is refused before any work."""
+    from types import SimpleNamespace
+
+    from grpokit.config.plan import grpo_plan
+    from grpokit.train import distributed
+    from grpokit.train.rollout_worker import check_rollout, rollout_device
+
+    cpu, gpu0 = torch.device("cpu"), torch.device("cuda", 0)
+    assert rollout_device(None, cpu) == cpu and rollout_device("cpu", gpu0) == cpu
+    assert rollout_device("cuda:3", cpu) == torch.device("cuda", 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert rollout_device(None, gpu0) == torch.device("cuda", 1)  # one process
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ranks = [distributed.Dist(rank=r, world_size=2, local_rank=r, device=gpu0) for r in (0, 1)]
+    assert [rollout_device(None, gpu0, d) for d in ranks] == [torch.device("cuda", i) for i in (2, 3)]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # no spare GPU: each rank's own
+    assert [rollout_device(None, gpu0, d) for d in ranks] == [gpu0, gpu0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    plan = grpo_plan(GRPOConfig(max_staleness=1, rollout_device="cuda:1"))
+    data = SimpleNamespace(reward_funcs=[ones_reward], environment=None)
+    with pytest.raises(ValueError, match=r"^rollout_device=cuda:1: this machine has 0 CUDA GPU\(s\)"):
+        check_rollout(data, 1, plan.trainee.step, plan.rollout)
+
+
 def raises_on_eval(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
     raise RuntimeError("the judge is down")
 
@@ -187,6 +221,8 @@ def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path, monkey
         ({"weight_sync_steps": 2}, "weight_sync_steps is read only with max_staleness"),
         ({"max_staleness": 1, "weight_sync_steps": 0}, "weight_sync_steps"),
         ({"max_staleness": 1, "weight_sync_timeout": 0}, "weight_sync_timeout"),
+        ({"max_staleness": 1, "rollout_device": "gpu"}, "rollout_device"),
+        ({"rollout_device": "cpu"}, "rollout_device is read only with max_staleness"),
     ],
 )
 def test_each_option_refuses_a_bad_value_in_one_line(overrides, message):

@@ -329,6 +329,8 @@ ELSEWHERE = {
     "test_every_batch_is_exactly_k_versions_old",
     "weight_sync_steps": "test_async.py::test_a_run_whose_worker_was_killed_resumes_bitwise",
     "weight_sync_timeout": "test_async.py::test_a_worker_that_fails_hangs_or_dies_ends_the_run_in_one_line",
+    "rollout_device": "test_async.py::test_the_rollout_device_by_hand; "
+    "test_every_batch_is_exactly_k_versions_old",
     "use_peft": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged",
     "lora_r": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter shapes)",
     "lora_alpha": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged (adapter config)",

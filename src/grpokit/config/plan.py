@@ -310,6 +310,7 @@ class RolloutSpec:
     max_staleness: int
     weight_sync_steps: int
     timeout: float  # weight_sync_timeout
+    device: str | None = None  # rollout_device (None: `train.rollout_worker.rollout_device` chooses)
 
 
 @dataclass(frozen=True)
@@ -435,7 +436,9 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
     rollout = (
         None
         if cfg.max_staleness is None
-        else RolloutSpec(cfg.max_staleness, cfg.weight_sync_steps, cfg.weight_sync_timeout)
+        else RolloutSpec(
+            cfg.max_staleness, cfg.weight_sync_steps, cfg.weight_sync_timeout, cfg.rollout_device
+        )
     )
     return GRPOPlan(
         rollout=rollout,

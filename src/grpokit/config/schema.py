@@ -907,6 +907,14 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "stops the run with one line (a worker that died, hangs or is too slow)",
         resume=APPLIED,
     )
+    rollout_device: str | None = option(
+        None,
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="with max_staleness: where the rollout worker's copy of the policy lives: cpu, cuda or "
+        "cuda:N; None: the trainer's device on a CPU, on GPUs the first one no rank of this machine "
+        "trains on when there is one, else the trainer's own",
+        resume=APPLIED,
+    )
 
     # ---------------------------------------------------------------- optimisation
     learning_rate: LearningRate = option(
@@ -1058,7 +1066,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         """weight_sync_* are read only with max_staleness, and what the rollout worker does not take
         yet is refused in one line each."""
         if self.max_staleness is None:
-            for name, default in (("weight_sync_steps", 1), ("weight_sync_timeout", 600.0)):
+            for name, default in (
+                ("weight_sync_steps", 1),
+                ("weight_sync_timeout", 600.0),
+                ("rollout_device", None),
+            ):
                 if getattr(self, name) != default:
                     raise ValueError(f"{name} is read only with max_staleness (asynchronous GRPO): set both")
             return

@@ -281,7 +281,7 @@ def check_inputs(
     check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # learning from demonstrations: an answer in every row
     if plan.rollout is not None:  # what the rollout worker cannot take (a lambda reward, torchrun)
-        check_rollout(data, d.world_size, spec.step)
+        check_rollout(data, d.world_size, spec.step, plan.rollout)
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
     refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
     if refusal is not None:

@@ -492,6 +492,7 @@ class AsyncRollout:
     def __init__(self, spec: Any, output_dir: Path, d: Any = None) -> None:  # spec: config.plan.RolloutSpec
         self.max_staleness, self.every = spec.max_staleness, spec.weight_sync_steps
         self.timeout, self.output_dir = spec.timeout, output_dir
+        self.device = spec.device  # rollout_device (None: chosen by `rollout_device`)
         self.d = d  # the trainer's distributed.Dist (None: one process)
         self.worker: RolloutWorker | None = None
         self.policy: torch.nn.Module | None = None  # the worker's copy of the policy (`keep_policy`)
@@ -615,10 +616,34 @@ class AsyncRollout:
         self.close()
 
 
-def check_rollout(data: Any, world_size: int, step: Any) -> None:
+def rollout_device(asked: str | None, trainer: torch.device, d: Any = None) -> torch.device:
+    """Where the worker's copy of the policy lives: `asked` (rollout_device), or the trainer's device
+    on a CPU, or on GPUs the first one no rank of this machine trains on (cuda:local_world_size +
+    local_rank: each rank's worker its own) when the machine has it, else the trainer's own GPU."""
+    if asked is not None:
+        return torch.device(asked)
+    if trainer.type != "cuda":
+        return trainer
+    local_rank = d.local_rank if d is not None else 0
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world_size if d is not None else 1))
+    spare = local_world + local_rank
+    return torch.device("cuda", spare) if spare < torch.cuda.device_count() else trainer
+
+
+def check_rollout(data: Any, world_size: int, step: Any, spec: Any = None) -> None:
     """What the rollout worker cannot take, refused before any work in one line: a reward function or
     environment that cannot be pickled (a lambda, a closure); under torchrun, dynamic sampling and the
-    curriculum (`step`: the plan's StepSpec), whose ranks agree through collectives the workers lack."""
+    curriculum (`step`: the plan's StepSpec), whose ranks agree through collectives the workers lack;
+    a rollout_device this machine does not have (`spec`: the plan's RolloutSpec)."""
+    asked = spec.device if spec is not None else None
+    if asked is not None and asked.startswith("cuda"):
+        index = torch.device(asked).index or 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise ValueError(
+                f"rollout_device={asked}: this machine has {have} CUDA GPU(s); set rollout_device=cpu, "
+                "or leave it unset (the trainer's device)"
+            )
     for name, on in (("dynamic_sampling", step.dynamic_sampling), ("curriculum", step.curriculum)):
         if world_size > 1 and on:
             raise ValueError(
@@ -658,7 +683,7 @@ def worker_setup(
         model=model,
         tokenizer=engine.tokenizer,
         engine=engine_spec,
-        device=str(engine.device),
+        device=str(rollout_device(rollout.device, engine.device, rollout.d)),
         environment=data.environment,
         prompts=trainee.rollout.next_prompts(trainee.prompts),
         reward_funcs=list(data.reward_funcs),
