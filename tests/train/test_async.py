@@ -301,6 +301,9 @@ def test_a_worker_that_fails_hangs_or_dies_ends_the_run_in_one_line(tmp_path, re
         train_grpo(cfg, reward_funcs=[reward])
     assert time.monotonic() - began < 60  # a worker start, a step or two, the timeout: far less
     assert "\n" not in str(raised.value)
+    if reward is fails_at_step_3:  # the worker's own traceback, as a note (a traceback, --debug, shows it)
+        (note,) = raised.value.__notes__
+        assert note.startswith("the rollout worker's traceback:\nTraceback") and "fails_at_step_3" in note
     assert f"the last checkpoint is {tmp_path / 'run' / f'checkpoint-{saved}'} (resume=true" in str(
         raised.value
     )

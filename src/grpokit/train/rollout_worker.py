@@ -421,7 +421,9 @@ class RolloutWorker:
         for `timeout` seconds is a RolloutError (one line); never a hang."""
         item = self._next(step)
         if isinstance(item, WorkerFailed):
-            raise RolloutError(f"the rollout worker failed at step {item.step}: {item.message}")
+            failed = RolloutError(f"the rollout worker failed at step {item.step}: {item.message}")
+            failed.add_note(f"the rollout worker's traceback:\n{item.details}")  # (shown with --debug)
+            raise failed
         if item.step != step:  # the queue is in step order by construction: a broken invariant
             raise RuntimeError(f"the rollout worker sent step {item.step}'s batch when step {step}'s was due")
         # the files of versions no batch still to be taken needs, on any rank: every rank has taken
@@ -564,7 +566,10 @@ class AsyncRollout:
                 if saved
                 else "no checkpoint yet"
             )
-            raise RolloutError(f"{error}; the run stopped before step {step}: {where}") from None
+            stopped = RolloutError(f"{error}; the run stopped before step {step}: {where}")
+            for note in getattr(error, "__notes__", ()):  # the worker's traceback, for --debug
+                stopped.add_note(note)
+            raise stopped from None
 
     def after_step(self, step: int, module: torch.nn.Module) -> None:
         """Publish version `step` when it is one the worker samples with."""
