@@ -60,9 +60,13 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
     """Each part's command, and where the parts that write a JSON write it (pytest: read its output)."""
     py = sys.executable
     out = {name: work / f"{name}.json" for name in ("decode", "throughput", "vs_trl", "train_bf16")}
-    # the GPU decode run keeps the eager loop (the baseline) and the CUDA-graph one (the fastest)
+    # the GPU decode run keeps the eager loop (the baseline) and the CUDA-graph one (the fastest); the
+    # smoke run the eager and static ones (a CPU has no CUDA graph, and compiling there takes 20 s that
+    # tests/rollout/test_static_decode.py already spends)
     decode = (
-        ["--setup", "tiny", "--rows", "8"] if smoke else ["--setup", "0.5b", "--loops", "eager,cuda_graph"]
+        ["--setup", "tiny", "--rows", "8", "--loops", "eager,static"]
+        if smoke
+        else ["--setup", "0.5b", "--loops", "eager,cuda_graph"]
     )
     throughput = ["--size", "tiny", "--device", "cpu", "--repeats", "1"] if smoke else []
     throughput += ["--profile", str(profile)] if profile else []
