@@ -407,3 +407,23 @@ def test_sampling_weights_taken_in_the_update_equal_a_pass_before_it(tmp_path, m
     final_a, final_b = weights(tmp_path / "in_update" / "run"), weights(tmp_path / "pass_before" / "run")
     for name, tensor in final_a.items():
         torch.testing.assert_close(tensor, final_b[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # two runs, one with a worker process
+def test_a_reward_model_as_a_reward_scores_in_the_worker_as_in_the_trainer(tmp_path):
+    """A trained reward model named in reward_funcs ({model: DIR}) goes to the worker with the other
+    rewards and scores there: max_staleness=0 gives the synchronous run's rewards and weights, bitwise."""
+    from grpokit.models import save_policy
+    from tests.train.test_reward_model import TOK, tiny_rm
+
+    save_policy(tiny_rm(), TOK, tmp_path / "rm")
+    rewards = [{"model": str(tmp_path / "rm"), "batch_size": 8}, {"builtin": "task"}]
+    sync = tiny_config(tmp_path / "sync", reward_funcs=rewards, max_steps=4, save_steps=4, num_threads=1)
+    train_grpo(sync)
+    stale = sync.model_copy(update={"output_dir": str(tmp_path / "async" / "run"), "max_staleness": 0})
+    train_grpo(stale)
+    a, b = read_steps(sync.output_dir), read_steps(stale.output_dir)
+    assert _without_clocks(a) == _without_clocks(b) and b[-1]["async/weight_version"] == 3.0
+    assert all(r["rewards/reward_model:rm/std"] > 0 for r in b)  # the model scored, not a constant
+    wa, wb = weights(Path(sync.output_dir)), weights(Path(stale.output_dir))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
