@@ -211,6 +211,10 @@ ANSWER_FORMAT = (
 )
 
 
+# max_staleness (GRPOConfig, and AsyncGRPOConfig with its own default)
+STALENESS_RESUME = Resume.fixed("the batches trained on so far were sampled that many versions back")
+
+
 class _Keys(BaseModel):
     """Every config: TRL's names are translated or answered, unknown keys get the closest valid name
     (config/trl_names.py), for YAML, key=value and Python alike. Every field is declared with `option`
@@ -889,7 +893,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="sample and score in a rollout worker process, overlapped with the update: step s's "
         "batch is sampled with the weights after step max(0, s-1-k), exactly (train/rollout_worker.py); "
         "None: the synchronous loop; 0: the synchronous run's numbers, sampled in another process",
-        resume=Resume.fixed("the batches trained on so far were sampled that many versions back"),
+        resume=STALENESS_RESUME,
     )
     weight_sync_steps: int = option(
         1,
@@ -1383,7 +1387,7 @@ class AsyncGRPOConfig(GRPOConfig):
         ge=0,
         le=64,
         description=GRPOConfig.model_fields["max_staleness"].description or "",
-        resume=Resume.fixed("the batches trained on so far were sampled that many versions back"),
+        resume=STALENESS_RESUME,
     )
 
     @model_validator(mode="before")

@@ -675,7 +675,8 @@ def worker_setup(
     for steps `steps` (first, last); and half the trainer's CPU threads: the trainer keeps the rest
     (`threads`, the run's ThreadGovernor, stops adapting to a load that is now its own worker's)."""
     engine, rollout = trainee.engine, trainee.rollout
-    model = rollout.policy if rollout.policy is not None else cpu_copy(engine.module)
+    model = rollout.policy  # (`keep_policy`: taken before wrapping; FSDP2 shards engine.module in place)
+    assert model is not None, "AsyncRollout.keep_policy comes before the worker's setup"
     rollout.policy = None  # (pickled into the setup: the trainer need not hold it)
     rank, world = (rollout.d.rank, rollout.d.world_size) if rollout.d is not None else (0, 1)
     count = torch.get_num_threads()
