@@ -318,6 +318,7 @@ def test_a_trl_async_script_trains_with_only_its_import_changed(hub_offline, tmp
     samples with version 0, step s ≥ 2 with version s − 2); the vLLM server's URL said unused in one
     line; TRL's batch names as in the synchronous script."""
     (tmp_path / "my_rewards.py").write_text(REWARDS_MODULE)
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # the script's import goes at the end
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     exec(compile(GRPOKIT_ASYNC_SCRIPT, "trl_async_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102

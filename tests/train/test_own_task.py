@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -78,6 +79,8 @@ def test_python_reward_by_file_module_and_dotted_reference(own_task, monkeypatch
     by_file = load_reward_reference("my_rewards.py:sorted_digits")
     assert by_file(["312:", "312:"], ["123", "321"]) == [1.0, 0.0]
     assert load_reward_reference(str(tmp_path / "my_rewards.py") + ":sorted_digits") is by_file  # one module
+    # Another test's my_rewards may be imported already; whatever this test imports goes at its end.
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward_reference("my_rewards:sorted_digits")(["21:"], ["12"]) == [1.0]
     assert load_reward_reference("my_rewards.sorted_digits")(["21:"], ["21"]) == [0.0]  # TRL's dotted form
