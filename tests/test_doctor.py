@@ -105,6 +105,21 @@ def test_with_max_staleness_the_forecast_is_the_longer_phase():
     assert _levels(report, "time")["asynchronous"][1] == (
         "max_staleness=2: sampling and scoring (~0.75 s) overlap the update (~0.50 s): about 0.75 s a step"
     )
+    # three workers sample three batches at once (each on hardware of its own): the update is the longer
+    report = Checkup()
+    _async_finding(report, grpo_plan(GRPOConfig(max_staleness=2, rollout_workers=3)), 0.75, 0.5, "cuda")
+    assert _levels(report, "time")["asynchronous"][1] == (
+        "max_staleness=2: sampling and scoring (~0.75 s by 3 workers at once) overlap the update "
+        "(~0.50 s): about 0.50 s a step"
+    )
+    # at most k + 1 at once; k = 0 overlaps nothing (each batch needs the update before it)
+    report = Checkup()
+    _async_finding(report, grpo_plan(GRPOConfig(max_staleness=1, rollout_workers=4)), 1.5, 0.5, "cuda")
+    assert "~1.50 s by 2 workers at once" in _levels(report, "time")["asynchronous"][1]
+    assert "about 0.75 s a step" in _levels(report, "time")["asynchronous"][1]
+    report = Checkup()
+    _async_finding(report, grpo_plan(GRPOConfig(max_staleness=0)), 0.75, 0.5, "cuda")
+    assert "about 1.25 s a step" in _levels(report, "time")["asynchronous"][1]
 
 
 def test_a_gpu_too_small_gets_the_micro_batch_that_fits_or_none(tmp_path):

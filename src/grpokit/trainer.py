@@ -146,7 +146,7 @@ class GRPOTrainer:
 # TRL's AsyncGRPOTrainer parameters for its own transport (given other than None: what to do)
 _ASYNC_NOT_TAKEN = {
     "rollout_worker": "grpokit's rollout worker is a process of its own, built from the config "
-    "(max_staleness, weight_sync_steps, weight_sync_timeout)",
+    "(max_staleness, weight_sync_steps, weight_sync_timeout, rollout_workers)",
     "weight_transfer": "grpokit publishes each weight version as a safetensors file the worker loads "
     "(train/rollout_worker.py)",
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,34 @@ from tests.helpers import read_steps, tiny_run
 from tests.train.helpers import ones_reward, tiny_config, weights
 
 ASYNC_KEYS = ("async/", "timing/", "time", "step_time", "tokens_per_second")  # clocks, the async figures
+
+
+@pytest.mark.slow  # three runs with worker processes
+def test_several_workers_take_the_steps_in_turn_with_the_same_numbers(tmp_path):
+    """rollout_workers=3 (k = 2: three batches sampled at once, step s by worker s mod 3): the one-worker
+    run's metrics (clocks aside) and weights, bit for bit. Resumed from its step-5 checkpoint (two
+    batches in flight, sampled by two different workers) with rollout_workers=2, it ends there too:
+    how many workers sample changes no number, so a resume may change it."""
+    settings = dict(max_steps=10, save_steps=5, max_staleness=2, num_threads=1)
+    one = tiny_config(tmp_path / "one", **settings)
+    train_grpo(one, reward_funcs=[ones_reward])
+    three = tiny_config(tmp_path / "three", rollout_workers=3, **settings)
+    train_grpo(three, reward_funcs=[ones_reward])
+    a, b = read_steps(one.output_dir), read_steps(three.output_dir)
+    assert [r["async/weight_version"] for r in b] == [float(max(0, s - 3)) for s in range(1, 11)]
+    assert [r["async/worker"] for r in b] == [float(s % 3) for s in range(1, 11)]
+    assert _without_clocks(a) == _without_clocks(b)
+    wa, wb = weights(Path(one.output_dir)), weights(Path(three.output_dir))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # as a run of 3 workers stopped after its step-5 checkpoint would leave it, resumed with 2
+    stopped = tmp_path / "stopped" / "run"
+    shutil.copytree(three.output_dir, stopped)
+    shutil.rmtree(stopped / "checkpoint-10")
+    resumed = three.model_copy(update={"output_dir": str(stopped), "rollout_workers": 2, "resume": True})
+    train_grpo(resumed, reward_funcs=[ones_reward])
+    assert _without_clocks(read_steps(stopped)) == _without_clocks(a)
+    wc = weights(stopped)
+    assert all(torch.equal(wa[k], wc[k]) for k in wa)
 
 
 def test_the_version_a_batch_is_sampled_with():
@@ -223,6 +252,16 @@ def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path, monkey
         ({"max_staleness": 1, "weight_sync_timeout": 0}, "weight_sync_timeout"),
         ({"max_staleness": 1, "rollout_device": "gpu"}, "rollout_device"),
         ({"rollout_device": "cpu"}, "rollout_device is read only with max_staleness"),
+        ({"rollout_workers": 2}, "rollout_workers is read only with max_staleness"),
+        ({"max_staleness": 1, "rollout_workers": 0}, "rollout_workers"),
+        (
+            {"max_staleness": 1, "rollout_workers": 2, "curriculum": True},
+            r"curriculum with rollout_workers=2 is refused: .* set rollout_workers=1 ",
+        ),
+        (
+            {"max_staleness": 1, "rollout_workers": 2, "dynamic_sampling": True},
+            "dynamic_sampling with rollout_workers=2 is refused",
+        ),
     ],
 )
 def test_each_option_refuses_a_bad_value_in_one_line(overrides, message):

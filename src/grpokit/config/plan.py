@@ -311,6 +311,7 @@ class RolloutSpec:
     weight_sync_steps: int
     timeout: float  # weight_sync_timeout
     device: str | None = None  # rollout_device (None: `train.rollout_worker.rollout_device` chooses)
+    workers: int = 1  # rollout_workers: step s is sampled by worker s mod workers
 
 
 @dataclass(frozen=True)
@@ -437,7 +438,11 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         None
         if cfg.max_staleness is None
         else RolloutSpec(
-            cfg.max_staleness, cfg.weight_sync_steps, cfg.weight_sync_timeout, cfg.rollout_device
+            cfg.max_staleness,
+            cfg.weight_sync_steps,
+            cfg.weight_sync_timeout,
+            cfg.rollout_device,
+            cfg.rollout_workers,
         )
     )
     return GRPOPlan(

@@ -911,6 +911,15 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "stops the run with one line (a worker that died, hangs or is too slow)",
         resume=APPLIED,
     )
+    rollout_workers: int = option(
+        1,
+        ge=1,
+        le=64,
+        description="with max_staleness: rollout worker processes, taking the steps in turn (step s is "
+        "worker s mod n's), each sampling exactly as one worker would: the same numbers, up to "
+        "max_staleness+1 batches sampled at once; not with dynamic_sampling or curriculum",
+        resume=Resume.applied("how many batches are sampled at once: the numbers do not depend on it"),
+    )
     rollout_device: str | None = option(
         None,
         pattern=r"^(cpu|cuda(:\d+)?)$",
@@ -1073,6 +1082,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             for name, default in (
                 ("weight_sync_steps", 1),
                 ("weight_sync_timeout", 600.0),
+                ("rollout_workers", 1),
                 ("rollout_device", None),
             ):
                 if getattr(self, name) != default:
@@ -1090,6 +1100,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 raise ValueError(
                     f"{name} with max_staleness is not supported yet: {why}; drop max_staleness (the "
                     "synchronous loop takes it)"
+                )
+        for name in ("dynamic_sampling", "curriculum"):
+            if self.rollout_workers > 1 and getattr(self, name):
+                raise ValueError(
+                    f"{name} with rollout_workers={self.rollout_workers} is refused: which prompts a step "
+                    "draws depends on the last step's rewards, so the workers cannot take steps in turn; "
+                    "set rollout_workers=1"
                 )
 
     @model_validator(mode="after")

@@ -447,12 +447,21 @@ def _async_finding(report: Checkup, plan: GRPOPlan, drawing: float, update: floa
             f"~{drawing + update:.2f} s): with max_staleness=1 a step would take about {overlapped:.2f} s"
             + shared,
         )
-    else:
+    elif k == 0:  # step s samples with the weights after step s − 1: nothing overlaps
         report.add(
             "time",
             "asynchronous",
-            f"max_staleness={k}: sampling and scoring (~{drawing:.2f} s) overlap the update "
-            f"(~{update:.2f} s): about {overlapped:.2f} s a step" + shared,
+            f"max_staleness=0: each batch waits for the update before it (the synchronous schedule in "
+            f"another process): about {drawing + update:.2f} s a step; max_staleness=1 overlaps them",
+        )
+    else:  # up to min(rollout_workers, k + 1) batches sampled at once, each worker on hardware of its own
+        at_once = min(plan.rollout.workers, k + 1) if plan.rollout is not None else 1
+        workers = f" by {at_once} workers at once" if at_once > 1 else ""
+        report.add(
+            "time",
+            "asynchronous",
+            f"max_staleness={k}: sampling and scoring (~{drawing:.2f} s{workers}) overlap the update "
+            f"(~{update:.2f} s): about {max(drawing / at_once, update):.2f} s a step" + shared,
         )
 
 

@@ -17,6 +17,12 @@ nothing half-written, and a rollout server's `/update_weights {"path"}` takes th
 CPU the tiny models' files cost milliseconds; on a GPU a shared-memory or NCCL transport would avoid
 the copy through host memory.
 
+With `rollout_workers` = n > 1, n worker processes take the steps in turn (step s is worker s mod n's),
+each sampling its steps exactly as the one worker would: the same version, prompts and seeds, so the
+run is bitwise the one-worker run, only with n batches sampled at once (up to k + 1 are in flight).
+Each worker moves its prompt sampler past the other workers' steps without sampling them; dynamic
+sampling and the curriculum, whose next draw depends on the last batch's rewards, are refused there.
+
 Under torchrun each rank has a worker of its own, which samples and scores that rank's share of every
 batch (its prompts, its seeds) exactly as the rank's synchronous step would; rank 0 writes each
 version (gathered from the shards under FSDP) and every rank tells its worker once it is written. A
@@ -38,7 +44,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +113,8 @@ class WorkerSetup:
     parent_pid: int
     rank: int = 0  # under torchrun: the trainer's rank, whose share of each batch the worker samples
     world_size: int = 1
+    worker: int = 0  # this worker's index: it samples the steps s with s mod workers = worker
+    workers: int = 1  # rollout_workers
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,7 @@ class Sampled:
     prompts_state: dict[str, Any]  # the prompt sampler's state after drawing it
     worker_wait_s: float  # the worker waiting for this version's weights
     weight_load_s: float  # the worker loading them
+    worker: int = 0  # which worker sampled it (rollout_workers)
 
 
 @dataclass(frozen=True)
@@ -288,6 +297,9 @@ def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) 
     outbox.put(READY)
     newest, loaded = -1, -1
     for step in range(setup.first_step, setup.last_step + 1):
+        if step % setup.workers != setup.worker:  # another worker's step: its prompts, not sampled here
+            prompts.next_batch()  # (one draw a step: `check_rollout` refused what draws more)
+            continue
         version = sampling_version(step, setup.max_staleness, setup.every)
         began = time.perf_counter()
         found = _wait_for_version(inbox, newest, version, setup.parent_pid)
@@ -302,7 +314,7 @@ def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) 
         waits = (waited, time.perf_counter() - began)
         if scorer is None:
             batch, metrics = generate_and_score(engine, prompts, setup.reward_funcs, params, step, d)
-            outbox.put(Sampled(step, version, batch, metrics, prompts.state_dict(), *waits))
+            outbox.put(Sampled(step, version, batch, metrics, prompts.state_dict(), *waits, setup.worker))
         else:
             drawn, rollout, took = sample_rollout(engine, prompts, params, step, d, 0)
             scorer.submit(step, version, (drawn, rollout, took), prompts.state_dict(), waits)
@@ -337,7 +349,7 @@ class _Scorer:
                 batch, metrics = scored_batch(
                     drawn, rollout, took, setup.reward_funcs, setup.params, self.pad_token_id
                 )
-                self.outbox.put(Sampled(step, version, batch, metrics, prompts_state, *waits))
+                self.outbox.put(Sampled(step, version, batch, metrics, prompts_state, *waits, setup.worker))
             except BaseException as error:  # noqa: BLE001 - told to the trainer, as the worker's own
                 self.failed = True
                 with contextlib.suppress(OSError):  # (unless the trainer is gone)
@@ -378,13 +390,15 @@ class RolloutWorker:
         timeout: float,
         preload: tuple[str, ...] = (),
         d: Any = None,
+        name: str = "the rollout worker",
     ) -> None:
         """Start the worker process; it imports (`preload` too), then waits for its setup (`begin`).
-        `d`: the trainer's distributed.Dist under torchrun (rank 0 writes and removes the weight files)."""
+        `d`: the trainer's distributed.Dist under torchrun (rank 0 removes the weight files no batch
+        needs any more); `name`: how messages call it ("rollout worker 2 of 3" when there are several)."""
         import multiprocessing as mp
 
         self.directory, self.timeout, self.ready, self.hung = directory, timeout, False, False
-        self.d, self.is_main = d, d is None or d.is_main
+        self.d, self.is_main, self.name = d, d is None or d.is_main, name
         self.setup: WorkerSetup | None = None
         context = mp.get_context("spawn")  # (a fork would copy the trainer's threads and locks)
         # two one-way pipes, each end held by one process only: a side that dies mid-message closes its
@@ -404,28 +418,26 @@ class RolloutWorker:
 
         self.setup = setup
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"setup-rank{setup.rank}.pt"
+        path = self.directory / f"setup-rank{setup.rank}-worker{setup.worker}.pt"
         path.with_suffix(".tmp").write_bytes(_pack((loaded_files(), _pack(setup))))
         os.replace(path.with_suffix(".tmp"), path)
         self.inbox.send(str(path))
 
-    def publish(self, module: torch.nn.Module, version: int) -> float:
-        """Version `version` of the weights, for the batches that need it; -> seconds to write it."""
-        seconds = publish_weights(module, self.directory, version, self.d)
+    def announce(self, version: int) -> None:
+        """Tell the worker version `version` of the weights is written (`publish_weights`)."""
         with contextlib.suppress(OSError):  # the worker is gone: said by `take`, with its exit code
             self.inbox.send(version)
-        return seconds
 
     def take(self, step: int) -> Sampled:
         """Step `step`'s batch, once the worker has it. A worker that failed, died, or sent nothing
         for `timeout` seconds is a RolloutError (one line); never a hang."""
         item = self._next(step)
         if isinstance(item, WorkerFailed):
-            failed = RolloutError(f"the rollout worker failed at step {item.step}: {item.message}")
-            failed.add_note(f"the rollout worker's traceback:\n{item.details}")  # (shown with --debug)
+            failed = RolloutError(f"{self.name} failed at step {item.step}: {item.message}")
+            failed.add_note(f"{self.name}'s traceback:\n{item.details}")  # (shown with --debug)
             raise failed
         if item.step != step:  # the queue is in step order by construction: a broken invariant
-            raise RuntimeError(f"the rollout worker sent step {item.step}'s batch when step {step}'s was due")
+            raise RuntimeError(f"{self.name} sent step {item.step}'s batch when step {step}'s was due")
         # the files of versions no batch still to be taken needs, on any rank: every rank has taken
         # step − 1's batch (its collectives are done), so no worker samples with a version before step's
         assert self.setup is not None
@@ -438,7 +450,7 @@ class RolloutWorker:
     def _next(self, step: int) -> Any:
         """The worker's next message after READY: a batch or a failure."""
         deadline = time.monotonic() + (self.timeout if self.ready else max(self.timeout, STARTUP_S))
-        died = f"the rollout worker died (exit code {{}}) before it sampled step {step}'s batch"
+        died = f"{self.name} died (exit code {{}}) before it sampled step {step}'s batch"
         while True:
             try:
                 if self.outbox.poll(POLL_S):
@@ -455,13 +467,13 @@ class RolloutWorker:
             if time.monotonic() > deadline:
                 self.hung = True
                 raise RolloutError(
-                    f"the rollout worker sent no batch for step {step} within weight_sync_timeout="
+                    f"{self.name} sent no batch for step {step} within weight_sync_timeout="
                     f"{self.timeout:g} s: a reward or environment that hangs, or a worker too slow for "
                     "the timeout (raise weight_sync_timeout)"
                 )
 
     def close(self) -> None:
-        """Stop the worker (it ends at its next look at the inbox) and remove the weight files."""
+        """Stop the worker (it ends at its next look at the inbox)."""
         with contextlib.suppress(OSError, ValueError):  # (a worker already gone)
             self.inbox.send(None)
         deadline = time.monotonic() + (0 if self.hung else 5)
@@ -478,8 +490,6 @@ class RolloutWorker:
             self.process.join(timeout=5)
         self.inbox.close()
         self.outbox.close()
-        if self.is_main:
-            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class AsyncRollout:
@@ -495,8 +505,10 @@ class AsyncRollout:
         self.max_staleness, self.every = spec.max_staleness, spec.weight_sync_steps
         self.timeout, self.output_dir = spec.timeout, output_dir
         self.device = spec.device  # rollout_device (None: chosen by `rollout_device`)
+        self.count = spec.workers  # rollout_workers: step s is sampled by workers[s % count]
         self.d = d  # the trainer's distributed.Dist (None: one process)
-        self.worker: RolloutWorker | None = None
+        self.workers: list[RolloutWorker] = []
+        self.setup: WorkerSetup | None = None
         self.policy: torch.nn.Module | None = None  # the worker's copy of the policy (`keep_policy`)
         self.buffer: dict[
             int, Sampled
@@ -504,11 +516,14 @@ class AsyncRollout:
         self.publish_s = 0.0  # writing the version the last batch was sampled with
 
     def spawn(self, preload: tuple[str, ...] = ()) -> AsyncRollout:
-        """Start the worker process now: its imports (`preload` too: module names) overlap the trainer's
-        loading and warm start."""
-        if self.worker is None:
-            directory = self.output_dir / WEIGHTS_DIR
-            self.worker = RolloutWorker(directory, self.max_staleness, self.timeout, preload, self.d)
+        """Start the worker processes now: their imports (`preload` too: module names) overlap the
+        trainer's loading and warm start."""
+        directory = self.output_dir / WEIGHTS_DIR
+        for index in range(len(self.workers), self.count):
+            name = "the rollout worker" if self.count == 1 else f"rollout worker {index + 1} of {self.count}"
+            self.workers.append(
+                RolloutWorker(directory, self.max_staleness, self.timeout, preload, self.d, name)
+            )
         return self
 
     def keep_policy(self, model: torch.nn.Module) -> None:
@@ -528,9 +543,16 @@ class AsyncRollout:
                 "checkpoint at a multiple of weight_sync_steps"
             )
         self.spawn()
-        assert self.worker is not None
-        self.worker.begin(setup)
-        self.publish_s = self.worker.publish(module, now)
+        self.setup = setup
+        for index, worker in enumerate(self.workers):
+            worker.begin(replace(setup, worker=index, workers=self.count))
+        self.publish(module, now)
+
+    def publish(self, module: torch.nn.Module, version: int) -> None:
+        """Version `version` of the weights written once, and every worker told."""
+        self.publish_s = publish_weights(module, self.output_dir / WEIGHTS_DIR, version, self.d)
+        for worker in self.workers:
+            worker.announce(version)
 
     def batch(self, step: int, trainee: Any) -> Any:
         """Step `step`'s DrawnBatch, its metrics with the async/* figures. The trainee's prompt sampler
@@ -549,6 +571,7 @@ class AsyncRollout:
             "async/queue_wait_s": waited,  # the trainer waiting for this batch
             "async/worker_wait_s": item.worker_wait_s,  # the worker waiting for its weights
             "async/weight_sync_s": self.publish_s + item.weight_load_s,
+            "async/worker": float(item.worker),  # which rollout worker sampled it
         }
         # on-policy as the sampler is the student; the trainer's own random state goes on untouched
         return DrawnBatch(item.batch, item.metrics | metrics, True, rng_state())
@@ -556,9 +579,9 @@ class AsyncRollout:
     def _take(self, step: int) -> Sampled:
         from .checkpoint import list_checkpoints
 
-        assert self.worker is not None
+        assert self.workers
         try:
-            return self.worker.take(step)
+            return self.workers[step % self.count].take(step)
         except RolloutError as error:
             saved = list_checkpoints(self.output_dir)
             where = (
@@ -573,15 +596,15 @@ class AsyncRollout:
 
     def after_step(self, step: int, module: torch.nn.Module) -> None:
         """Publish version `step` when it is one the worker samples with."""
-        if step % self.every == 0 and self.worker is not None:
-            self.publish_s = self.worker.publish(module, step)
+        if step % self.every == 0 and self.workers:
+            self.publish(module, step)
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """For checkpoint-<step>: the batches of steps step+1 … step+k (up to the last step), taken from
         the worker if not yet in hand: they were sampled with versions before `step`, which the
         checkpoint does not hold. About k batches of token ids, log-probs and rewards on disk."""
-        assert self.worker is not None and self.worker.setup is not None
-        last = min(step + self.max_staleness, self.worker.setup.last_step)
+        assert self.setup is not None
+        last = min(step + self.max_staleness, self.setup.last_step)
         for ahead in range(step + 1, last + 1):
             if ahead not in self.buffer:
                 self.buffer[ahead] = self._take(ahead)
@@ -611,8 +634,11 @@ class AsyncRollout:
         return sampler
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
+        """Stop every worker, then remove the weight files (rank 0's to remove)."""
+        for worker in self.workers:
+            worker.close()
+        if self.workers and (self.d is None or self.d.is_main):
+            shutil.rmtree(self.output_dir / WEIGHTS_DIR, ignore_errors=True)
 
     def __enter__(self) -> AsyncRollout:
         return self
@@ -672,8 +698,9 @@ def worker_setup(
 ) -> WorkerSetup:
     """The worker's side of a run: a CPU copy of the policy, the tokenizer, the prompt sampler where
     the trainer's stands, the rewards and the environment (`check_rollout` has seen that they pickle),
-    for steps `steps` (first, last); and half the trainer's CPU threads: the trainer keeps the rest
-    (`threads`, the run's ThreadGovernor, stops adapting to a load that is now its own worker's)."""
+    for steps `steps` (first, last); and half the trainer's CPU threads, shared by the workers (at
+    least one each): the trainer keeps the rest (`threads`, the run's ThreadGovernor, stops adapting to
+    a load that is now its own workers')."""
     engine, rollout = trainee.engine, trainee.rollout
     model = rollout.policy  # (`keep_policy`: taken before wrapping; FSDP2 shards engine.module in place)
     assert model is not None, "AsyncRollout.keep_policy comes before the worker's setup"
@@ -681,6 +708,7 @@ def worker_setup(
     rank, world = (rollout.d.rank, rollout.d.world_size) if rollout.d is not None else (0, 1)
     count = torch.get_num_threads()
     worker_threads = max(1, count // 2)
+    each = max(1, worker_threads // rollout.count)
     if threads is not None:
         threads.keep(max(1, count - worker_threads))
     else:
@@ -699,7 +727,7 @@ def worker_setup(
         first_step=steps[0],
         last_step=steps[1],
         weights_dir=str(output_dir / WEIGHTS_DIR),
-        num_threads=worker_threads,
+        num_threads=each,
         parent_pid=os.getpid(),
         rank=rank,
         world_size=world,
