@@ -27,11 +27,11 @@ ASYNC_KEYS = ("async/", "timing/", "time", "step_time", "tokens_per_second")  # 
 
 
 @pytest.mark.slow  # three runs with worker processes
-def test_several_workers_take_the_steps_in_turn_with_the_same_numbers(tmp_path):
+def test_several_workers_take_the_steps_in_turn_with_the_same_numbers(tmp_path, caplog):
     """rollout_workers=3 (k = 2: three batches sampled at once, step s by worker s mod 3): the one-worker
     run's metrics (clocks aside) and weights, bit for bit. Resumed from its step-5 checkpoint (two
     batches in flight, sampled by two different workers) with rollout_workers=2, it ends there too:
-    how many workers sample changes no number, so a resume may change it."""
+    how many workers sample changes no number, so a resume may change it. Then resumed past its end."""
     settings = dict(max_steps=10, save_steps=5, max_staleness=2, num_threads=1)
     one = tiny_config(tmp_path / "one", **settings)
     train_grpo(one, reward_funcs=[ones_reward])
@@ -52,6 +52,19 @@ def test_several_workers_take_the_steps_in_turn_with_the_same_numbers(tmp_path):
     assert _without_clocks(read_steps(stopped)) == _without_clocks(a)
     wc = weights(stopped)
     assert all(torch.equal(wa[k], wc[k]) for k in wa)
+    # the run goes on past its end (max_steps raised): steps 11-12, which no run sampled, are sampled
+    # with the checkpoint's weights (version 10, not 8 and 9: those are gone), said once; none is lost
+    caplog.clear()
+    train_grpo(resumed.model_copy(update={"max_steps": 12}), reward_funcs=[ones_reward])
+    rows = read_steps(stopped)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["async/weight_version"] for r in rows[10:]] == [10.0, 10.0]
+    said = [r.getMessage() for r in caplog.records if "where it ended" in r.getMessage()]
+    assert said == [
+        "the run goes on past step 10, where it ended: steps 11-12, which no run sampled before, are "
+        "sampled with the weights of step 10 (less than max_staleness=2 versions old, as async/staleness "
+        "shows)"
+    ]
 
 
 def test_the_version_a_batch_is_sampled_with():

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import logging
 import os
 import pickle
 import queue
@@ -115,6 +116,7 @@ class WorkerSetup:
     world_size: int = 1
     worker: int = 0  # this worker's index: it samples the steps s with s mod workers = worker
     workers: int = 1  # rollout_workers
+    oldest: int = 0  # no batch is sampled with a version before this one (a run resumed past its end)
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) 
         if step % setup.workers != setup.worker:  # another worker's step: its prompts, not sampled here
             prompts.next_batch()  # (one draw a step: `check_rollout` refused what draws more)
             continue
-        version = sampling_version(step, setup.max_staleness, setup.every)
+        version = max(sampling_version(step, setup.max_staleness, setup.every), setup.oldest)
         began = time.perf_counter()
         found = _wait_for_version(inbox, newest, version, setup.parent_pid)
         if found is None or (scorer is not None and scorer.failed):
@@ -514,6 +516,7 @@ class AsyncRollout:
             int, Sampled
         ] = {}  # batches taken from the worker (or a checkpoint), not trained yet
         self.publish_s = 0.0  # writing the version the last batch was sampled with
+        self.saved_last: int | None = None  # the last step of the run a resumed checkpoint was saved in
 
     def spawn(self, preload: tuple[str, ...] = ()) -> AsyncRollout:
         """Start the worker processes now: their imports (`preload` too: module names) overlap the
@@ -533,15 +536,33 @@ class AsyncRollout:
 
     def start(self, setup: WorkerSetup, module: torch.nn.Module) -> None:
         """The worker started after the batches already in hand, and the weights of now published: the
-        version its first batch needs (a checkpoint at a step that is no multiple of weight_sync_steps
-        would need an older one, which it does not hold: refused in one line)."""
+        version its first batch needs. A checkpoint at a step that is no multiple of weight_sync_steps
+        would need an older one, which it does not hold: refused in one line. A run resumed past the
+        end of the run that saved it (max_steps raised) has no batches in flight for its next steps,
+        which no run sampled yet: they are sampled with the checkpoint's weights (less stale than k,
+        said once and logged as async/staleness); then the rule holds again."""
         now, first = setup.first_step - 1 - len(self.buffer), setup.first_step
         if first <= setup.last_step and sampling_version(first, self.max_staleness, self.every) != now:
-            raise ValueError(
-                f"resuming an asynchronous run at step {now}, which is no multiple of weight_sync_steps="
-                f"{self.every}, needs an older weight version than the checkpoint holds: resume from a "
-                "checkpoint at a multiple of weight_sync_steps"
+            if self.saved_last is None or first <= self.saved_last:
+                raise ValueError(
+                    f"resuming an asynchronous run at step {now}, which is no multiple of "
+                    f"weight_sync_steps={self.every}, needs an older weight version than the checkpoint "
+                    "holds: resume from a checkpoint at a multiple of weight_sync_steps"
+                )
+            fresher = [
+                s
+                for s in range(first, setup.last_step + 1)
+                if sampling_version(s, self.max_staleness, self.every) < now
+            ]
+            then = f"; from step {fresher[-1] + 1} on, exactly {self.max_staleness}"
+            logging.getLogger("grpokit").warning(
+                f"the run goes on past step {self.saved_last}, where it ended: steps {first}-{fresher[-1]}, "
+                f"which no run sampled before, are sampled with the weights of step {now} (less than "
+                f"max_staleness={self.max_staleness} versions old, as async/staleness shows)"
+                + then
+                * (fresher[-1] < setup.last_step)
             )
+            setup = replace(setup, oldest=now)
         self.spawn()
         self.setup = setup
         for index, worker in enumerate(self.workers):
@@ -612,7 +633,10 @@ class AsyncRollout:
         from . import distributed
 
         # every rank's (a collective under torchrun): rank 0 writes the checkpoint
-        return {"in_flight_by_rank": distributed.gather_objects(self.d or distributed.Dist(), mine)}
+        return {
+            "in_flight_by_rank": distributed.gather_objects(self.d or distributed.Dist(), mine),
+            "last_step": self.setup.last_step,  # (a resume past it: `start`)
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         by_rank = state["in_flight_by_rank"]
@@ -623,6 +647,7 @@ class AsyncRollout:
                 f"process(es), each its own share; resume it on {len(by_rank)}, not {world}"
             )
         self.buffer = {item.step: item for item in map(_unpack, by_rank[rank])}
+        self.saved_last = state.get("last_step")  # (checkpoints before it was saved: None)
 
     def next_prompts(self, prompts: Any) -> Any:
         """A copy of the trainer's prompt sampler where the worker starts: after the last batch in hand."""
