@@ -31,6 +31,7 @@ LAYERS = {
     "ops": 0,
     "config": 0,
     "presets": 0,
+    "net": 0,
     "models": 1,
     "envs": 1,
     "data": 1,
@@ -38,6 +39,7 @@ LAYERS = {
     "rollout": 2,
     "engine": 3,
     "train": 4,
+    "serve": 5,
 }
 TOP_LAYER = 5
 MAX_PARAMETERS = 7

@@ -6,6 +6,7 @@
     grpokit report RUN_DIR                         PNG plots and an HTML page of a run
     grpokit export CHECKPOINT OUT_DIR              a plain model directory (LoRA adapters merged)
     grpokit serve-reward FUNCTION --port N         a reward function over HTTP ({url: ...} entries)
+    grpokit serve-policy MODEL [--port N] [k=v]    a policy behind an OpenAI-compatible API
     grpokit print-config [CONFIG.yaml] [k=v ...]   every resolved value of a train config
     grpokit demo                                   a toy GRPO run in seconds
     grpokit reward [CONFIG.yaml] [key=value ...]   a Bradley–Terry reward model (eval-reward: evaluate one)
@@ -204,6 +205,46 @@ def _cmd_reward(args: argparse.Namespace) -> int:
     return _reported(display(cfg), run, cfg.device, reward_summary)
 
 
+def _cmd_serve_policy(args: argparse.Namespace) -> int:
+    """The policy behind an OpenAI-compatible generation API (serve/policy.py has the contract)."""
+    from .config.plan import eval_plan
+    from .serve.policy import ServePolicyCommand, serve_policy
+
+    command = ServePolicyCommand(**{f.name: getattr(args, f.name) for f in fields(ServePolicyCommand)})
+    command.check()  # before anything is loaded
+    serve_policy(command, eval_plan(_train_config([*args.items, f"model={args.model}"])))
+    return 0
+
+
+def _http_options(parser: argparse.ArgumentParser) -> None:
+    """What a grpokit server gives its clients at most, and where it listens (net/server.py)."""
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--api-key",
+        help="require the header 'Authorization: Bearer API_KEY' on every request (default: the "
+        "environment variable GRPOKIT_API_KEY, which keeps the key out of the process list; unset: none)",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        help="the largest request body, in MiB (default 64; larger: HTTP 413, unread)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may take to send a request's headers, and again its body (default 30; "
+        "slower: the connection is closed, or HTTP 408)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=64,
+        help="connections at once (default 64; beyond: HTTP 503, which clients try again)",
+    )
+
+
 def _cmd_eval_reward(args: argparse.Namespace) -> int:
     import json
 
@@ -333,38 +374,33 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
         help="FILE.py:FUNCTION, package.module:FUNCTION, package.module.FUNCTION or a built-in reward",
     )
     serve.add_argument("--port", type=int, required=True, help="the port (0: any free one, printed)")
-    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     serve.add_argument(
         "--concurrency",
         type=int,
         default=1,
         help="calls of the function at once (default 1: one batch at a time)",
     )
-    serve.add_argument(
-        "--api-key",
-        help="require the header 'Authorization: Bearer API_KEY' on every request (default: the "
-        "environment variable GRPOKIT_API_KEY, which keeps the key out of the process list; unset: none)",
-    )
-    serve.add_argument(
-        "--max-body-mb",
-        type=float,
-        default=64.0,
-        help="the largest request body, in MiB (default 64; larger: HTTP 413, unread)",
-    )
-    serve.add_argument(
-        "--request-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a client may take to send a request's headers, and again its body (default 30; "
-        "slower: the connection is closed, or HTTP 408)",
-    )
-    serve.add_argument(
-        "--max-connections",
-        type=int,
-        default=64,
-        help="connections at once (default 64; beyond: HTTP 503, which clients try again)",
-    )
+    _http_options(serve)
     serve.set_defaults(handler=_cmd_serve_reward)
+    policy = sub.add_parser(
+        "serve-policy",
+        help="serve a policy behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions)",
+        description="Serve MODEL (a hub id, a directory or a checkpoint; key=value items as for eval: "
+        "dtype, device, decode_loop...) through grpokit's engine: /health, /v1/models, /v1/completions, "
+        "/v1/chat/completions, POST /update_weights, GET /weight_version. Ctrl-C or SIGTERM stops.",
+    )
+    policy.add_argument("model", help="the policy: a hub id, a model directory, a checkpoint, or tiny")
+    policy.add_argument("items", nargs="*", help="CONFIG.yaml and key=value overrides, as for eval")
+    policy.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: any free one)")
+    policy.add_argument("--served-model-name", help="the name clients give as model (default: MODEL)")
+    policy.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=512,
+        help="completions one decode may hold, over the requests it batches (default 512)",
+    )
+    _http_options(policy)
+    policy.set_defaults(handler=_cmd_serve_policy)
     report = sub.add_parser("report", help="plots and an HTML page of a run directory")
     report.add_argument("run_dir")
     report.set_defaults(handler=_cmd_report)

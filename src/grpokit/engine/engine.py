@@ -28,7 +28,7 @@ log-probs and the KL term starts at exactly 0.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -194,10 +194,13 @@ class PolicyEngine:
     # ------------------------------------------------------------------ generation
 
     def generate(
-        self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]] | None = None
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams,
+        rows: list[dict[str, Any]] | None = None,
     ) -> Rollout:
-        """G completions for each prompt (a Rollout, on the host); with an environment, G episodes of
-        each prompt, started from its row of `rows`."""
+        """G completions for each prompt, a text or its token ids (a Rollout, on the host); with an
+        environment, G episodes of each prompt, started from its row of `rows`."""
         with self.autocast():
             return self.decoder.sample(prompts, params, rows)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -60,10 +60,15 @@ class LoopControl:
     check_every: int | None = None  # draws between "all finished?" reads; None: 1 on a CPU, 8 on a GPU
 
 
-def tokenize_prompts(tokenizer: Any, prompts: list[str], params: SamplingParams) -> tuple[Any, Any, int]:
-    """Prompt texts -> left-padded ids [P, Lp], mask [P, Lp] bool, and how many were cut to
-    max_prompt_length (with prompt_truncation='error', refused instead)."""
-    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+def tokenize_prompts(
+    tokenizer: Any, prompts: Sequence[str | Sequence[int]], params: SamplingParams
+) -> tuple[Any, Any, int]:
+    """Prompts (texts, or token ids as they are: a rollout server's clients send ids) -> left-padded ids
+    [P, Lp], mask [P, Lp] bool, and how many were cut to max_prompt_length (with
+    prompt_truncation='error', refused instead)."""
+    texts = [p for p in prompts if isinstance(p, str)]
+    tokenized = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    encoded = [next(tokenized) if isinstance(p, str) else list(p) for p in prompts]
     limit = params.max_prompt_length
     too_long = [i for i, ids in enumerate(encoded) if limit is not None and len(ids) > limit]
     if too_long and params.prompt_truncation == "error":
@@ -347,10 +352,13 @@ class Decoder:
 
     @torch.no_grad()
     def sample(
-        self, prompts: list[str], params: SamplingParams, rows: list[dict[str, Any]] | None = None
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams,
+        rows: list[dict[str, Any]] | None = None,
     ) -> Rollout:
-        """G completions of each prompt (with an environment, G episodes started from its row of
-        `rows`), as a Rollout on the host."""
+        """G completions of each prompt (a text, or its token ids; with an environment, G episodes
+        started from its row of `rows`), as a Rollout on the host."""
         if not prompts:
             raise ValueError("no prompts to sample from: the prompt batch is empty.")
         if self.environment is not None and (rows is None or len(rows) != len(prompts)):

@@ -4,8 +4,9 @@ training run resolves them (train/grpo_setup.py)."""
 from __future__ import annotations
 
 from ..config.plan import GRPOPlan
+from ..engine import PolicyEngine
 from ..models import enable_fast_matmul, place, resolve_device
-from .grpo_setup import held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
+from .grpo_setup import RunData, held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
 from .run import check_known_characters, policy_and_tokenizer
 
 
@@ -14,6 +15,14 @@ def evaluate_policy(plan: GRPOPlan) -> dict[str, float]:
     reward functions (else the task's, else correctness) and pass@k, on the task's held-out prompts or
     on eval_dataset (else dataset's dataset_test_split, if it has one, else dataset). `plan`:
     `config.plan.eval_plan`'s (evaluation trains nothing, so its rows need no answers)."""
+    engine, data = policy_engine(plan)
+    return held_out_metrics(engine, data, plan.evaluation)
+
+
+def policy_engine(plan: GRPOPlan) -> tuple[PolicyEngine, RunData]:
+    """The plan's policy in an engine that only generates, on its device and in its precision, as
+    training samples (`grpokit eval`, `grpokit serve-policy`), and the run's data (model: tiny is made
+    to fit its prompts)."""
     data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False, evaluate_only=True)
     context = tiny_context(plan.data.prompt_column, data)  # model: tiny's, made to fit the prompts
     model, tokenizer = policy_and_tokenizer(plan.model, data.alphabet, context)
@@ -24,5 +33,4 @@ def evaluate_policy(plan: GRPOPlan) -> dict[str, float]:
     # a checkpoint's character tokenizer would read characters it never learned as <unk>
     columns = [plan.data.prompt_column]
     check_known_characters(tokenizer, plan.model.name, [(data.eval_source, data.eval_rows)], columns)
-    engine = probe_engine(settings, model, tokenizer, data, device)  # sampling as training's engine does
-    return held_out_metrics(engine, data, plan.evaluation)
+    return probe_engine(settings, model, tokenizer, data, device), data  # sampling as training's does

@@ -1,0 +1,626 @@
+"""`grpokit serve-policy MODEL`: the policy served through the engine (the same backends, decode loop,
+precision and device as training) behind the generation API that vLLM's OpenAI-compatible server and
+the RL systems built on it speak:
+
+    GET  /health                  {"status": "ok"}
+    GET  /v1/models               {"object": "list", "data": [{"id": MODEL, "object": "model", ...}]}
+    POST /v1/completions          OpenAI's completions: prompt as text or token ids (one, or a list), n,
+                                  max_tokens, temperature, top_p, top_k, min_p, seed, stop, logprobs
+                                  (0: each sampled token's log-prob), return_token_ids (vLLM's)
+    POST /v1/chat/completions     the same for chat models: messages through the chat template, as
+                                  training applies it (add_generation_prompt); logprobs true/false
+    POST /update_weights          {"path": FILE.safetensors, "version": N}: the weights the trainer wrote
+    GET  /weight_version          {"version": N} (0 until an update)
+
+Log-probs are those of the distribution each token was drawn from, after temperature, top-k, top-p
+and min-p (vLLM's `--logprobs-mode processed_logprobs`): the sampler's own. Choices come prompt by
+prompt, n each (index p·n + j, as vLLM orders them); `finish_reason` is "stop" (an EOS or a stop
+string, which the text keeps) or "length".
+
+Requests are batched across clients: the generation thread takes every queued request that samples
+alike (the same n, max_tokens, temperature, top_p, top_k, min_p and stop) into one decode, so a
+request of n = G is one group among others. A request with a seed is decoded alone, so that its
+tokens are those the in-process engine draws with that seed, whoever else is asking. Weight updates
+are applied between decodes, in the order they arrive.
+
+Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with a 4xx for what the
+client sent (an unknown model is 404) and one line in the log; the HTTP bounds (body size, slow and
+idle clients, connections at once, the API key) are net/server.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config.specs import SamplingParams
+from ..net.server import JsonServer, ServeLimits, stderr_line
+
+MAX_N = 256  # completions per prompt a request may ask for
+DEFAULT_MAX_BATCH_ROWS = 512  # completions one decode may hold (n × prompts, over batched requests)
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "Timeout",
+               413: "BadRequestError", 500: "InternalServerError"}  # fmt: skip
+
+
+class RequestError(ValueError):
+    """What a client sent is refused: (message, param, status)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one request samples: the fields of SamplingParams it sets (and whether it wants log-probs
+    and ids back, which change nothing about the decode)."""
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(
+            num_generations=self.n,
+            max_completion_length=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            stop_strings=self.stop,
+            seed=self.seed,
+        )
+
+    @property
+    def key(self) -> tuple:
+        """Requests with the same key (and no seed) share a decode."""
+        return (self.n, self.max_tokens, self.temperature, self.top_p, self.top_k, self.min_p, self.stop)
+
+
+@dataclass
+class Job:
+    """A decode of `prompts` (token ids) for one request, or a weight update (`path`, `version`)."""
+
+    prompts: list[list[int]] = field(default_factory=list)
+    sampling: Sampling = field(default_factory=Sampling)
+    path: str | None = None
+    version: int = 0
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+# ----------------------------------------------------------------------------- reading a request
+
+
+def _integer(body: dict, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{name} must be an integer, got {json.dumps(value)[:40]}", name)
+    if value < low or (high is not None and value > high):
+        bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+        raise RequestError(f"{name} must be {bounds}, got {value}", name)
+    return value
+
+
+def _number(
+    body: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False
+) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a number, got {json.dumps(value)[:40]}", name)
+    if value != value or value > high or value < low or (open_low and value == low):
+        side = "(" if open_low else "["
+        raise RequestError(f"{name} must be in {side}{low:g}, {high:g}], got {value}", name)
+    return float(value)
+
+
+def read_sampling(body: dict, max_model_tokens: int) -> Sampling:
+    """A request's sampling fields, each checked (RequestError names the first bad one)."""
+    if body.get("stream"):
+        raise RequestError("stream is not supported: leave it false (the answer comes whole)", "stream")
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else (stop or [])
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a string or a list of non-empty strings", "stop")
+    top_k = _integer(body, "top_k", None, -1)
+    min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _integer({name: limit}, name, 16, 1, max_model_tokens)
+    return Sampling(
+        n=_integer(body, "n", 1, 1, MAX_N) or 1,
+        max_tokens=max_tokens or 16,
+        temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        top_k=None if top_k in (None, -1, 0) else top_k,
+        min_p=None if min_p == 0.0 else min_p,
+        stop=tuple(stop),
+        seed=_integer(body, "seed", None, 0, 2**63 - 1),
+    )
+
+
+def read_prompts(prompt: Any, vocab_size: int) -> list[list[int]] | list[str]:
+    """`prompt` as OpenAI takes it: a text, a list of texts, a list of token ids, or a list of lists of
+    token ids (each id below the vocabulary's size)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
+        prompt = [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) and p for p in prompt):
+        for ids in prompt:
+            bad = next((t for t in ids if not _is_id(t) or t >= vocab_size), None)
+            if bad is not None:
+                raise RequestError(
+                    f"token id {json.dumps(bad)[:40]} is not in the vocabulary (0 to {vocab_size - 1})",
+                    "prompt",
+                )
+        return prompt
+    raise RequestError(
+        "prompt must be a non-empty text, list of texts, list of token ids or list of lists of token ids",
+        "prompt",
+    )
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+class PolicyServer(JsonServer):
+    """`engine`'s policy served as `model_name` on (host, port) (net/server.py's JsonServer: binding,
+    start, close, bounds). `limits.max_batch_rows`: completions one decode may hold; a request asking
+    for more is refused (400)."""
+
+    name = "serve-policy"
+
+    def __init__(
+        self,
+        engine: Any,
+        model_name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        limits: ServeLimits | None = None,
+        api_key: str | None = None,
+        log: Callable[[str], None] = stderr_line,
+    ) -> None:
+        self.engine, self.model_name = engine, model_name
+        self.max_batch_rows = (limits or ServeLimits()).max_batch_rows
+        self.tokenizer = engine.tokenizer
+        self.vocab_size = len(self.tokenizer)
+        config = getattr(engine.module, "config", None)
+        self.max_model_tokens = int(getattr(config, "max_position_embeddings", None) or 2**20)
+        self.version, self.created = 0, int(time.time())
+        self.decodes = 0  # decodes run (requests batched together count once)
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        super().__init__(host, port, limits=limits, api_key=api_key, log=log)
+        self.generator = threading.Thread(target=self._generate_loop, name="serve-policy-decode", daemon=True)
+        self.generator.start()
+
+    def close(self) -> None:
+        super().close()
+        self.jobs.put(None)
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route
+
+        def route(path: str, answer: Callable[[Any], Any], method: str) -> Route:
+            async def endpoint(request: Any) -> Any:
+                return await self.guarded(request, answer)
+
+            return Route(path, endpoint, methods=[method])
+
+        return [
+            route("/health", self._health, "GET"),
+            route("/v1/models", self._models, "GET"),
+            route("/weight_version", self._weight_version, "GET"),
+            route("/v1/completions", self._completions, "POST"),
+            route("/v1/chat/completions", self._chat, "POST"),
+            route("/update_weights", self._update_weights, "POST"),
+        ]
+
+    def error_payload(self, status: int, message: str, param: str | None = None) -> dict[str, Any]:
+        """OpenAI's error shape."""
+        kind = ERROR_TYPES.get(status, "BadRequestError")
+        return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+    def _refuse(self, request: Any, error: RequestError) -> Any:
+        return self.reply(request, error.status, str(error), param=error.param)
+
+    # ------------------------------------------------------------------------------------ routes
+
+    async def _health(self, request: Any) -> Any:
+        return self.reply(request, 200, {"status": "ok"})
+
+    async def _models(self, request: Any) -> Any:
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "grpokit",
+            "max_model_len": self.max_model_tokens,
+        }
+        return self.reply(request, 200, {"object": "list", "data": [model]})
+
+    async def _weight_version(self, request: Any) -> Any:
+        return self.reply(request, 200, {"version": self.version})
+
+    async def _json(self, request: Any) -> dict[str, Any]:
+        body = await self.body(request)
+        try:
+            value = json.loads(body)
+        except RecursionError:
+            raise RequestError("the body is JSON nested too deep") from None
+        except ValueError as error:
+            raise RequestError(f"the body is not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise RequestError(f"the body is a JSON {type(value).__name__}, not an object")
+        return value
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise RequestError(
+                f"the model {json.dumps(model)[:80]} does not exist: this server serves {self.model_name!r}",
+                "model",
+                404,
+            )
+
+    async def _completions(self, request: Any) -> Any:
+        try:
+            body = await self._json(request)
+            self._check_model(body)
+            sampling = read_sampling(body, self.max_model_tokens)
+            prompts = read_prompts(body.get("prompt"), self.vocab_size)
+            logprobs = _integer(body, "logprobs", None, 0, 0)
+            ids = self._ids(prompts)
+            rollout = await self._decode(ids, sampling)
+        except RequestError as error:
+            return self._refuse(request, error)
+        choices = [
+            self._choice(rollout, row, logprobs is not None, bool(body.get("return_token_ids")), ids)
+            for row in range(len(rollout.completions))
+        ]
+        return self.reply(request, 200, self._answer("cmpl", "text_completion", ids, choices, rollout))
+
+    async def _chat(self, request: Any) -> Any:
+        from ..data import DataError, render_prompt
+
+        try:
+            body = await self._json(request)
+            self._check_model(body)
+            sampling = read_sampling(body, self.max_model_tokens)
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise RequestError("messages must be a non-empty list of {role, content}", "messages")
+            try:
+                text = render_prompt(messages, self.tokenizer, None, body.get("chat_template_kwargs") or {})
+            except DataError as error:
+                raise RequestError(str(error), "messages") from None
+            logprobs = body.get("logprobs") or False
+            if not isinstance(logprobs, bool):
+                raise RequestError("logprobs must be true or false", "logprobs")
+            if body.get("top_logprobs"):
+                raise RequestError(
+                    "top_logprobs is not supported: each sampled token's log-prob is", "top_logprobs"
+                )
+            ids = self._ids([text])
+            rollout = await self._decode(ids, sampling)
+        except RequestError as error:
+            return self._refuse(request, error)
+        choices = []
+        for row in range(len(rollout.completions)):
+            choice = self._choice(rollout, row, False, bool(body.get("return_token_ids")), ids)
+            choice["message"] = {"role": "assistant", "content": choice.pop("text")}
+            choice["logprobs"] = {"content": self._chat_logprobs(rollout, row)} if logprobs else None
+            choices.append(choice)
+        return self.reply(request, 200, self._answer("chatcmpl", "chat.completion", ids, choices, rollout))
+
+    async def _update_weights(self, request: Any) -> Any:
+        try:
+            body = await self._json(request)
+            path = body.get("path")
+            if not isinstance(path, str) or not path:
+                raise RequestError("path must name a .safetensors file the trainer wrote", "path")
+            if not Path(path).is_file():
+                raise RequestError(f"{path} is not a file on this server's machine", "path")
+            version = _integer(body, "version", None, 0)
+            if version is None:
+                raise RequestError(
+                    "version must be given: the weights' version number (steps trained)", "version"
+                )
+            job = Job(path=path, version=version)
+            self.jobs.put(job)
+            await asyncio.wrap_future(job.done)
+        except RequestError as error:
+            return self._refuse(request, error)
+        return self.reply(request, 200, {"version": self.version})
+
+    # ------------------------------------------------------------------------------------ decoding
+
+    def _ids(self, prompts: list[list[int]] | list[str]) -> list[list[int]]:
+        """Each prompt's token ids (texts tokenized as training tokenizes them: no special tokens added)."""
+        texts = [p for p in prompts if isinstance(p, str)]
+        encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        ids = [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
+        if any(not p for p in ids):
+            raise RequestError("a prompt tokenized to no tokens", "prompt")
+        return ids
+
+    async def _decode(self, prompts: list[list[int]], sampling: Sampling) -> Any:
+        rows = len(prompts) * sampling.n
+        if rows > self.max_batch_rows:
+            raise RequestError(
+                f"{len(prompts)} prompt(s) × n={sampling.n} is {rows} completions, over this server's "
+                f"--max-batch-rows {self.max_batch_rows}: send fewer at once",
+                "n",
+            )
+        longest = max(len(p) for p in prompts) + sampling.max_tokens
+        if longest > self.max_model_tokens:
+            raise RequestError(
+                f"a prompt of {longest - sampling.max_tokens} tokens plus max_tokens={sampling.max_tokens} "
+                f"is over the model's {self.max_model_tokens} positions",
+                "max_tokens",
+            )
+        job = Job(prompts=prompts, sampling=sampling)
+        self.jobs.put(job)
+        return await asyncio.wrap_future(job.done)
+
+    def _generate_loop(self) -> None:
+        """The generation thread: weight updates in order, and decodes that batch every queued request
+        sampling alike (a seeded one alone)."""
+        waiting: list[Job] = []
+        while True:
+            job = waiting.pop(0) if waiting else self.jobs.get()
+            if job is None:
+                return
+            if job.path is not None:
+                self._load(job)
+                continue
+            batch = [job]
+            if job.sampling.seed is None:
+                rows = len(job.prompts) * job.sampling.n
+                while True:  # every request queued now that samples alike and fits
+                    try:
+                        other = self.jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if other is None:
+                        self.jobs.put(None)
+                        break
+                    alike = (
+                        other.path is None
+                        and other.sampling.seed is None
+                        and other.sampling.key == job.sampling.key
+                    )
+                    size = len(other.prompts) * other.sampling.n
+                    if alike and rows + size <= self.max_batch_rows:
+                        batch.append(other)
+                        rows += size
+                    else:
+                        waiting.append(other)
+                        if other.path is not None:  # an update waits for nothing after it
+                            break
+            self._decode_batch(batch)
+
+    def _decode_batch(self, batch: list[Job]) -> None:
+        prompts = [p for job in batch for p in job.prompts]
+        self.decodes += 1
+        try:
+            rollout = self.engine.generate(prompts, batch[0].sampling.params())
+        except ValueError as error:
+            for job in batch:
+                job.done.set_exception(RequestError(str(error)))
+            return
+        except Exception as error:  # noqa: BLE001 - answered (500), the server goes on
+            self.log(f"{self.name}: the decode failed: {type(error).__name__}: {error}")
+            for job in batch:
+                job.done.set_exception(
+                    RequestError(f"the decode failed: {type(error).__name__}: {error}", None, 500)
+                )
+            return
+        start = 0
+        for job in batch:
+            rows = len(job.prompts) * job.sampling.n
+            job.done.set_result(_Slice(rollout, start, rows, job.sampling.n))
+            start += rows
+
+    def _load(self, job: Job) -> None:
+        from safetensors.torch import load_model
+
+        try:
+            load_model(self.engine.module, job.path, device=str(self.engine.device))
+        except Exception as error:  # noqa: BLE001 - a file that is not these weights: one answer
+            line = " ".join(str(error).split())[:300]
+            job.done.set_exception(
+                RequestError(f"cannot load {job.path}: {type(error).__name__}: {line}", "path")
+            )
+            return
+        self.version = job.version
+        job.done.set_result(None)
+
+    # ------------------------------------------------------------------------------------ answers
+
+    def _answer(self, prefix: str, kind: str, ids: list[list[int]], choices: list, rollout: Any) -> dict:
+        completion_tokens = sum(len(c["token_ids"] if "token_ids" in c else c["_ids"]) for c in choices)
+        for c in choices:
+            c.pop("_ids", None)
+        prompt_tokens = sum(len(p) for p in ids)
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _choice(
+        self, rollout: Any, row: int, logprobs: bool, token_ids: bool, prompts: list[list[int]]
+    ) -> dict[str, Any]:
+        """Row `row` (prompt row // n) as an OpenAI completion choice; with `token_ids`, vLLM's
+        prompt_token_ids and token_ids too."""
+        ids, logps = rollout.tokens(row)
+        choice: dict[str, Any] = {
+            "index": row,
+            "text": rollout.completions[row],
+            "logprobs": None,
+            "finish_reason": "length" if rollout.truncated[row] else "stop",
+            "_ids": ids,
+        }
+        if logprobs:
+            tokens = [self.tokenizer.decode([t]) for t in ids]
+            offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": logps,
+                "top_logprobs": None,
+                "text_offset": offsets,
+            }
+        if token_ids:
+            choice["prompt_token_ids"] = prompts[row // rollout.n]
+            choice["token_ids"] = ids
+        return choice
+
+    def _chat_logprobs(self, rollout: Any, row: int) -> list[dict[str, Any]]:
+        ids, logps = rollout.tokens(row)
+        out = []
+        for t, lp in zip(ids, logps, strict=True):
+            text = self.tokenizer.decode([t])
+            out.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
+        return out
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """One request's rows of a decode that batched several."""
+
+    rollout: Any
+    start: int
+    rows: int
+    n: int  # completions per prompt
+
+    @property
+    def completions(self) -> list[str]:
+        return self.rollout.completions[self.start : self.start + self.rows]
+
+    @property
+    def truncated(self) -> list[bool]:
+        return self.rollout.truncated[self.start : self.start + self.rows].tolist()
+
+    def tokens(self, row: int) -> tuple[list[int], list[float]]:
+        """Row `row`'s sampled token ids and their log-probs (up to and including its EOS or stop)."""
+        r = self.start + row
+        mask = self.rollout.completion_mask[r]
+        return self.rollout.completion_ids[r][mask].tolist(), self.rollout.sampling_logps[r][mask].tolist()
+
+
+# ----------------------------------------------------------------------------- grpokit serve-policy
+
+
+@dataclass(frozen=True)
+class ServePolicyCommand:
+    """`grpokit serve-policy`'s options (the config's key=value items aside)."""
+
+    model: str
+    port: int = 8000
+    host: str = "127.0.0.1"
+    served_model_name: str | None = None
+    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
+    max_body_mb: float = 64.0
+    request_timeout: float = 30.0
+    max_connections: int = 64
+    api_key: str | None = None
+
+    def check(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port {self.port} is not a port (0 to 65535; 0: any free one)")
+        if self.max_batch_rows < 1:
+            raise ValueError(f"--max-batch-rows {self.max_batch_rows} must be at least 1")
+        for option, value in (
+            ("--max-body-mb", self.max_body_mb),
+            ("--request-timeout", self.request_timeout),
+        ):
+            if not value > 0:
+                raise ValueError(f"{option} {value:g} must be above 0")
+        if self.max_connections < 1:
+            raise ValueError(f"--max-connections {self.max_connections} must be at least 1")
+
+
+def serve_policy(
+    command: ServePolicyCommand, plan: Any, *, ready: Callable[[PolicyServer], None] | None = None
+) -> None:
+    """Load `plan`'s policy (config.plan.eval_plan's: the model, its precision, device and decode loop)
+    and serve it until Ctrl-C or SIGTERM; where it listens on stdout, and a warning on stderr when it
+    is reachable beyond this machine."""
+    import os
+    import signal
+    import sys
+
+    from ..net.server import API_KEY_ENV, check_api_key, exposure_warning
+    from ..train.eval_run import policy_engine
+
+    command.check()
+    api_key = command.api_key if command.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    check_api_key(api_key)
+    engine, _ = policy_engine(plan)
+    name = command.served_model_name or command.model
+    limits = ServeLimits(
+        max_body_mb=command.max_body_mb,
+        request_timeout=command.request_timeout,
+        max_connections=command.max_connections,
+        max_batch_rows=command.max_batch_rows,
+    )
+    try:
+        server = PolicyServer(engine, name, command.host, command.port, limits=limits, api_key=api_key)
+    except OSError as error:
+        raise ValueError(
+            f"cannot listen on {command.host}:{command.port}: {error.strerror or error}; choose another "
+            "--port (0: any free one) or --host"
+        ) from error
+
+    class _Terminated(Exception):  # noqa: N818 - a signal, not an error
+        pass
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    warning = exposure_warning(command.host, server.port, f"the policy {name!r}", keyed=api_key is not None)
+    if warning is not None:
+        print(f"grpokit serve-policy: warning: {warning}", file=sys.stderr, flush=True)
+    print(f"serving {name!r} at {server.url}v1 (Ctrl-C stops)", flush=True)
+    if ready is not None:
+        ready(server)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, _Terminated):
+        print("stopped", flush=True)
+    finally:
+        server.close()
+        signal.signal(signal.SIGTERM, previous)
