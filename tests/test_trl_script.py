@@ -313,15 +313,31 @@ def test_the_async_scripts_differ_in_the_import_line_only_and_are_valid_trl(monk
 
 
 @pytest.mark.slow  # a rollout worker process
+@pytest.mark.loopback  # the script's vLLM server: grpokit serve-policy's, on 127.0.0.1
 def test_a_trl_async_script_trains_with_only_its_import_changed(hub_offline, tmp_path, monkeypatch, caplog):
     """Asynchronous: every batch exactly max_staleness=1 weight versions old after the first (step 1
-    samples with version 0, step s ≥ 2 with version s − 2); the vLLM server's URL said unused in one
-    line; TRL's batch names as in the synchronous script."""
+    samples with version 0, step s ≥ 2 with version s − 2); the script's vLLM server URL names a
+    `grpokit serve-policy` server (started here, where the script's vLLM server would be), which
+    samples every batch and is sent each version; TRL's batch names as in the synchronous script."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpokit.config.specs import EngineSpec
+    from grpokit.engine import PolicyEngine
+    from grpokit.serve.policy import PolicyServer
+    from tests.hub_cache import QWEN, snapshot
+
     (tmp_path / "my_rewards.py").write_text(REWARDS_MODULE)
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # the script's import goes at the end
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    exec(compile(GRPOKIT_ASYNC_SCRIPT, "trl_async_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    where = snapshot(hub_offline, QWEN)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(where), AutoTokenizer.from_pretrained(where)
+    engine = PolicyEngine.create(model, tokenizer, EngineSpec(), device=torch.device("cpu"))
+    with PolicyServer(engine, QWEN, log=lambda _: None) as server:
+        script = GRPOKIT_ASYNC_SCRIPT.replace("http://localhost:8000", server.url.rstrip("/"))
+        exec(compile(script, "trl_async_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+        assert server.version == 1 and server.decodes == 3  # the last batch's version; 3 batches
     out = tmp_path / "qwen2-chat-AsyncGRPO"
     config = (out / "config.yaml").read_text()
     assert "max_staleness: 1\n" in config and "prompts_per_step: 2\n" in config
@@ -331,7 +347,7 @@ def test_a_trl_async_script_trains_with_only_its_import_changed(hub_offline, tmp
     for row in steps:
         assert row["rewards/reward_len/mean"] == row["reward"] <= 0
     said = [r.getMessage() for r in caplog.records if "vllm_server_base_url" in r.getMessage()]
-    assert len(said) == 1 and "is not used: grpokit samples in its own rollout worker" in said[0]
+    assert len(said) == 1 and "is taken as rollout_server_urls=['http://127.0.0.1:" in said[0]
 
 
 def test_the_async_parameters_are_trls_in_trls_order(monkeypatch):

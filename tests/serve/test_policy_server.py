@@ -120,7 +120,12 @@ def test_text_prompts_and_several_prompts_come_prompt_by_prompt(client, engine):
     body = {"prompt": texts, "n": 2, "max_tokens": 4, "seed": 5, "return_token_ids": True}
     got = client.post("/v1/completions", json=body).json()
     expected, _ = in_process(engine, texts, num_generations=2, max_completion_length=4, seed=5)
-    assert [c["prompt_token_ids"] for c in got["choices"]] == [ids[0], ids[0], ids[1], ids[1]]  # index p·n + j
+    assert [c["prompt_token_ids"] for c in got["choices"]] == [
+        ids[0],
+        ids[0],
+        ids[1],
+        ids[1],
+    ]  # index p·n + j
     assert [c["token_ids"] for c in got["choices"]] == [e[0] for e in expected]
     assert got["choices"][0]["logprobs"] is None  # not asked
     assert got["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1])

@@ -207,6 +207,22 @@ def test_what_ranks_agree_on_through_collectives_is_refused_under_torchrun(optio
         check_rollout(data, 2, step)
 
 
+def test_the_tasks_own_tools_with_rollout_servers_are_refused_before_any_work():
+    """tool_addition's tools come from the task, not the config: refused once the data is resolved."""
+    from types import SimpleNamespace
+
+    from grpokit.config.plan import grpo_plan
+    from grpokit.train.rollout_worker import check_rollout
+
+    plan = grpo_plan(GRPOConfig(max_staleness=1, rollout_server_urls=["http://127.0.0.1:9"]))
+    data = SimpleNamespace(reward_funcs=[ones_reward], environment=object())  # (the task's tools)
+    with pytest.raises(ValueError, match=r"^rollout_server_urls with multi-turn episodes .* set tools=\[\]$"):
+        check_rollout(data, 1, plan.trainee.step, plan.rollout)
+    check_rollout(
+        SimpleNamespace(reward_funcs=[ones_reward], environment=None), 1, plan.trainee.step, plan.rollout
+    )
+
+
 def test_the_rollout_device_by_hand(monkeypatch):
     """Given, it is used; unset: the trainer's device on a CPU; on GPUs the first one no rank of the
     machine trains on (2 ranks on a 4-GPU machine: the workers on cuda:2 and cuda:3), else the trainer's
@@ -266,6 +282,19 @@ def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path, monkey
         ({"max_staleness": 1, "rollout_device": "gpu"}, "rollout_device"),
         ({"rollout_device": "cpu"}, "rollout_device is read only with max_staleness"),
         ({"rollout_workers": 2}, "rollout_workers is read only with max_staleness"),
+        ({"rollout_server_urls": ["http://a:1"]}, "rollout_server_urls is read only with max_staleness"),
+        ({"max_staleness": 1, "rollout_server_urls": ["ftp://a"]}, "'ftp://a' is not an http.s. URL"),
+        ({"max_staleness": 1, "rollout_server_urls": []}, "rollout_server_urls is empty"),
+        ({"max_staleness": 1, "rollout_server_urls": ["http://a:1"] * 2}, "names a server twice"),
+        (
+            {"max_staleness": 1, "rollout_server_urls": ["http://a:1"], "rollout_workers": 2},
+            "rollout_workers with rollout_server_urls is not supported: one worker updates",
+        ),
+        (
+            {"max_staleness": 1, "rollout_server_urls": ["http://a:1"], "tools": ["calc"]},
+            "tools with rollout_server_urls is not supported: multi-turn episodes run in process",
+        ),
+        ({"max_staleness": 1, "request_timeout": 0}, "request_timeout"),
         ({"max_staleness": 1, "rollout_workers": 0}, "rollout_workers"),
         (
             {"max_staleness": 1, "rollout_workers": 2, "curriculum": True},

@@ -312,6 +312,8 @@ class RolloutSpec:
     timeout: float  # weight_sync_timeout
     device: str | None = None  # rollout_device (None: `train.rollout_worker.rollout_device` chooses)
     workers: int = 1  # rollout_workers: step s is sampled by worker s mod workers
+    servers: tuple[str, ...] = ()  # rollout_server_urls (engine/remote.py); empty: in the worker
+    request_timeout: float = 600.0  # seconds a rollout server may take to answer
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,8 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
             cfg.weight_sync_timeout,
             cfg.rollout_device,
             cfg.rollout_workers,
+            tuple(cfg.rollout_server_urls or ()),
+            cfg.request_timeout,
         )
     )
     return GRPOPlan(

@@ -11,6 +11,7 @@ No torch import here: `grpokit print-config` and config errors are instant.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -929,6 +930,22 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         resume=APPLIED,
     )
 
+    rollout_server_urls: list[str] | None = option(
+        None,
+        description="with max_staleness: sample on these `grpokit serve-policy` servers (http://HOST:PORT), "
+        "each batch's prompts split over them, weights sent by path before each version's first batch "
+        "(engine/remote.py); one server: the in-process run's numbers; None: in the rollout worker",
+        resume=Resume.applied("where the next batches are sampled (one server: as in process)"),
+    )
+    request_timeout: float = option(
+        600.0,
+        gt=0.0,
+        le=SECONDS_MAX,
+        description="with rollout_server_urls: seconds a rollout server may take to answer one request "
+        "(a batch's share, a weight update) before the run stops naming it (TRL's AsyncGRPOConfig name)",
+        resume=APPLIED,
+    )
+
     # ---------------------------------------------------------------- optimisation
     learning_rate: LearningRate = option(
         1e-6, description="peak AdamW learning rate (TRL: 1e-6)", resume=FIXED_OPTIM
@@ -1075,6 +1092,29 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 "answer is no transcript; set lmbda=1 (every step on the student's own episodes)"
             )
 
+    def _check_servers(self) -> None:
+        """rollout_server_urls: URLs, and nothing a server does not sample."""
+        urls = self.rollout_server_urls or []
+        if not urls:
+            raise ValueError(
+                "rollout_server_urls is empty: give at least one http://HOST:PORT, or leave it unset"
+            )
+        for url in urls:
+            if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+                raise ValueError(
+                    f"rollout_server_urls: {url!r} is not an http(s) URL (http://HOST:PORT, where "
+                    "`grpokit serve-policy MODEL --port PORT` listens)"
+                )
+        if len(set(urls)) != len(urls):
+            raise ValueError("rollout_server_urls names a server twice: each server once")
+        refused = {
+            "tools": (bool(self.tools) or self.environment is not None, "multi-turn episodes run in process"),
+            "rollout_workers": (self.rollout_workers > 1, "one worker updates the servers' weights"),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(f"{name} with rollout_server_urls is not supported: {why}; drop one of them")
+
     def _check_async(self) -> None:
         """weight_sync_* are read only with max_staleness, and what the rollout worker does not take
         yet is refused in one line each."""
@@ -1084,6 +1124,8 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 ("weight_sync_timeout", 600.0),
                 ("rollout_workers", 1),
                 ("rollout_device", None),
+                ("rollout_server_urls", None),
+                ("request_timeout", 600.0),
             ):
                 if getattr(self, name) != default:
                     raise ValueError(f"{name} is read only with max_staleness (asynchronous GRPO): set both")
@@ -1101,6 +1143,8 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                     f"{name} with max_staleness is not supported yet: {why}; drop max_staleness (the "
                     "synchronous loop takes it)"
                 )
+        if self.rollout_server_urls is not None:
+            self._check_servers()
         for name in ("dynamic_sampling", "curriculum"):
             if self.rollout_workers > 1 and getattr(self, name):
                 raise ValueError(

@@ -223,9 +223,7 @@ _NO_SERVER = (
     "not on a vLLM server"
 )
 ASYNC_NOT_USED = {
-    "vllm_server_base_url": _NO_SERVER,
-    "vllm_server_timeout": _NO_SERVER,
-    "request_timeout": _NO_SERVER + "; weight_sync_timeout bounds every wait for the worker",
+    "vllm_server_timeout": "request_timeout bounds every request to a rollout server",
     "heartbeat_stale_after_s": "weight_sync_timeout bounds every wait for the worker",
     "queue_maxsize": "the queue holds max_staleness + 1 batches: each batch is sampled exactly "
     "max_staleness versions back, so no more can be waiting",
@@ -241,6 +239,14 @@ def drop_async_names(data: Any) -> Any:
     if not isinstance(data, Mapping):
         return data
     out = dict(data)
+    if "vllm_server_base_url" in out and "rollout_server_urls" not in out:
+        url = out.pop("vllm_server_base_url")
+        _say(
+            f"TRL's AsyncGRPOConfig option vllm_server_base_url={shown(url)} is taken as rollout_server_urls="
+            f"[{shown(url)}]: a `grpokit serve-policy` server there samples (vLLM's own weight transfer is "
+            "not spoken)"
+        )
+        out["rollout_server_urls"] = [url]
     for name, why in ASYNC_NOT_USED.items():
         if name in out:
             _say(f"TRL's AsyncGRPOConfig option {name}={shown(out.pop(name))} is not used: {why}")

@@ -5,7 +5,8 @@ the RL systems built on it speak:
     GET  /health                  {"status": "ok"}
     GET  /v1/models               {"object": "list", "data": [{"id": MODEL, "object": "model", ...}]}
     POST /v1/completions          OpenAI's completions: prompt as text or token ids (one, or a list), n,
-                                  max_tokens, temperature, top_p, top_k, min_p, seed, stop, logprobs
+                                  max_tokens, temperature, top_p, top_k, min_p, repetition_penalty
+                                  (vLLM's), seed, stop, logprobs
                                   (0: each sampled token's log-prob), return_token_ids (vLLM's)
     POST /v1/chat/completions     the same for chat models: messages through the chat template, as
                                   training applies it (add_generation_prompt); logprobs true/false
@@ -18,10 +19,10 @@ prompt, n each (index p·n + j, as vLLM orders them); `finish_reason` is "stop" 
 string, which the text keeps) or "length".
 
 Requests are batched across clients: the generation thread takes every queued request that samples
-alike (the same n, max_tokens, temperature, top_p, top_k, min_p and stop) into one decode, so a
-request of n = G is one group among others. A request with a seed is decoded alone, so that its
-tokens are those the in-process engine draws with that seed, whoever else is asking. Weight updates
-are applied between decodes, in the order they arrive.
+alike (the same n, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty and stop) into
+one decode, so a request of n = G is one group among others. A request with a seed is decoded alone,
+so that its tokens are those the in-process engine draws with that seed, whoever else is asking.
+Weight updates are applied between decodes, in the order they arrive.
 
 Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with a 4xx for what the
 client sent (an unknown model is 404) and one line in the log; the HTTP bounds (body size, slow and
@@ -70,6 +71,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int | None = None
     min_p: float | None = None
+    repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
 
@@ -81,6 +83,7 @@ class Sampling:
             top_p=self.top_p,
             top_k=self.top_k,
             min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
             stop_strings=self.stop,
             seed=self.seed,
         )
@@ -88,7 +91,10 @@ class Sampling:
     @property
     def key(self) -> tuple:
         """Requests with the same key (and no seed) share a decode."""
-        return (self.n, self.max_tokens, self.temperature, self.top_p, self.top_k, self.min_p, self.stop)
+        return (
+            self.n, self.max_tokens, self.temperature, self.top_p, self.top_k, self.min_p,
+            self.repetition_penalty, self.stop,
+        )  # fmt: skip
 
 
 @dataclass
@@ -151,6 +157,7 @@ def read_sampling(body: dict, max_model_tokens: int) -> Sampling:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
         top_k=None if top_k in (None, -1, 0) else top_k,
         min_p=None if min_p == 0.0 else min_p,
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 100.0, open_low=True),
         stop=tuple(stop),
         seed=_integer(body, "seed", None, 0, 2**63 - 1),
     )
@@ -260,6 +267,7 @@ class PolicyServer(JsonServer):
             "created": self.created,
             "owned_by": "grpokit",
             "max_model_len": self.max_model_tokens,
+            "vocab_size": self.vocab_size,  # (grpokit's: a trainer checks it is its tokenizer's)
         }
         return self.reply(request, 200, {"object": "list", "data": [model]})
 

@@ -117,6 +117,8 @@ class WorkerSetup:
     worker: int = 0  # this worker's index: it samples the steps s with s mod workers = worker
     workers: int = 1  # rollout_workers
     oldest: int = 0  # no batch is sampled with a version before this one (a run resumed past its end)
+    servers: tuple[str, ...] = ()  # rollout_server_urls: sampled there (engine/remote.py), not here
+    request_timeout: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,12 @@ def _set_up(path: str) -> tuple[WorkerSetup, Any]:
     load_files(files)  # (a reward file that raises here is said as any other failure)
     setup: WorkerSetup = _unpack(packed)
     torch.set_num_threads(setup.num_threads)
+    if setup.servers:  # sampled on the rollout servers: no policy here
+        from ..engine.remote import RemotePolicy
+        from ..net.server import API_KEY_ENV
+
+        key = os.environ.get(API_KEY_ENV) or None
+        return setup, RemotePolicy(setup.servers, setup.tokenizer, setup.request_timeout, key)
     device = torch.device(setup.device)
     engine = PolicyEngine.create(
         setup.model.to(device), setup.tokenizer, setup.engine, device=device, environment=setup.environment
@@ -311,7 +319,10 @@ def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) 
         began = time.perf_counter()
         if loaded != version:
             path = str(weights_path(setup.weights_dir, version))
-            load_model(engine.train_module, path, device=str(device))
+            if setup.servers:  # every server loads the file the trainer wrote
+                engine.update_weights(path, version)
+            else:
+                load_model(engine.train_module, path, device=str(device))
             loaded = version
         waits = (waited, time.perf_counter() - began)
         if scorer is None:
@@ -707,6 +718,11 @@ def check_rollout(data: Any, world_size: int, step: Any, spec: Any = None) -> No
                 "collectives, which the rollout workers (one per process) do not take part in; drop one "
                 "of them, or run on one process"
             )
+    if spec is not None and spec.servers and data.environment is not None:  # (the task's tools)
+        raise ValueError(
+            "rollout_server_urls with multi-turn episodes (the task's tools, or an environment) is not "
+            "supported: they run in process; drop rollout_server_urls, or set tools=[]"
+        )
     refuse_unpicklable("reward function", [(_name(f), f) for f in data.reward_funcs])
     if data.environment is not None:
         refuse_unpicklable("environment", [(type(data.environment).__name__, data.environment)])
@@ -756,6 +772,8 @@ def worker_setup(
         parent_pid=os.getpid(),
         rank=rank,
         world_size=world,
+        servers=spec.servers,
+        request_timeout=spec.request_timeout,
     )
 
 

@@ -1,0 +1,113 @@
+"""Asynchronous GRPO sampling on `grpokit serve-policy` servers (rollout_server_urls, engine/remote.py):
+the same numbers as the in-process worker with one server, every server sent every version, and a
+server that stops answering ends the run in one line."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.config.plan import eval_plan
+from grpokit.net.server import ServeLimits
+from grpokit.serve.policy import PolicyServer
+from grpokit.train.eval_run import policy_engine
+from grpokit.train.grpo import train_grpo
+from grpokit.train.rollout_worker import RolloutError
+from tests.helpers import read_steps
+from tests.train.helpers import ones_reward, tiny_config, weights
+from tests.train.test_async import _without_clocks
+
+pytestmark = [pytest.mark.loopback, pytest.mark.slow]  # servers on 127.0.0.1; worker processes
+
+
+@pytest.fixture
+def one_thread():
+    """The servers decode in this process: on one thread, as the worker does with num_threads=1 (a
+    matrix product split over another number of threads rounds differently)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _server(cfg, **limits) -> PolicyServer:
+    """A server of the run's model (the architecture its weights load into: the trainer's own)."""
+    engine, _ = policy_engine(eval_plan(cfg))
+    return PolicyServer(engine, "tiny", limits=ServeLimits(**limits), log=lambda _: None)
+
+
+def test_one_server_samples_what_the_worker_samples_bitwise(tmp_path, one_thread):
+    """max_staleness=1 on one server: the in-process async run's metrics (clocks aside) and weights, bit
+    for bit; the server was sent each version a batch needs (the last: 6 − 2 = 4) and decoded each
+    batch once."""
+    local = tiny_config(tmp_path / "local", max_steps=6, save_steps=6, max_staleness=1, num_threads=1)
+    train_grpo(local, reward_funcs=[ones_reward])
+    with _server(local) as server:
+        remote = local.model_copy(
+            update={"output_dir": str(tmp_path / "remote" / "run"), "rollout_server_urls": [server.url]}
+        )
+        train_grpo(remote, reward_funcs=[ones_reward])
+        assert server.version == 4 and server.decodes == 6
+    a, b = read_steps(local.output_dir), read_steps(remote.output_dir)
+    assert [r["async/weight_version"] for r in b] == [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
+    assert _without_clocks(a) == _without_clocks(b)
+    wa, wb = weights(Path(local.output_dir)), weights(Path(remote.output_dir))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_two_servers_share_each_batch_and_both_get_every_version(tmp_path, one_thread):
+    """Each batch's 4 prompts split 2 and 2 (one request each, n = G), both servers updated to every
+    version; the staleness exact as with one."""
+    cfg = tiny_config(tmp_path, max_steps=4, max_staleness=1, num_threads=1)
+    with _server(cfg) as first, _server(cfg) as second:
+        cfg = cfg.model_copy(update={"rollout_server_urls": [first.url, second.url]})
+        train_grpo(cfg, reward_funcs=[ones_reward])
+        assert (first.version, second.version) == (2, 2) and (first.decodes, second.decodes) == (4, 4)
+    rows = read_steps(cfg.output_dir)
+    assert [r["async/weight_version"] for r in rows] == [0.0, 0.0, 1.0, 2.0]
+    assert all(r["num_generation_batches"] == 1 for r in rows)
+
+
+@pytest.mark.parametrize("how", ["stops answering", "is stopped"])
+def test_a_server_that_stops_answering_or_is_stopped_ends_the_run_in_one_line(tmp_path, one_thread, how):
+    """After its second batch the server hangs in its decode (request_timeout=3 s bounds the wait), or
+    is stopped (its port refuses): the run ends with one line naming the server and the last checkpoint,
+    within request_timeout and a few seconds."""
+    cfg = tiny_config(
+        tmp_path, max_steps=8, save_steps=2, max_staleness=1, num_threads=1, request_timeout=3.0
+    )
+    server = _server(cfg).start()
+    generate, calls, release = server.engine.generate, [], threading.Event()
+
+    def stalls(*args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            if how == "stops answering":
+                release.wait(60)
+            else:
+                threading.Thread(target=server.close, daemon=True).start()
+                time.sleep(0.5)
+        return generate(*args, **kwargs)
+
+    server.engine.generate = stalls
+    url = server.url.rstrip("/")
+    cfg = cfg.model_copy(update={"rollout_server_urls": [url]})
+    try:
+        with pytest.raises(RolloutError) as raised:
+            train_grpo(cfg, reward_funcs=[ones_reward])
+        ended = time.monotonic()
+    finally:
+        release.set()
+        server.close()
+    said = str(raised.value)
+    assert "\n" not in said and f"rollout server {url} " in said
+    if how == "stops answering":
+        assert "did not answer POST /v1/completions within request_timeout=3 s" in said
+    else:
+        assert "cannot be reached" in said or "did not answer" in said
+    assert "the last checkpoint is" in said or "no checkpoint yet" in said
+    assert ended - calls[2] < 3.0 + 5
