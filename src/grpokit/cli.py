@@ -157,7 +157,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .config.plan import eval_plan
     from .train.eval_run import evaluate_policy
 
-    print(json.dumps(evaluate_policy(eval_plan(_train_config(args.items))), indent=2))
+    plan = eval_plan(_train_config(args.items))
+    print(json.dumps(evaluate_policy(plan, server=args.server), indent=2))
     return 0
 
 
@@ -344,6 +345,12 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
             "items", nargs="*", metavar="[CONFIG.yaml] key=value", help="config file and overrides"
         )
         cmd.set_defaults(handler=handler)
+        if name == "eval":
+            cmd.add_argument(
+                "--server",
+                help="sample on this `grpokit serve-policy` server (http://HOST:PORT) instead of loading "
+                "the model: its tokenizer is checked against MODEL's",
+            )
     doctor = sub.add_parser(
         "doctor",
         help="pre-flight a train config: data, rewards, a few sampled groups, memory and time (no training)",

@@ -17,7 +17,7 @@ from grpokit.serve.policy import PolicyServer
 from grpokit.train.eval_run import policy_engine
 from grpokit.train.grpo import train_grpo
 from grpokit.train.rollout_worker import RolloutError
-from tests.helpers import read_steps
+from tests.helpers import TINY_RUN_VALUES, read_steps
 from tests.train.helpers import ones_reward, tiny_config, weights
 from tests.train.test_async import _without_clocks
 
@@ -111,3 +111,55 @@ def test_a_server_that_stops_answering_or_is_stopped_ends_the_run_in_one_line(tm
         assert "cannot be reached" in said or "did not answer" in said
     assert "the last checkpoint is" in said or "no checkpoint yet" in said
     assert ended - calls[2] < 3.0 + 5
+
+
+def test_eval_on_a_server_is_eval_in_process(tmp_path, one_thread, capsys):
+    """`grpokit eval --server URL`: the held-out metrics (greedy accuracy, reward, pass@k) the in-process
+    eval gives, sampled on a server of the same weights."""
+    import json
+
+    import yaml
+
+    from grpokit.cli import main
+    from grpokit.train.eval_run import evaluate_policy
+
+    cfg = tiny_config(tmp_path, pass_at_k=2)
+    local = evaluate_policy(eval_plan(cfg))
+    assert set(local) >= {"accuracy", "reward"}
+    with _server(tiny_config(tmp_path)) as server:
+        assert evaluate_policy(eval_plan(cfg), server=server.url) == local
+        config = tmp_path / "eval.yaml"  # tiny_config's values, as a file (no preset under them)
+        config.write_text(
+            yaml.safe_dump(dict(task="addition", model="tiny", seed=3, pass_at_k=2) | TINY_RUN_VALUES)
+        )
+        assert main(["eval", str(config), "--server", server.url]) == 0
+    assert json.loads(capsys.readouterr().out) == local  # the command line: the same figures
+
+
+def test_the_doctor_checks_each_server_and_a_server_with_another_tokenizer_is_refused(tmp_path, one_thread):
+    import socket
+
+    from grpokit.engine.remote import RemotePolicy, RolloutServerError
+    from grpokit.train.doctor import checkup
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    cfg = tiny_config(tmp_path, max_staleness=1, sft_steps=0)
+    with _server(cfg) as server:
+        good = server.url.rstrip("/")
+        report = checkup(cfg.model_copy(update={"rollout_server_urls": [good, dead]}), groups=2)
+        found = {f.item: f for f in report.findings if f.section == "servers"}
+        assert found[good].level == "ok" and found[good].value.startswith(
+            "'tiny' with the trainer's tokenizer"
+        )
+        assert "weight version 0; round trip" in found[good].value
+        assert (
+            found[dead].level == "fatal" and f"rollout server {dead} cannot be reached" in found[dead].advice
+        )
+        server.fingerprint = "0" * 16  # as a server of another model would say
+        tokenizer = policy_engine(eval_plan(cfg))[0].tokenizer
+        with pytest.raises(
+            RolloutServerError, match=r"serves 'tiny' with another tokenizer .* serve the trainer's"
+        ):
+            RemotePolicy((good,), tokenizer, 10.0)

@@ -21,6 +21,8 @@ its groups do not go to the others, which would change what the run samples.
 from __future__ import annotations
 
 import concurrent.futures
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,6 +43,15 @@ def share_seed(seed: int | None, share: int) -> int | None:
     return (seed * 1_000_003 + 7_777_777 * share) % 2**63
 
 
+@dataclass(frozen=True)
+class ServerProbe:
+    """What a rollout server says of itself (`RemotePolicy.probe`)."""
+
+    model: str  # the served model's name
+    version: int  # its weight version
+    round_trip_s: float  # GET /v1/models, answered
+
+
 class RemotePolicy:
     """The rollout worker's engine on rollout servers: `generate` as PolicyEngine.generate (one turn),
     `update_weights` on every server."""
@@ -57,7 +68,11 @@ class RemotePolicy:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(timeout=timeout, headers=headers)
         self.pad_token_id = tokenizer.pad_token_id
-        self.models = [self._model(url) for url in self.urls]
+        try:
+            self.models = [self.probe(url).model for url in self.urls]
+        except BaseException:
+            self.client.close()
+            raise
 
     def _call(self, url: str, method: str, path: str, body: Any = None) -> Any:
         """The JSON answer of `url`+`path`; RolloutServerError (one line) for anything else."""
@@ -85,17 +100,25 @@ class RemotePolicy:
             )
         return answer.json()
 
-    def _model(self, url: str) -> str:
-        """The served model's name, after checking the server samples with this tokenizer's vocabulary."""
+    def probe(self, url: str) -> ServerProbe:
+        """`url`'s model, weight version and round-trip time, after checking it samples with this
+        tokenizer (its vocabulary size, and the fingerprint of its token ids where the server gives one):
+        RolloutServerError (one line) when it does not."""
+        from ..models import tokenizer_fingerprint
+
+        began = time.perf_counter()
         data = self._call(url, "GET", "/v1/models")["data"][0]
-        vocab = data.get("vocab_size")
-        if vocab is not None and vocab != len(self.tokenizer):
+        round_trip = time.perf_counter() - began
+        ours = (len(self.tokenizer), tokenizer_fingerprint(self.tokenizer))
+        theirs = (data.get("vocab_size", ours[0]), data.get("tokenizer_fingerprint", ours[1]))
+        if theirs != ours:
             raise RolloutServerError(
-                f"rollout server {url} serves {data['id']!r} with a vocabulary of {vocab} tokens, and the "
-                "trainer's "
-                f"tokenizer has {len(self.tokenizer)}: serve the trainer's model (grpokit serve-policy MODEL)"
+                f"rollout server {url} serves {data['id']!r} with another tokenizer (vocabulary {theirs[0]}, "
+                f"fingerprint {theirs[1]}; the trainer's: {ours[0]}, {ours[1]}): serve the trainer's model "
+                "(grpokit serve-policy MODEL)"
             )
-        return str(data["id"])
+        version = int(self._call(url, "GET", "/weight_version")["version"])
+        return ServerProbe(str(data["id"]), version, round_trip)
 
     def update_weights(self, path: str, version: int) -> None:
         """Every server loads the weights at `path` (version `version`) before it samples again."""

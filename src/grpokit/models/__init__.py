@@ -33,6 +33,7 @@ from .hf import (
     load_tokenizer,
     quiet_saving,
     save_policy,
+    tokenizer_fingerprint,
 )
 from .lean_llama import KVCache, LeanLlamaDecoder, lean_decoder
 from .lora import (
@@ -83,6 +84,7 @@ __all__ = [
     "apply_lora",
     "base_state_dict",
     "char_vocabulary",
+    "tokenizer_fingerprint",
     "embedding_refusal",
     "check_lora_targets",
     "linear_module_names",

@@ -59,6 +59,17 @@ def char_tokenizer(alphabet: str, *, model_max_length: int = 2048) -> Any:
     )
 
 
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of what a tokenizer maps (its vocabulary, each token's id, and its special tokens):
+    two processes that must agree on token ids (a trainer and its rollout server) compare it."""
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    special = sorted(getattr(tokenizer, "all_special_tokens", []))
+    return hashlib.sha256(json.dumps([vocab, special], ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def char_vocabulary(tokenizer: Any) -> set[str] | None:
     """The characters a character-level tokenizer knows (every ordinary token is one character, and
     anything else becomes <unk>), or None for any other kind of tokenizer."""

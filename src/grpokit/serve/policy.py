@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.specs import SamplingParams
+from ..models import tokenizer_fingerprint
 from ..net.server import JsonServer, ServeLimits, stderr_line
 
 MAX_N = 256  # completions per prompt a request may ask for
@@ -216,6 +217,7 @@ class PolicyServer(JsonServer):
         self.max_batch_rows = (limits or ServeLimits()).max_batch_rows
         self.tokenizer = engine.tokenizer
         self.vocab_size = len(self.tokenizer)
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         config = getattr(engine.module, "config", None)
         self.max_model_tokens = int(getattr(config, "max_position_embeddings", None) or 2**20)
         self.version, self.created = 0, int(time.time())
@@ -267,7 +269,9 @@ class PolicyServer(JsonServer):
             "created": self.created,
             "owned_by": "grpokit",
             "max_model_len": self.max_model_tokens,
-            "vocab_size": self.vocab_size,  # (grpokit's: a trainer checks it is its tokenizer's)
+            # (grpokit's: a trainer checks they are its tokenizer's)
+            "vocab_size": self.vocab_size,
+            "tokenizer_fingerprint": self.fingerprint,
         }
         return self.reply(request, 200, {"object": "list", "data": [model]})
 

@@ -160,6 +160,8 @@ def checkup(
         return report
     _data_section(report, plan, data, tokenizer)
     _rewards_section(report, plan, data)
+    if plan.rollout is not None and plan.rollout.servers:
+        _servers_section(report, plan.rollout.servers, plan.rollout.request_timeout, tokenizer)
     check_context(plan.data.prompt_column, model, tokenizer, data)
     d = distributed.init(plan.trainee.placement.device)
     refusal = step_memory_refusal(  # sizes far beyond the device: sampling them would fail on allocation
@@ -278,6 +280,30 @@ def _data_section(report: Checkup, plan: GRPOPlan, data: Any, tokenizer: Any) ->
 
 
 # ----------------------------------------------------------------------------- 3. rewards
+
+
+def _servers_section(report: Checkup, urls: tuple[str, ...], timeout: float, tokenizer: Any) -> None:
+    """rollout_server_urls: each server reachable and sampling with the trainer's tokenizer (else
+    fatal, the one line a run would stop with), its weight version and round-trip time."""
+    from ..engine.remote import RemotePolicy, RolloutServerError
+    from ..net.server import API_KEY_ENV
+
+    client = RemotePolicy((), tokenizer, min(timeout, 30.0), os.environ.get(API_KEY_ENV) or None)
+    try:
+        for url in urls:
+            try:
+                probe = client.probe(url.rstrip("/"))
+            except RolloutServerError as error:
+                report.add("servers", url, "cannot sample this run", "fatal", str(error))
+                continue
+            report.add(
+                "servers",
+                url,
+                f"{probe.model!r} with the trainer's tokenizer; weight version {probe.version}; round trip "
+                f"{1000 * probe.round_trip_s:.0f} ms",
+            )
+    finally:
+        client.close()
 
 
 def _rewards_section(report: Checkup, plan: GRPOPlan, data: Any) -> None:

@@ -7,16 +7,37 @@ from ..config.plan import GRPOPlan
 from ..engine import PolicyEngine
 from ..models import enable_fast_matmul, place, resolve_device
 from .grpo_setup import RunData, held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
-from .run import check_known_characters, policy_and_tokenizer
+from .run import check_known_characters, policy_and_tokenizer, policy_tokenizer
 
 
-def evaluate_policy(plan: GRPOPlan) -> dict[str, float]:
+def evaluate_policy(plan: GRPOPlan, server: str | None = None) -> dict[str, float]:
     """Greedy accuracy (exact answer: the task's, or an `answer` column's), mean reward of the plan's
     reward functions (else the task's, else correctness) and pass@k, on the task's held-out prompts or
     on eval_dataset (else dataset's dataset_test_split, if it has one, else dataset). `plan`:
-    `config.plan.eval_plan`'s (evaluation trains nothing, so its rows need no answers)."""
-    engine, data = policy_engine(plan)
-    return held_out_metrics(engine, data, plan.evaluation)
+    `config.plan.eval_plan`'s (evaluation trains nothing, so its rows need no answers). `server`: a
+    `grpokit serve-policy` URL that samples instead (the model is not loaded: its tokenizer is, and
+    checked against the server's)."""
+    if server is None:
+        engine, data = policy_engine(plan)
+        return held_out_metrics(engine, data, plan.evaluation)
+    import os
+
+    from ..engine.remote import RemotePolicy
+    from ..net.server import API_KEY_ENV
+
+    data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False, evaluate_only=True)
+    if data.environment is not None:
+        raise ValueError(
+            "eval --server with multi-turn episodes (tools, an environment) is not supported: they run in "
+            "process; evaluate without --server"
+        )
+    tokenizer = policy_tokenizer(plan.model, data.alphabet)
+    timeout = plan.rollout.request_timeout if plan.rollout is not None else 600.0
+    remote = RemotePolicy((server,), tokenizer, timeout, os.environ.get(API_KEY_ENV) or None)
+    try:
+        return held_out_metrics(remote, data, plan.evaluation)
+    finally:
+        remote.close()
 
 
 def policy_engine(plan: GRPOPlan) -> tuple[PolicyEngine, RunData]:

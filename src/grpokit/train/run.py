@@ -53,6 +53,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def policy_tokenizer(spec: ModelSpec, alphabet: str | None) -> Any:
+    """The tokenizer `policy_and_tokenizer` would give, without the model (a hub id's or a directory's,
+    or the tiny model's over the task's alphabet)."""
+    if spec.name != "tiny":
+        from ..models import load_tokenizer
+
+        return load_tokenizer(spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    if alphabet is None:
+        raise ValueError(
+            "model='tiny' needs a built-in task or a dataset (their characters make the tokenizer)"
+        )
+    return char_tokenizer(alphabet)
+
+
 def policy_and_tokenizer(spec: ModelSpec, alphabet: str | None, max_seq_len: int) -> tuple[Any, Any]:
     """Load the model (a hub id or a local directory), or build the tiny Llama over the task's alphabet;
     its weights in the master dtype (float32, or the compute dtype with master_weights=dtype)."""
