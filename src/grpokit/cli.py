@@ -261,7 +261,7 @@ def _cmd_eval_reward(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    page = write_report(args.run_dir)
+    page = write_report(args.run_dir, server=args.server, samples=args.samples)
     print(f"report written: {page}")
     return 0
 
@@ -410,6 +410,12 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     policy.set_defaults(handler=_cmd_serve_policy)
     report = sub.add_parser("report", help="plots and an HTML page of a run directory")
     report.add_argument("run_dir")
+    report.add_argument(
+        "--server",
+        help="also show greedy completions of held-out prompts sampled on this `grpokit serve-policy` "
+        "server (http://HOST:PORT)",
+    )
+    report.add_argument("--samples", type=int, default=8, help="with --server: how many prompts (default 8)")
     report.set_defaults(handler=_cmd_report)
     demo = sub.add_parser("demo", help="run GRPO on a toy task in seconds (exercises grpokit.ops)")
     demo.add_argument("--steps", type=int, default=60)

@@ -163,10 +163,12 @@ def _draw_curves(out: Path, rows: list[dict], sft_rows: list[dict], alerts: list
     return figures
 
 
-def write_report(run_dir: str | Path) -> Path:
+def write_report(run_dir: str | Path, server: str | None = None, samples: int = 8) -> Path:
     """Write RUN_DIR/report/{<metric>.png, index.html}; returns the HTML path. Every file of the run
     is read through its schema (train/run_files.py): a damaged one is a RunFileError naming it, its
-    line and the field; everything from the run's files is escaped on the page."""
+    line and the field; everything from the run's files is escaped on the page. `server`: a `grpokit
+    serve-policy` URL: the page also shows the greedy completions of `samples` held-out prompts of the
+    run's config sampled there, with their rewards (the policy as the server holds it now)."""
     run = Path(run_dir)
     rows = read_metrics(run)
     alerts = read_alerts(run)
@@ -197,6 +199,7 @@ def write_report(run_dir: str | Path) -> Path:
         + _alerts_table(alerts)
         + "<h2>Curves</h2>"
         + _images(figures)
+        + (_server_samples(run, server, samples) if server is not None else "")
         + f"<h2>Config</h2><pre>{_escape(config)}</pre>",
         encoding="utf-8",
     )
@@ -207,6 +210,30 @@ def write_report(run_dir: str | Path) -> Path:
 # ----------------------------------------------------------------------------- reward-model diagnostics
 
 DIAGNOSTICS_HEADING = "Reward model diagnostics"
+
+
+def _server_samples(run: Path, server: str, count: int) -> str:
+    """The "Sample completions" section: `count` held-out prompts of the run's config.yaml, greedy on
+    `server`, each with its reward."""
+    from .config import GRPOConfig, load_config
+    from .config.plan import eval_plan
+    from .train.eval_run import server_samples
+
+    config = run / "config.yaml"
+    if not config.is_file():
+        raise ValueError(
+            f"{config} does not exist: --server samples the held-out prompts of the run's config"
+        )
+    found = server_samples(eval_plan(load_config(GRPOConfig, config, [])), server, count)
+    rows = "".join(
+        f"<tr><td><pre>{_escape(p)}</pre></td><td><pre>{_escape(c)}</pre></td><td>{r:.4g}</td></tr>"
+        for p, c, r in zip(found.prompts, found.completions, found.rewards, strict=True)
+    )
+    return (
+        f"<h2>Sample completions</h2><p>greedy, from {_escape(found.url)} ({_escape(found.model)}, weight "
+        f"version {found.version})</p><table><tr><th>prompt</th><th>completion</th><th>reward</th></tr>"
+        f"{rows}</table>"
+    )
 
 
 def write_reward_diagnostics(run: Path, out: Path, page: Path) -> list[str]:

@@ -284,6 +284,7 @@ def test_with_an_api_key_every_route_needs_it(engine):
         assert good.json() == {"status": "ok"}
 
 
+@pytest.mark.slow  # a process importing torch and transformers
 def test_the_cli_serves_a_hub_model_and_warns_off_loopback(hub_offline, tmp_path):
     """`grpokit serve-policy MODEL --port 0`: one line saying where, and answers there; SIGTERM stops it."""
     import os

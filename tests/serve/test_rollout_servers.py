@@ -163,3 +163,29 @@ def test_the_doctor_checks_each_server_and_a_server_with_another_tokenizer_is_re
             RolloutServerError, match=r"serves 'tiny' with another tokenizer .* serve the trainer's"
         ):
             RemotePolicy((good,), tokenizer, 10.0)
+
+
+def test_the_report_shows_completions_sampled_on_a_server(tmp_path, one_thread):
+    """`grpokit report RUN --server URL --samples 3`: a "Sample completions" section with the first 3
+    held-out prompts of the run's config, their greedy completions on the server (the ones the server's
+    engine gives them) and rewards, and where and with which weight version they were sampled."""
+    import html
+    import re
+
+    from grpokit.cli import main
+    from grpokit.config.specs import SamplingParams
+
+    cfg = tiny_config(tmp_path, max_steps=1)
+    train_grpo(cfg, reward_funcs=[ones_reward])
+    with _server(cfg) as server:
+        assert main(["report", cfg.output_dir, "--server", server.url, "--samples", "3"]) == 0
+        page = (Path(cfg.output_dir) / "report" / "index.html").read_text()
+        section = page[page.index("<h2>Sample completions</h2>") : page.index("<h2>Config</h2>")]
+        assert f"from {server.url.rstrip('/')} (tiny, weight version 0)" in section
+        cells = [html.unescape(c) for c in re.findall(r"<td><pre>(.*?)</pre></td>", section, re.S)]
+        prompts, completions = cells[0::2], cells[1::2]
+        assert len(prompts) == 3 and len(re.findall(r"</pre></td><td>[-\d.e+]+</td></tr>", section)) == 3
+        greedy = SamplingParams(
+            num_generations=1, max_completion_length=cfg.max_completion_length, temperature=0
+        )
+        assert server.engine.generate(prompts, greedy).completions == completions

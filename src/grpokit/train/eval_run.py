@@ -3,9 +3,13 @@ training run resolves them (train/grpo_setup.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from ..config.plan import GRPOPlan
 from ..engine import PolicyEngine
 from ..models import enable_fast_matmul, place, resolve_device
+from .evaluation import EvalTask, greedy_completions
 from .grpo_setup import RunData, held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
 from .run import check_known_characters, policy_and_tokenizer, policy_tokenizer
 
@@ -20,6 +24,49 @@ def evaluate_policy(plan: GRPOPlan, server: str | None = None) -> dict[str, floa
     if server is None:
         engine, data = policy_engine(plan)
         return held_out_metrics(engine, data, plan.evaluation)
+    remote, data = _on_server(plan, server)
+    try:
+        return held_out_metrics(remote, data, plan.evaluation)
+    finally:
+        remote.close()
+
+
+@dataclass(frozen=True)
+class ServerSamples:
+    """Greedy completions of the first held-out prompts, sampled on a server (the report shows them)."""
+
+    url: str
+    model: str
+    version: int  # the server's weight version when they were sampled
+    prompts: list[str]  # as the policy read them
+    completions: list[str]
+    rewards: list[float]  # the run's reward functions combined (NaN: unscorable)
+
+
+def server_samples(plan: GRPOPlan, server: str, count: int) -> ServerSamples:
+    """`count` held-out prompts' greedy completions from `server`, scored as evaluation scores them."""
+    remote, data = _on_server(plan, server)
+    try:
+        probe = remote.probe(remote.urls[0])
+        task = EvalTask(
+            data.eval_rows[:count],
+            reward_funcs=data.reward_funcs,
+            reward_weights=data.reward_weights,
+            is_correct=data.is_correct,
+            max_prompt_length=data.max_prompt_length,
+            max_completion_length=data.max_completion_length,
+        )
+        greedy = greedy_completions(remote, task, plan.evaluation)
+    finally:
+        remote.close()
+    rewards = greedy.scores.rewards.tolist()
+    return ServerSamples(
+        remote.urls[0], probe.model, probe.version, greedy.prompts, greedy.sampled.texts, rewards
+    )
+
+
+def _on_server(plan: GRPOPlan, server: str) -> tuple[Any, RunData]:
+    """A RemotePolicy on `server` with the plan's tokenizer (checked against the server's), and the data."""
     import os
 
     from ..engine.remote import RemotePolicy
@@ -28,16 +75,12 @@ def evaluate_policy(plan: GRPOPlan, server: str | None = None) -> dict[str, floa
     data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False, evaluate_only=True)
     if data.environment is not None:
         raise ValueError(
-            "eval --server with multi-turn episodes (tools, an environment) is not supported: they run in "
-            "process; evaluate without --server"
+            "sampling on a server (--server) with multi-turn episodes (tools, an environment) is not "
+            "supported: they run in process; leave out --server"
         )
     tokenizer = policy_tokenizer(plan.model, data.alphabet)
     timeout = plan.rollout.request_timeout if plan.rollout is not None else 600.0
-    remote = RemotePolicy((server,), tokenizer, timeout, os.environ.get(API_KEY_ENV) or None)
-    try:
-        return held_out_metrics(remote, data, plan.evaluation)
-    finally:
-        remote.close()
+    return RemotePolicy((server,), tokenizer, timeout, os.environ.get(API_KEY_ENV) or None), data
 
 
 def policy_engine(plan: GRPOPlan) -> tuple[PolicyEngine, RunData]:

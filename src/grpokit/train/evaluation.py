@@ -44,33 +44,12 @@ def evaluate(
     `score_completions`' CallRules (the training step's rules for reward functions)."""
     settings = settings or Evaluation()  # defaults: greedy only, all rows in one call
     rows, is_correct = task.rows, task.is_correct
-    environment = engine.environment
-    episodic = environment is not None
-    tools = environment.tool_schemas if episodic else None
-    kwargs = settings.chat_template_kwargs
-    prompts = [render_prompt(r[settings.prompt_column], engine.tokenizer, tools, kwargs) for r in rows]
+    greedy = greedy_completions(engine, task, settings, should_stop)
+    prompts, sampled, scores = greedy.prompts, greedy.sampled, greedy.scores
+    completions, completion_ids = sampled.texts, sampled.ids
+    episodic = engine.environment is not None
     max_prompt_length, max_completion_length = task.max_prompt_length, task.max_completion_length
     batch_size, pass_at_k = settings.batch_size, settings.pass_at_k
-    greedy = SamplingParams(
-        num_generations=1,
-        max_completion_length=max_completion_length,
-        temperature=0.0,
-        max_prompt_length=max_prompt_length,
-    )
-    sampled = _sample_in_chunks(engine, prompts, greedy, batch_size, list(rows) if episodic else None)
-    completions, completion_ids = sampled.texts, sampled.ids
-    columns = columns_of(rows, settings.prompt_column)
-    if episodic:
-        columns["env_reward"] = sampled.env_rewards
-    scores = score_completions(
-        task.reward_funcs,
-        [r[settings.prompt_column] for r in rows],  # the rows' own prompts (text or conversations)
-        sampled.messages or completions,  # episodes through the chat template: their messages
-        columns=columns,
-        completion_ids=completion_ids,
-        weights=task.reward_weights,
-        rules=CallRules(settings.on_reward_error, settings.reward_timeout, should_stop),  # type: ignore[arg-type]
-    )
     metrics = {
         "num_prompts": float(len(rows)),
         "reward": torch.nanmean(scores.rewards).item(),
@@ -136,3 +115,51 @@ def _sample_in_chunks(
         if rollout.messages is not None:
             out.messages.extend(rollout.messages)
     return out
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """The greedy completions of a task's rows, scored (what evaluation and the report's samples show)."""
+
+    prompts: list[str]  # [N] as the policy read them (chat template, tools)
+    sampled: _Sampled
+    scores: Any  # rewards.Scores: the combined reward of each row, and each function's
+
+
+def greedy_completions(
+    engine: PolicyEngine,
+    task: EvalTask,
+    settings: Evaluation,
+    should_stop: Callable[[], bool] | None = None,
+) -> Greedy:
+    """One greedy completion of each row of `task` (multi-turn episodes with an environment), scored by
+    its reward functions under settings' rules (`evaluate`'s first half)."""
+    rows = task.rows
+    environment = engine.environment
+    episodic = environment is not None
+    tools = environment.tool_schemas if episodic else None
+    kwargs = settings.chat_template_kwargs
+    prompts = [render_prompt(r[settings.prompt_column], engine.tokenizer, tools, kwargs) for r in rows]
+    greedy = SamplingParams(
+        num_generations=1,
+        max_completion_length=task.max_completion_length,
+        temperature=0.0,
+        max_prompt_length=task.max_prompt_length,
+    )
+    sampled = _sample_in_chunks(
+        engine, prompts, greedy, settings.batch_size, list(rows) if episodic else None
+    )
+    completions, completion_ids = sampled.texts, sampled.ids
+    columns = columns_of(rows, settings.prompt_column)
+    if episodic:
+        columns["env_reward"] = sampled.env_rewards
+    scores = score_completions(
+        task.reward_funcs,
+        [r[settings.prompt_column] for r in rows],  # the rows' own prompts (text or conversations)
+        sampled.messages or completions,  # episodes through the chat template: their messages
+        columns=columns,
+        completion_ids=completion_ids,
+        weights=task.reward_weights,
+        rules=CallRules(settings.on_reward_error, settings.reward_timeout, should_stop),  # type: ignore[arg-type]
+    )
+    return Greedy(prompts, sampled, scores)
