@@ -64,9 +64,14 @@ def test_two_servers_share_each_batch_and_both_get_every_version(tmp_path, one_t
     version; the staleness exact as with one."""
     cfg = tiny_config(tmp_path, max_steps=4, max_staleness=1, num_threads=1)
     with _server(cfg) as first, _server(cfg) as second:
+        loaded: dict[int, list[int]] = {id(first): [], id(second): []}
+        for server in (first, second):  # each version a server loads, in order
+            load = server._load
+            server._load = lambda job, s=server, load=load: (load(job), loaded[id(s)].append(s.version))
         cfg = cfg.model_copy(update={"rollout_server_urls": [first.url, second.url]})
         train_grpo(cfg, reward_funcs=[ones_reward])
-        assert (first.version, second.version) == (2, 2) and (first.decodes, second.decodes) == (4, 4)
+        assert loaded[id(first)] == loaded[id(second)] == [0, 1, 2]  # steps 1-2: v0, step 3: v1, step 4: v2
+        assert (first.decodes, second.decodes) == (4, 4)
     rows = read_steps(cfg.output_dir)
     assert [r["async/weight_version"] for r in rows] == [0.0, 0.0, 1.0, 2.0]
     assert all(r["num_generation_batches"] == 1 for r in rows)
@@ -189,3 +194,46 @@ def test_the_report_shows_completions_sampled_on_a_server(tmp_path, one_thread):
             num_generations=1, max_completion_length=cfg.max_completion_length, temperature=0
         )
         assert server.engine.generate(prompts, greedy).completions == completions
+
+
+def test_a_server_process_killed_mid_run_ends_the_run_in_one_line(tmp_path):
+    """`grpokit serve-policy` as a process of its own, killed with SIGKILL once the run has logged 2
+    steps: the run ends with one line naming the server, within request_timeout and a few seconds."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    values = dict(task="addition", model="tiny", seed=3) | TINY_RUN_VALUES
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump(values))  # the trainer's tiny model, as a file
+    command = ["serve-policy", "tiny", str(tmp_path / "server.yaml"), "--port", "0"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "grpokit", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        url = re.search(r"at (http://\S+)/v1 ", server.stdout.readline()).group(1)
+        cfg = tiny_config(tmp_path, max_steps=30, max_staleness=1, num_threads=1, request_timeout=5.0)
+        cfg = cfg.model_copy(update={"rollout_server_urls": [url]})
+        killed: list[float] = []
+
+        def kill_after_two_steps() -> None:
+            metrics = Path(cfg.output_dir) / "metrics.jsonl"
+            while len(read_steps(cfg.output_dir) if metrics.exists() else []) < 2:
+                time.sleep(0.05)
+            os.kill(server.pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+        threading.Thread(target=kill_after_two_steps, daemon=True).start()
+        with pytest.raises(RolloutError) as raised:
+            train_grpo(cfg, reward_funcs=[ones_reward])
+        ended = time.monotonic()
+    finally:
+        server.kill()
+        server.communicate(timeout=30)
+    said = str(raised.value)
+    assert killed and ended - killed[0] < 5.0 + 5
+    assert "\n" not in said and f"rollout server {url} " in said
+    assert len(read_steps(cfg.output_dir)) < 30
