@@ -43,8 +43,11 @@ def _server(cfg, **limits) -> PolicyServer:
 def test_one_server_samples_what_the_worker_samples_bitwise(tmp_path, one_thread):
     """max_staleness=1 on one server: the in-process async run's metrics (clocks aside) and weights, bit
     for bit; the server was sent each version a batch needs (the last: 6 − 2 = 4) and decoded each
-    batch once."""
-    local = tiny_config(tmp_path / "local", max_steps=6, save_steps=6, max_staleness=1, num_threads=1)
+    batch once. Stopped after its step-3 checkpoint (a batch in flight, sampled on the server) and
+    resumed, it ends there too."""
+    import shutil
+
+    local = tiny_config(tmp_path / "local", max_steps=6, save_steps=3, max_staleness=1, num_threads=1)
     train_grpo(local, reward_funcs=[ones_reward])
     with _server(local) as server:
         remote = local.model_copy(
@@ -52,11 +55,17 @@ def test_one_server_samples_what_the_worker_samples_bitwise(tmp_path, one_thread
         )
         train_grpo(remote, reward_funcs=[ones_reward])
         assert server.version == 4 and server.decodes == 6
+        stopped = tmp_path / "stopped" / "run"  # as a run killed after its step-3 checkpoint leaves it
+        shutil.copytree(remote.output_dir, stopped)
+        shutil.rmtree(stopped / "checkpoint-6")
+        train_grpo(
+            remote.model_copy(update={"output_dir": str(stopped), "resume": True}), reward_funcs=[ones_reward]
+        )
     a, b = read_steps(local.output_dir), read_steps(remote.output_dir)
     assert [r["async/weight_version"] for r in b] == [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
-    assert _without_clocks(a) == _without_clocks(b)
-    wa, wb = weights(Path(local.output_dir)), weights(Path(remote.output_dir))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _without_clocks(a) == _without_clocks(b) == _without_clocks(read_steps(stopped))
+    wa, wb, wc = weights(Path(local.output_dir)), weights(Path(remote.output_dir)), weights(stopped)
+    assert all(torch.equal(wa[k], wb[k]) and torch.equal(wa[k], wc[k]) for k in wa)
 
 
 def test_two_servers_share_each_batch_and_both_get_every_version(tmp_path, one_thread):
