@@ -158,14 +158,23 @@ def test_the_model_list_health_and_weight_version(client):
     assert client.get("/weight_version").json() == {"version": 0}
 
 
-def test_eight_concurrent_clients_get_their_own_answers_batched(client, server, engine):
+def test_eight_concurrent_clients_get_their_own_answers_batched(client, server, engine, monkeypatch):
     """8 clients at once, greedy, prompts of one length: each gets its own prompt's completion (the
-    one the engine gives that prompt alone), and the server decoded them in fewer decodes than 8."""
+    one the engine gives that prompt alone). The first decode is held until every other request is
+    queued behind it: those are then one decode."""
+    import threading
+
     prompts = [[5 + i, 17, 23 + i, 8] for i in range(8)]
-    alone = [
-        in_process(engine, [p], max_completion_length=5, temperature=0.0, num_generations=1)[0][0][0]
-        for p in prompts
-    ]
+    greedy = dict(max_completion_length=5, temperature=0.0, num_generations=1)
+    alone = [in_process(engine, [p], **greedy)[0][0][0] for p in prompts]
+    gate, generate, held = threading.Event(), engine.generate, []
+
+    def held_first(prompts, *args, **kwargs):  # each decode waits for the gate; the first's size is kept
+        held.append(len(prompts))
+        gate.wait(30)
+        return generate(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", held_first)
     before = server.decodes
 
     def ask(prompt):
@@ -173,12 +182,16 @@ def test_eight_concurrent_clients_get_their_own_answers_batched(client, server, 
         return client.post("/v1/completions", json=body).json()["choices"]
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(ask, prompts))
+        asked = [pool.submit(ask, p) for p in prompts]
+        deadline = time.monotonic() + 30
+        while not (held and server.jobs.qsize() == 8 - held[0]) and time.monotonic() < deadline:
+            time.sleep(0.01)  # every request in: in the held decode, or queued behind it
+        gate.set()
+        answers = [a.result() for a in asked]
     for prompt, choices, ids in zip(prompts, answers, alone, strict=True):
-        assert (
-            len(choices) == 1 and choices[0]["prompt_token_ids"] == prompt and choices[0]["token_ids"] == ids
-        )
-    assert server.decodes - before < 8
+        assert len(choices) == 1 and choices[0]["prompt_token_ids"] == prompt
+        assert choices[0]["token_ids"] == ids
+    assert server.decodes - before == (1 if held[0] == 8 else 2)  # the queued ones in one decode
 
 
 def _error(answer, status, param=None):
@@ -200,7 +213,7 @@ def _error(answer, status, param=None):
         ({"prompt": [10**9]}, 400, "prompt", "token id 1000000000 is not in the vocabulary"),
         ({"prompt": []}, 400, "prompt", "prompt must be a non-empty text"),
         ({"prompt": PROMPT, "stream": True}, 400, "stream", "stream is not supported"),
-        ({"prompt": PROMPT, "logprobs": 5}, 400, "logprobs", "logprobs must be from 0 to 0"),
+        ({"prompt": PROMPT, "logprobs": 5}, 400, "logprobs", "logprobs must be 0 (each sampled token"),
         ({"prompt": PROMPT, "n": 65}, 400, "n", "over this server's --max-batch-rows 64"),
         ({"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens", "max_tokens must be from 1 to"),
     ],
@@ -216,7 +229,10 @@ def test_malformed_json_and_a_100_mb_body_are_refused_and_a_good_client_is_serve
     huge = 100 * 2**20
     with socket.create_connection((server.socket.getsockname()[0], server.port), timeout=10) as raw:
         raw.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {huge}\r\n\r\n".encode())
-        head = raw.recv(4096).decode()
+        received = b""
+        while chunk := raw.recv(4096):  # to the end: the server closes after its answer
+            received += chunk
+        head = received.decode()
     assert head.startswith("HTTP/1.1 413") and "over this server's limit of 64 MiB" in head
     assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
 

@@ -32,6 +32,7 @@ idle clients, connections at once, the API key) are net/server.py's.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import queue
@@ -305,7 +306,13 @@ class PolicyServer(JsonServer):
             self._check_model(body)
             sampling = read_sampling(body, self.max_model_tokens)
             prompts = read_prompts(body.get("prompt"), self.vocab_size)
-            logprobs = _integer(body, "logprobs", None, 0, 0)
+            logprobs = body.get("logprobs")
+            if logprobs not in (None, 0) or isinstance(logprobs, bool):
+                raise RequestError(
+                    "logprobs must be 0 (each sampled token's log-prob) or null: top alternatives are not "
+                    "returned",
+                    "logprobs",
+                )
             ids = self._ids(prompts)
             rollout = await self._decode(ids, sampling)
         except RequestError as error:
@@ -400,40 +407,41 @@ class PolicyServer(JsonServer):
         return await asyncio.wrap_future(job.done)
 
     def _generate_loop(self) -> None:
-        """The generation thread: weight updates in order, and decodes that batch every queued request
-        sampling alike (a seeded one alone)."""
-        waiting: list[Job] = []
+        """The generation thread: jobs in the order they arrive; a decode takes with it every later
+        request that samples alike and fits, up to the next weight update (a seeded request alone)."""
+        pending: collections.deque[Job | None] = collections.deque()
         while True:
-            job = waiting.pop(0) if waiting else self.jobs.get()
+            if not pending:
+                pending.append(self.jobs.get())
+            while True:  # everything queued now, in arrival order
+                try:
+                    pending.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            job = pending.popleft()
             if job is None:
                 return
             if job.path is not None:
                 self._load(job)
                 continue
-            batch = [job]
-            if job.sampling.seed is None:
-                rows = len(job.prompts) * job.sampling.n
-                while True:  # every request queued now that samples alike and fits
-                    try:
-                        other = self.jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if other is None:
-                        self.jobs.put(None)
-                        break
-                    alike = (
-                        other.path is None
-                        and other.sampling.seed is None
-                        and other.sampling.key == job.sampling.key
-                    )
-                    size = len(other.prompts) * other.sampling.n
-                    if alike and rows + size <= self.max_batch_rows:
-                        batch.append(other)
-                        rows += size
-                    else:
-                        waiting.append(other)
-                        if other.path is not None:  # an update waits for nothing after it
-                            break
+            batch, rows = [job], len(job.prompts) * job.sampling.n
+            kept: collections.deque[Job | None] = collections.deque()
+            while pending and job.sampling.seed is None:
+                other = pending.popleft()
+                if other is None or other.path is not None:  # nothing after an update or the end joins
+                    kept.append(other)
+                    break
+                size = len(other.prompts) * other.sampling.n
+                if (
+                    other.sampling.seed is None
+                    and other.sampling.key == job.sampling.key
+                    and rows + size <= self.max_batch_rows
+                ):
+                    batch.append(other)
+                    rows += size
+                else:
+                    kept.append(other)
+            pending = kept + pending
             self._decode_batch(batch)
 
     def _decode_batch(self, batch: list[Job]) -> None:
