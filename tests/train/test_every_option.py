@@ -332,8 +332,9 @@ ELSEWHERE = {
     "rollout_device": "test_async.py::test_the_rollout_device_by_hand; "
     "test_every_batch_is_exactly_k_versions_old",
     "rollout_workers": "test_async.py::test_several_workers_take_the_steps_in_turn_with_the_same_numbers",
-    "rollout_server_urls": "tests/serve/test_rollout_servers.py::test_one_server_samples_what_the_worker_samples"
-    "_bitwise; test_two_servers_share_each_batch_and_both_get_every_version",
+    "rollout_server_urls": "tests/serve/test_rollout_servers.py::"
+    "test_one_server_samples_what_the_worker_samples_bitwise; "
+    "test_two_servers_share_each_batch_and_both_get_every_version",
     "request_timeout": "tests/serve/test_rollout_servers.py::"
     "test_a_server_that_stops_answering_or_is_stopped_ends_the_run_in_one_line",
     "use_peft": "test_own_task.py::test_lora_trains_only_adapters_and_exports_merged",
