@@ -342,6 +342,16 @@ def test_debug_shows_the_traceback(error):
         main(["--debug", "train"])
 
 
+@pytest.mark.parametrize("where", ["after the command", "at the end"])
+def test_debug_anywhere_on_the_line_shows_the_traceback(tmp_path, where):
+    """`grpokit train --debug ...` and `grpokit train ... --debug` as `grpokit --debug train ...`."""
+    args = ["train", "device=cuda", f"output_dir={tmp_path / 'run'}"]
+    args = [args[0], "--debug", *args[1:]] if where == "after the command" else [*args, "--debug"]
+    with pytest.raises(DeviceError, match="no CUDA GPU"):
+        main(args)
+    assert main(args[:1] + [a for a in args[1:] if a != "--debug"]) == 2  # without it: one line
+
+
 def test_debug_shows_the_device_error_as_raised(tmp_path):
     with pytest.raises(DeviceError, match="no CUDA GPU"):
         main(["--debug", "train", "device=cuda", f"output_dir={tmp_path / 'run'}"])
@@ -485,3 +495,14 @@ def test_the_suite_passes_where_an_earlier_run_lives(tmp_path):
         "runs/addition/checkpoint-1/state.pt",
         "runs/addition/metrics.jsonl",
     ]
+
+
+def test_the_presets_micro_batch_adapts_to_a_smaller_step_and_only_yours_is_refused(capsys):
+    """The addition preset's micro_batch_size=128 does not divide 2 prompts × 4 completions: left to the
+    preset it becomes the largest divisor (8), as an unset one does; set by the user it is refused."""
+    assert main(["print-config", "prompts_per_step=2", "num_generations=4"]) == 0
+    printed = capsys.readouterr().out
+    assert "\nmicro_batch_size: 8\n" in printed and "# preset addition\nmicro_batch_size" not in printed
+    assert main(["print-config", "prompts_per_step=2", "num_generations=4", "micro_batch_size=128"]) == 2
+    said = capsys.readouterr().err
+    assert "must be divisible by micro_batch_size=128" in said and "Traceback" not in said

@@ -442,3 +442,40 @@ def test_a_report_of_a_real_run_reads_every_file_it_wrote(tmp_path):
     AlertWatch.write(run, AlertWatch({"kl": 0.1}).update(2, {"kl": 0.5}))
     page = write_report(run).read_text()
     assert "4 metric rows, last step 3" in page and "src='sft_loss.png'" in page and ">kl<" in page
+
+
+def test_every_plot_names_its_y_axis_and_a_series_at_0_throughout_is_a_note(tmp_path, monkeypatch):
+    """The clip ratios with one update a batch are 0 at every step: not drawn as flat lines; the
+    clipping plot, with nothing else to draw, is left out and named in a note. Every plot drawn names
+    its y axis with the unit (the warm start's loss too)."""
+    import matplotlib.axes
+
+    from grpokit.report import PLOTS, SFT_PLOT
+
+    named: dict[str, str] = {}
+    set_title = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "set_title",
+        lambda ax, title, *a, **k: (named.__setitem__(title, ax.get_ylabel()), set_title(ax, title, *a, **k))[
+            1
+        ],
+    )
+    run = tmp_path / "run"
+    writer = MetricsWriter(run)
+    for step in range(1, 4):
+        zeros = {"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}
+        writer.write(step, {"reward": 0.25 * step, "entropy": 0.0, "entropy/target": 0.5} | zeros)
+    writer.close()
+    write_sft_metrics(run, [1.0, 0.5])
+    page = write_report(run).read_text()
+    assert "src='clipping.png'" not in page and not (run / "report" / "clipping.png").exists()
+    assert (
+        "clipping: clip_ratio/region_mean, clip_ratio/low_mean, clip_ratio/high_mean 0 at every step" in page
+    )
+    assert named == {
+        "reward": PLOTS["reward"][1],
+        "entropy": PLOTS["entropy"][1],  # (entropy itself 0 throughout: noted on the plot, not drawn)
+        "sft_loss": SFT_PLOT[2],
+    }
+    assert all(label and "(" in label for _, label in PLOTS.values())  # each says its unit or range

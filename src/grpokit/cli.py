@@ -49,17 +49,27 @@ def _config(schema: Any, preset_name: str, items: list[str]) -> Any:
 
 def _config_and_preset(schema: Any, preset_name: str, items: list[str]) -> tuple[Any, Any]:
     """`_config`'s config, and the `config.applied.Preset` it was loaded from (None: a file)."""
-    from .config import load_config, parse_overrides
+    from .config import ConfigError, GRPOConfig, load_config, parse_overrides
     from .config.applied import preset_of
+    from .config.trl_names import BATCH_NAMES
 
     path, overrides = _split_args(items)
     if path is not None and not Path(path).exists() and _preset(path).is_file():
         path, preset_name = None, _preset(path).name
     if path is None:
         preset = resources.files("grpokit.presets").joinpath(preset_name)
+        given = parse_overrides(overrides)
         with resources.as_file(preset) as preset_path:
-            cfg = load_config(schema, preset_path, overrides)
-        return cfg, preset_of(preset_name.removesuffix(".yaml"), parse_overrides(overrides))
+            try:
+                cfg = load_config(schema, preset_path, overrides)
+            except ConfigError:
+                # the preset's micro_batch_size, which the user did not set, adapts to the step's rows
+                # they changed (the largest divisor, as when unset); a value they set is refused
+                if schema is not GRPOConfig or {"micro_batch_size", *BATCH_NAMES} & set(given):
+                    raise
+                cfg = load_config(schema, preset_path, overrides, unset={"micro_batch_size"})
+                given = {**given, "micro_batch_size": cfg.micro_batch_size}  # (not the preset's now)
+        return cfg, preset_of(preset_name.removesuffix(".yaml"), given)
     return load_config(schema, path, overrides), None
 
 
@@ -131,6 +141,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .train.progress import grpo_summary
 
     cfg, preset = _config_and_preset(GRPOConfig, PRESET, args.items)
+    if preset is not None and _split_args(args.items)[0] is None:  # no CONFIG given: said, not silent
+        print(
+            f"the built-in {preset.name} preset with your overrides (output_dir {cfg.output_dir}); give a "
+            "CONFIG.yaml or another preset to start elsewhere (grpokit print-config shows every value)"
+        )
     shown = display(applied(cfg).config)  # sft_steps chosen for tiny, say
     run = lambda on_event: train_grpo(cfg, preset=preset, on_event=on_event)  # noqa: E731
     return _reported(shown, run, cfg.device, grpo_summary)
@@ -306,24 +321,25 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    presets = {
+    starts = {
         "train": "addition",
         "eval": "addition",
         "print-config": "addition",
         "reward": "reward_addition",
     }
-    presets["eval-reward"] = "reward_addition"  # what each command runs without CONFIG
-    presets["doctor"] = "addition"
+    starts["eval-reward"] = "reward_addition"  # what each command runs without CONFIG
+    starts["doctor"] = "addition"
     named = dict(named or {})
-    presets |= named
+    available = ", ".join(presets())
+    starts |= named
     for name, handler, text, schema in [
-        ("train", _cmd_train, "GRPO training (no config: the built-in addition preset)", GRPOConfig),
+        ("train", _cmd_train, "GRPO training", GRPOConfig),
         ("sft", _cmd_sft, "supervised warm start on a task's answers", SFTConfig),
         ("eval", _cmd_eval, "evaluate `model` on held-out prompts", GRPOConfig),
         (
             "reward",
             _cmd_reward,
-            "train a Bradley–Terry reward model (no config: the addition preference preset)",
+            "train a Bradley–Terry reward model",
             RewardConfig,
         ),
         (
@@ -337,8 +353,14 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
         cmd = sub.add_parser(
             name,
             help=text,
-            description=text,
-            epilog=options_help(schema, presets.get(name), named=name in named),
+            description=text
+            + (
+                f". Without CONFIG: the built-in {starts[name]} preset, with your key=value overrides. "
+                f"CONFIG may also name a built-in preset: {available}."
+                if name in starts
+                else ""
+            ),
+            epilog=options_help(schema, starts.get(name), named=name in named),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         cmd.add_argument(
@@ -357,7 +379,7 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
         description="Check a train config before running it: the data, each reward on reference, empty and "
         "garbage completions, K sampled groups (zero spread, truncation, length), a memory forecast and a "
         "step-time estimate. Exits 1 on a fatal finding.",
-        epilog=options_help(GRPOConfig, presets["doctor"], named="doctor" in named),
+        epilog=options_help(GRPOConfig, starts["doctor"], named="doctor" in named),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="as for train")
@@ -436,8 +458,10 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv  # before the command or anywhere after it
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser(help_preset(argv)).parse_args(argv)
-    if args.debug:
+    if debug:
         return args.handler(args)
     from .user_errors import one_line
 

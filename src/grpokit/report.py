@@ -18,27 +18,41 @@ from .train.run_files import (
     read_jsonl,
 )
 
-PLOTS = {
-    "reward": ["reward", "eval/reward"],
-    "accuracy": ["eval/accuracy", "accuracy", "eval/pass@1", "eval/pass@4", "eval/pass@8"],
-    "margin": ["margin", "eval/margin"],
-    "rewards": ["chosen_rewards", "rejected_rewards", "eval/chosen_rewards", "eval/rejected_rewards"],
-    "kl": ["kl"],
-    "entropy": ["entropy", "entropy/target"],
-    "length": ["completions/mean_length", "eval/completions/mean_length"],
-    "loss": ["loss"],
-    "clipping": ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"],
+# each plot: the series it draws, and its y axis (what is measured, in what unit)
+PLOTS: dict[str, tuple[list[str], str]] = {
+    "reward": (["reward", "eval/reward"], "reward (batch mean)"),
+    "accuracy": (
+        ["eval/accuracy", "accuracy", "eval/pass@1", "eval/pass@4", "eval/pass@8"],
+        "share of prompts solved (0-1)",
+    ),
+    "margin": (["margin", "eval/margin"], "score margin (chosen - rejected, logits)"),
+    "rewards": (
+        ["chosen_rewards", "rejected_rewards", "eval/chosen_rewards", "eval/rejected_rewards"],
+        "reward model score (logit)",
+    ),
+    "kl": (["kl"], "KL to the reference (nats/token)"),
+    "entropy": (["entropy", "entropy/target"], "entropy (nats/token)"),
+    "length": (["completions/mean_length", "eval/completions/mean_length"], "completion length (tokens)"),
+    "loss": (["loss"], "loss (per token, as optimised)"),
+    "clipping": (
+        ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"],
+        "share of tokens clipped (0-1)",
+    ),
     # the share of groups whose G rewards all agree: their advantages are 0, nothing is learned from them
-    "zero_spread": ["frac_reward_zero_std"],
+    "zero_spread": (["frac_reward_zero_std"], "share of groups with zero spread (0-1)"),
     # the sampler's log-probs against the training forward's (what sampling_correction corrects)
-    "logp_mismatch": ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"],
+    "logp_mismatch": (
+        ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"],
+        "|sampler - trainer| log-prob (nats/token)",
+    ),
     # loss_type=opd or gkd: how far the student is from its teacher (nats a token)
-    "distillation": ["distill/kl", "distill/divergence"],
+    "distillation": (["distill/kl", "distill/divergence"], "divergence to the teacher (nats/token)"),
     # curriculum: the share of prompts in each pool; target_entropy: the bonus's coefficient
-    "curriculum": ["curriculum/active", "curriculum/solved", "curriculum/failed"],
-    "entropy_control": ["entropy/coef"],
+    "curriculum": (["curriculum/active", "curriculum/solved", "curriculum/failed"], "share of prompts (0-1)"),
+    "entropy_control": (["entropy/coef"], "entropy bonus coefficient (per nat)"),
 }
-SFT_PLOT = ("sft_loss", "sft/loss")  # the supervised warm start, from sft_metrics.jsonl, by its own steps
+# the supervised warm start, from sft_metrics.jsonl, by its own steps
+SFT_PLOT = ("sft_loss", "sft/loss", "cross-entropy (nats/token)")
 PLOTTABLE = 1e300  # larger values are left out of a plot (float32's largest is 3.4e38)
 
 
@@ -126,25 +140,39 @@ def _alerts_table(alerts: list[dict]) -> str:
     return f"<h2>Alerts</h2><table>{head}{rows}</table>"
 
 
-def _draw_curves(out: Path, rows: list[dict], sft_rows: list[dict], alerts: list[dict]) -> list[str]:
-    """One PNG per plot of `PLOTS` (and the warm start's loss) that has points; returns their names."""
+def _draw_curves(
+    out: Path, rows: list[dict], sft_rows: list[dict], alerts: list[dict]
+) -> tuple[list[str], list[str]]:
+    """One PNG per plot of `PLOTS` (and the warm start's loss) that has points, its y axis named with
+    its unit; a series that is 0 at every step (clip ratios with one update a batch) is left out, and
+    named in a note on the plot, or, when no series is left, in the page's notes. -> (figure names,
+    notes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots: list[tuple[str, dict[str, list[tuple[float, float]]], str]] = [
-        (name, {k: [(r["step"], r[k]) for r in rows if _plottable(r.get(k))] for k in keys}, "step")
-        for name, keys in PLOTS.items()
+    plots: list[tuple[str, dict[str, list[tuple[float, float]]], str, str]] = [
+        (name, {k: [(r["step"], r[k]) for r in rows if _plottable(r.get(k))] for k in keys}, "step", ylabel)
+        for name, (keys, ylabel) in PLOTS.items()
     ]
-    name, key = SFT_PLOT
+    name, key, ylabel = SFT_PLOT
     plots.append(
-        (name, {key: [(r["sft_step"], r[key]) for r in sft_rows if _plottable(r.get(key))]}, "sft step")
+        (
+            name,
+            {key: [(r["sft_step"], r[key]) for r in sft_rows if _plottable(r.get(key))]},
+            "sft step",
+            ylabel,
+        )
     )
-    figures = []
-    for name, series, xlabel in plots:
-        series = {k: v for k, v in series.items() if v}
+    figures, notes = [], []
+    for name, drawn, xlabel, ylabel in plots:
+        drawn = {k: v for k, v in drawn.items() if v}
+        zero = [k for k, v in drawn.items() if all(value == 0 for _, value in v)]
+        series = {k: v for k, v in drawn.items() if k not in zero}
         if not series:
+            if zero:
+                notes.append(f"{name}: {', '.join(zero)} 0 at every step (not drawn)")
             continue
         fig, ax = plt.subplots(figsize=(6, 3.2))
         for key, points in series.items():
@@ -152,7 +180,16 @@ def _draw_curves(out: Path, rows: list[dict], sft_rows: list[dict], alerts: list
             ax.plot(steps, values, marker="o" if len(points) < 20 else None, label=_label(key))
         if xlabel == "step":
             _mark_alerts(ax, alerts)
+        if zero:
+            ax.annotate(
+                _label(f"0 at every step, not drawn: {', '.join(zero)}"),
+                (0.01, 0.01),
+                xycoords="axes fraction",
+                fontsize=7,
+                color="dimgray",
+            )
         ax.set_xlabel(xlabel)
+        ax.set_ylabel(_label(ylabel), fontsize=8)
         ax.set_title(_label(name))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -160,7 +197,7 @@ def _draw_curves(out: Path, rows: list[dict], sft_rows: list[dict], alerts: list
         fig.savefig(out / f"{_file_name(name)}.png", dpi=100)
         plt.close(fig)
         figures.append(_file_name(name))
-    return figures
+    return figures, notes
 
 
 def write_report(run_dir: str | Path, server: str | None = None, samples: int = 8) -> Path:
@@ -175,7 +212,7 @@ def write_report(run_dir: str | Path, server: str | None = None, samples: int = 
     sft_rows = read_sft_metrics(run)
     out = run / "report"
     out.mkdir(exist_ok=True)
-    figures = _draw_curves(out, rows, sft_rows, alerts)
+    figures, notes = _draw_curves(out, rows, sft_rows, alerts)
     config_file = run / "config.yaml"
     config = (
         config_file.read_text(encoding="utf-8", errors="replace")
@@ -199,6 +236,7 @@ def write_report(run_dir: str | Path, server: str | None = None, samples: int = 
         + _alerts_table(alerts)
         + "<h2>Curves</h2>"
         + _images(figures)
+        + "".join(f"<p>{_escape(note)}</p>" for note in notes)
         + (_server_samples(run, server, samples) if server is not None else "")
         + f"<h2>Config</h2><pre>{_escape(config)}</pre>",
         encoding="utf-8",

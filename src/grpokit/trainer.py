@@ -108,7 +108,7 @@ class GRPOTrainer:
             )
         self.config = cfg.model_copy(update={"task": None})
         self.model, self.processing_class = model, processing_class
-        self.reward_funcs = _reward_functions(reward_funcs)
+        self.reward_funcs = _reward_functions(reward_funcs, cfg.max_completion_length)
         reading = {  # a dataset name or directory: its split of dataset_config; answers by answer_format
             "prompt_column": cfg.prompt_column,
             "dataset_config": cfg.dataset_config,
@@ -230,7 +230,7 @@ def _environment(
     return None
 
 
-def _reward_functions(reward_funcs: Any) -> list[Callable[..., Any]]:
+def _reward_functions(reward_funcs: Any, max_completion_length: int) -> list[Callable[..., Any]]:
     """TRL's forms: None, one, or a list; a name is a built-in reward or a reference to a function."""
     import torch
 
@@ -239,7 +239,7 @@ def _reward_functions(reward_funcs: Any) -> list[Callable[..., Any]]:
     out = []
     for func in listed:
         if isinstance(func, str):
-            func = named_reward(func)
+            func = named_reward(func, max_completion_length=max_completion_length)
         elif isinstance(func, torch.nn.Module):
             raise ValueError(
                 f"reward_funcs holds a loaded {type(func).__name__}; wrap a reward model with its tokenizer: "

@@ -167,13 +167,23 @@ def test_an_unknown_reward_name_is_one_line_listing_the_builtins(entry):
 
 
 def test_the_builtin_names_are_the_rewards_there_are():
-    from grpokit.config.plan import RewardSpec
+    from grpokit.config.plan import RewardSpec, grpo_plan
     from grpokit.rewards import BUILTIN_REWARDS as FUNCTIONS
+    from grpokit.rewards.builtin import LENGTH_REWARDS
     from grpokit.train.grpo_setup import configured_rewards
 
-    assert set(BUILTIN_REWARDS) == {*FUNCTIONS, "task"}
+    assert set(BUILTIN_REWARDS) == {*FUNCTIONS, *LENGTH_REWARDS, "task"}
     cfg = load_config(GRPOConfig, None, ["reward_funcs=[exact_answer, math_answer]"])
     funcs = configured_rewards(RewardSpec(funcs=tuple(cfg.reward_funcs)), task=None)
     assert funcs == [FUNCTIONS["exact_answer"], FUNCTIONS["math_answer"]]
+    # the length rewards by name, made for the run's max_completion_length (DAPO's over its last fifth)
+    cfg = load_config(
+        GRPOConfig, None, ["reward_funcs=[overlong_penalty, length_penalty]", "max_completion_length=10"]
+    )
+    overlong, length = configured_rewards(grpo_plan(cfg).rewards, task=None)
+    ids = [[1] * n for n in (8, 9, 10, 11)]
+    assert overlong([""] * 4, ["x"] * 4, completion_ids=ids) == [0.0, -0.5, -1.0, -1.0]
+    assert length([""] * 4, ["x"] * 4, completion_ids=ids) == [-0.8, -0.9, -1.0, -1.1]
+    assert overlong.__name__ == "overlong_penalty" and length.__name__ == "length_penalty"
     with pytest.raises(ValueError, match="'task' is the built-in task's reward, and no built-in task is set"):
         configured_rewards(RewardSpec(funcs=({"builtin": "task"},)), task=None)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.envs import EnvironmentSpec
 from grpokit.engine import EngineSpec, PolicyEngine
+from grpokit.envs import EnvironmentSpec
 from grpokit.models import build_policy, char_tokenizer
 
 GOLDEN = Path(__file__).with_name("decode_tokens.json")

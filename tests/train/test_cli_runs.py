@@ -32,6 +32,8 @@ def test_cli_train_and_report_on_a_tiny_run(tmp_path):
     result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "held-out greedy accuracy" in result.stdout and "sample completions at step 1" in result.stdout
+    # no CONFIG: which preset it starts from is said first, not left silent
+    assert result.stdout.startswith(f"the built-in addition preset with your overrides (output_dir {run});")
     report = subprocess.run(
         [sys.executable, "-m", "grpokit", "report", str(run)], capture_output=True, text=True, timeout=120
     )

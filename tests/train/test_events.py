@@ -65,3 +65,34 @@ def test_a_kind_is_its_plain_name():
         reporter.on_event("warning", 3, {"message": "careful"})  # a plain name dispatches as its kind
         reporter.on_event("no_such_kind", 3, {})  # a caller's own event shows nothing
     assert "warning at step 3: careful" in console.file.getvalue()
+
+
+def test_a_warm_start_that_stops_early_stops_its_bar_and_clock():
+    """Ended at step 230 of 1000 (its target reached): the bar is full at 230 and its clock stopped,
+    not running on through the GRPO steps."""
+    console = Console(file=io.StringIO(), width=200)
+    with RichReporter(console, Display(max_steps=10, sft_steps=1000), enabled=False) as reporter:
+        reporter.on_event(EventKind.SFT_STEP, 230, {"loss": 0.5})
+        reporter.on_event(EventKind.SFT_DONE, 230, {"probe_accuracy": 0.9, "reached": True})
+        task = reporter.progress.tasks[reporter.sft_task]
+        assert (task.completed, task.total, task.finished) == (230, 230, True)
+        assert task.stop_time is not None  # the clock stopped
+    assert "warm start reached its target after 230 steps" in console.file.getvalue()
+
+
+def test_an_evaluation_with_nothing_to_show_prints_no_line():
+    """eval_steps=0 or no held-out rows: no empty "step N eval:" line, and the last line names no {}."""
+    from types import SimpleNamespace
+
+    from grpokit.train.progress import grpo_summary
+
+    console = Console(file=io.StringIO(), width=200)
+    with RichReporter(console, Display(progress=False), enabled=False) as reporter:
+        reporter.on_event(EventKind.EVAL, 5, {})
+        reporter.on_event(EventKind.EVAL, 6, {"eval/reward": 0.25})
+    printed = console.file.getvalue()
+    assert "step 5 eval" not in printed and "step 6 eval: reward 0.250" in printed
+    result = SimpleNamespace(eval_before={}, eval_after={}, steps=3, output_dir="runs/x")
+    assert grpo_summary(result) == "done: 3 steps. Run: runs/x"
+    result = SimpleNamespace(eval_before={}, eval_after={"reward": 0.5}, steps=3, output_dir="runs/x")
+    assert grpo_summary(result) == "done: 3 steps, held-out reward 0.5. Run: runs/x"

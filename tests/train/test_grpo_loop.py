@@ -116,8 +116,10 @@ def test_report_writes_plots_and_html(tmp_path):
     result = train_grpo(tiny_config(tmp_path, max_steps=3, beta=0.04), reward_funcs=[ones_reward])
     page = write_report(result.output_dir)
     pngs = {p.stem for p in page.parent.glob("*.png")}
-    assert {"reward", "accuracy", "kl", "entropy", "length", "loss"} <= pngs
+    assert {"reward", "kl", "entropy", "length", "loss"} <= pngs
     text = page.read_text()
+    # (3 steps of a tiny model may solve nothing: a series at 0 throughout is a note, not a flat line)
+    assert "accuracy" in pngs or "accuracy: eval/accuracy 0 at every step (not drawn)" in text
     assert "reward.png" in text and "learning_rate: 0.01" in text
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         write_report(tmp_path)

@@ -14,7 +14,7 @@ is a few hundred bytes that expands to 9^9 strings). Every value echoed in a mes
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -254,11 +254,17 @@ def _explain(error: ValidationError, schema: type[BaseModel], source: str) -> Co
 
 
 def load_config(
-    schema: type[C], path: str | Path | None = None, overrides: Sequence[str] = (), *, written: bool = False
+    schema: type[C],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    written: bool = False,
+    unset: Collection[str] = (),
 ) -> C:
     """Validate `path` (optional YAML file) updated by `overrides` against `schema`. written: `path` is
     a config grpokit wrote (a checkpoint's config.yaml): options removed since are dropped, not
-    refused, so that a run from before their removal still resumes."""
+    refused, so that a run from before their removal still resumes. unset: options of the file left
+    unset (a built-in preset's value that does not fit what the command line changed)."""
     from .trl_names import BATCH_FIELDS, REMOVED, split_batch_names, takes_batch_names, translate
 
     source = (
@@ -276,6 +282,8 @@ def load_config(
     ]:
         if written and where == str(path):
             values = {k: v for k, v in values.items() if schema.__name__ not in REMOVED.get(k, {})}
+        if where == str(path):
+            values = {k: v for k, v in values.items() if k not in unset}
         try:
             values = translate(schema.__name__, schema.model_fields, values, batch=False)
             trl_batch = split_batch_names(values) if takes_batch_names(schema.model_fields) else {}

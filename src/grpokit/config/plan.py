@@ -126,6 +126,7 @@ class RewardSpec:
     funcs: tuple[Mapping[str, Any], ...] | None = None
     weights: tuple[float, ...] | None = None
     device: str = "auto"
+    max_completion_length: int = 256  # what overlong_penalty and length_penalty are made for
 
 
 # ----------------------------------------------------------------------------- generation and the step
@@ -395,7 +396,12 @@ def episode_spec(cfg: GRPOConfig) -> EpisodeSpec:
 
 
 def reward_spec(cfg: GRPOConfig) -> RewardSpec:
-    return RewardSpec(funcs=_tuple(cfg.reward_funcs), weights=_tuple(cfg.reward_weights), device=cfg.device)
+    return RewardSpec(
+        funcs=_tuple(cfg.reward_funcs),
+        weights=_tuple(cfg.reward_weights),
+        device=cfg.device,
+        max_completion_length=cfg.max_completion_length,
+    )
 
 
 def evaluation(cfg: GRPOConfig) -> Evaluation:

@@ -153,6 +153,8 @@ BUILTIN_REWARDS = (
     "gsm8k_format",
     "env",
     "task",
+    "overlong_penalty",
+    "length_penalty",
 )
 REWARD_FORMS = "FILE.py:FUNCTION, package.module:FUNCTION or package.module.FUNCTION"
 

@@ -237,6 +237,15 @@ BUILTIN_REWARDS: dict[str, RewardFunc] = {
 }
 
 
+# the built-in rewards made for the run's max_completion_length (config: reward_funcs: [overlong_penalty]):
+# DAPO's soft overlong punishment over the last fifth of the length (its 4096 of 20480), and the
+# steady pull towards shorter completions
+LENGTH_REWARDS: dict[str, Callable[[int], RewardFunc]] = {
+    "overlong_penalty": lambda length: overlong_penalty(length, max(1, length // 5)),
+    "length_penalty": lambda length: length_penalty(length),
+}
+
+
 # the built-in rewards that compare with the row's reference answer, read from the `answer` column
 ANSWER_READERS = frozenset({"exact_answer", "math_answer", "gsm8k_answer"})
 

@@ -133,18 +133,28 @@ def _label(reference: str) -> str:
     return f"reward_funcs {{python: {reference!r}}}"
 
 
-def named_reward(name: str, task_reward: Callable[..., Any] | None = None) -> Callable[..., Any]:
+def named_reward(
+    name: str, task_reward: Callable[..., Any] | None = None, max_completion_length: int | None = None
+) -> Callable[..., Any]:
     """A reward function given by name, as TRL users give theirs in Python (reward_funcs=["exact_answer"])
     and the config's bare entries: a built-in reward's name ("task": `task_reward`, the built-in task's
-    own), a reward server's http(s):// address (`RemoteReward`), else a reference to a function
-    (FILE.py:f, pkg.mod:f, pkg.mod.f); any other name is one line listing the built-in rewards."""
+    own; overlong_penalty and length_penalty: made for `max_completion_length`), a reward server's
+    http(s):// address (`RemoteReward`), else a reference to a function (FILE.py:f, pkg.mod:f,
+    pkg.mod.f); any other name is one line listing the built-in rewards."""
     from ..config.schema import unknown_reward
-    from .builtin import BUILTIN_REWARDS
+    from .builtin import BUILTIN_REWARDS, LENGTH_REWARDS
     from .remote import RemoteReward
 
     text = str(name).strip()
     if text in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[text]
+    if text in LENGTH_REWARDS:
+        if max_completion_length is None:
+            raise RewardReferenceError(
+                f"reward function {text!r} is made for a run's max_completion_length, which is not known "
+                f"here; call grpokit.rewards.{text}(max_completion_length, ...) yourself"
+            )
+        return LENGTH_REWARDS[text](max_completion_length)
     if text.startswith(("http://", "https://")):
         return RemoteReward(text)
     if text == "task":

@@ -169,7 +169,8 @@ def configured_rewards(
         elif "url" in entry:  # a reward server; the entry's other keys are RemoteReward's (config-checked)
             funcs.append(RemoteReward(**entry))
         else:  # a built-in reward's name ("task": the task's own)
-            funcs.append(named_reward(entry["builtin"], task.reward if task is not None else None))
+            task_reward = task.reward if task is not None else None
+            funcs.append(named_reward(entry["builtin"], task_reward, spec.max_completion_length))
     return funcs
 
 

@@ -63,7 +63,9 @@ def grpo_summary(result: Any) -> str:
     """The last line of `grpokit train`: the held-out accuracy before and after, and where the run is."""
     before, after = result.eval_before.get("accuracy"), result.eval_after.get("accuracy")
     if before is None or after is None:
-        return f"done: {result.steps} steps, eval {result.eval_after}. Run: {result.output_dir}"
+        shown = "  ".join(f"{k} {v:.3g}" for k, v in result.eval_after.items() if isinstance(v, (int, float)))
+        evaluated = f", held-out {shown}" if shown else ""
+        return f"done: {result.steps} steps{evaluated}. Run: {result.output_dir}"
     return (
         f"held-out greedy accuracy: [bold]{100 * before:.1f}%[/] before GRPO → [bold]{100 * after:.1f}%[/] "
         f"after {result.steps} steps ({100 * (after - before):+.1f} points). Run: {result.output_dir}"
@@ -212,6 +214,9 @@ class RichReporter(Dispatch):
             self.progress.update(self.sft_task, completed=step, status=f"loss {data['loss']:.3f}")
 
     def _on_sft_done(self, step: int, data: dict[str, Any]) -> None:
+        if self.sft_task is not None:  # done, early or not: its bar full at the steps run, its clock stopped
+            self.progress.update(self.sft_task, total=step, completed=step)
+            self.progress.stop_task(self.sft_task)
         reached = "reached its target" if data["reached"] else "did not reach its target"
         self.console.print(
             f"warm start {reached} after {step} steps: greedy accuracy "
@@ -238,7 +243,8 @@ class RichReporter(Dispatch):
         shown = {
             k[len("eval/") :]: v for k, v in data.items() if k.startswith("eval/") and isinstance(v, float)
         }
-        self.console.print(f"step {step} eval: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+        if shown:  # (no held-out rows, or eval_steps=0: nothing to say)
+            self.console.print(f"step {step} eval: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
 
     def _on_stopped(self, step: int, data: dict[str, Any]) -> None:
         self.console.print(stop_message(data["signal"], data.get("phase", "grpo"), step, data["output_dir"]))
