@@ -49,9 +49,10 @@ def _work(P: int, G: int, lengths: list[int], Lp: int = 6, T: int = 7, seed: int
 
 def _grads_close(model, twin, rtol: float = 1e-5, atol: float | None = None) -> None:
     # float32 sums over another set of rows in another order: the two agree to round-off, within
-    # rtol of each parameter's largest gradient (and within `atol` where given). rtol is 1e-5, not 1e-6: a weight gradient sums ~B·T products of float32
-    # values (eps 1.2e-7), and the worst entry was 1.04e-6 of the largest on an AVX-512 machine,
-    # 7e-7 with ATEN_CPU_CAPABILITY=default. A wrong mask or position moves them by O(1).
+    # rtol of each parameter's largest gradient (and within `atol` where given). rtol is 1e-5, not
+    # 1e-6: a weight gradient sums ~B·T products of float32 values (eps 1.2e-7), and the worst entry
+    # was 1.04e-6 of the largest on an AVX-512 machine, 7e-7 with ATEN_CPU_CAPABILITY=default. A wrong
+    # mask or position moves them by O(1).
     for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
         if b.grad is None:
             assert a.grad is None, name

@@ -127,7 +127,7 @@ def test_resume_says_each_allowed_config_change_once_on_rank_0(reference):
     for rank, expected in ((0, 2), (1, 0)):
         events: list[tuple] = []
         d = distributed.Dist(rank=rank, world_size=2)
-        found = run_module.latest_checkpoint(control, changes, d, lambda *e: events.append(e))
+        found = run_module.latest_checkpoint(control, changes, d, lambda *e, events=events: events.append(e))
         assert found == reference / "checkpoint-3"
         messages = [data["message"] for kind, _, data in events if kind == "warning"]
         assert len(messages) == expected and all("changed from" in m for m in messages)
@@ -203,7 +203,7 @@ def test_sharded_state_round_trips_bitwise(tmp_path):
     distributed.save_sharded(distributed.Dist(), tmp_path / "dcp", saved_model, saved_optimizer)
     model, optimizer = _tiny_model_and_optimizer(seed=1)
     distributed.load_sharded(distributed.Dist(), tmp_path / "dcp", model, optimizer)
-    for (name, a), b in zip(saved_model.state_dict().items(), model.state_dict().values()):
+    for (name, a), b in zip(saved_model.state_dict().items(), model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     want, got = saved_optimizer.state_dict(), optimizer.state_dict()
     assert got["param_groups"] == want["param_groups"]

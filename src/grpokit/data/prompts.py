@@ -34,7 +34,7 @@ def _decoded(path: Path) -> str:
         ) from None
 
 
-def _deepest(text: str) -> tuple[int, int]:
+def _deepest(text: str) -> tuple[int, int]:  # noqa: C901 - one scan of a small state machine, read best whole
     """(depth, line) of the most deeply nested bracket of a JSON text: where a document that json
     cannot parse for the recursion it needs (json.loads raises RecursionError, with no position)
     goes too deep. Brackets inside strings do not count."""
