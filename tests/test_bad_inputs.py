@@ -21,7 +21,7 @@ from tests.test_cli_errors import BAD_CLI_INPUTS
 from tests.test_reliability import BAD_INPUTS
 from tests.train.test_reward_and_update_guards import BAD_REWARD_INPUTS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"  # (the README's section moved here)
 
 # (what the user did, test module, test function): inputs checked by a scenario of their own
 SCENARIOS = [
@@ -418,5 +418,5 @@ def test_every_scenario_names_a_test_that_exists():
 def test_the_readme_states_the_count():
     total = sum(map(len, by_class().values()))
     stated = re.search(r"\*\*(\d+) bad inputs\*\*", README.read_text())
-    assert stated is not None, "README: the reliability section must state '**N bad inputs**'"
+    assert stated is not None, "docs/reliability.md must state '**N bad inputs**'"
     assert int(stated.group(1)) == total, {name: len(cases) for name, cases in by_class().items()}

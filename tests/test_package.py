@@ -87,12 +87,28 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_readme_python_example_runs():
+    """The README's example: a custom reward beside a built-in one, trained and evaluated (in the
+    test's own directory: runs/readme is written there)."""
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    after = namespace["result"].eval_after
+    assert {"accuracy", "reward", "rewards/exact_answer/mean", "rewards/shorter/mean"} <= set(after)
+    assert after["rewards/shorter/mean"] < 0 and Path("runs/readme/config.yaml").is_file()
+
+
+def test_the_concepts_pages_python_example_runs():
+    """docs/concepts.md's first example: the parts of a GRPO step by hand (task, tokenizer, policy,
+    engine, rollout, scores)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "concepts.md", "exec"), namespace)  # noqa: S102 - our own documentation
     assert namespace["rollout"].completion_ids.shape[0] == 32
     assert namespace["scores"].rewards.shape == (32,)
 
@@ -209,13 +225,13 @@ def test_no_function_takes_more_than_7_parameters(structure):
     assert {f.name for f in s.long_functions} == set(LONG_ON_PURPOSE)  # the list has no stale entry
 
 
-def test_the_readme_names_existing_tests_for_the_seed_functions():
+def test_the_docs_name_existing_tests_for_the_seed_functions():
     """Every `file.py::test_name` (or `test_prefix_*`) in the seed table names a test that exists (a file
     of tests/golden unless the path starts with tests/)."""
     from tests.helpers import ROOT, named_tests
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("### The seed systems, function by function", 1)[1].split("\n\n## ", 1)[0]
+    page = (ROOT / "docs" / "concepts.md").read_text()
+    table = page.split("### The seed systems, function by function", 1)[1]
     named = named_tests(table, ROOT / "tests" / "golden")
     assert "tests/ops/test_logprobs.py::test_selective_log_softmax_equals_di_engine_methods" in named
     assert "test_seed_functions.py::test_edifice_compute_advantages_*" in named

@@ -430,14 +430,14 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     strict_invariants: bool = option(
         False,
         description="stop (with a checkpoint of the step) when a runtime invariant breaks, instead of "
-        "warning once (README: What grpokit checks for you)",
+        "warning once (docs/health.md)",
         resume=Resume.applied("it decides only whether a broken invariant stops the run"),
     )
     alert_thresholds: dict[str, float] = option(
         {},
         description="training-health alert thresholds to change, by name: entropy_collapse, length_growth, "
         "truncation_share, clip_ratio, kl, zero_spread, reward_hacking, logp_mismatch (defaults in "
-        "README: What grpokit checks for you)",
+        "docs/health.md)",
         resume=Resume.applied("they decide only when a warning is given"),
     )
 

@@ -1,0 +1,69 @@
+"""The docs (docs/, Sphinx with MyST Markdown): built offline with warnings as errors, their reference
+pages what the code generates now, and every relative link of the README and the docs resolving."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")  # a Markdown link's target, without its anchor
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "grpokit_docs_reference", ROOT / "scripts" / "docs_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reference_pages_are_what_the_code_generates(capsys):
+    """An option, default, description or command changed without regenerating the reference fails
+    here, naming the page and the command that regenerates it."""
+    assert _script().main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_every_config_option_appears_in_the_reference_with_its_description():
+    from grpokit.config.reference import CONFIGS
+
+    page = (ROOT / "docs" / "reference" / "config.md").read_text()
+    for schema in CONFIGS:
+        for name, field in schema.model_fields.items():
+            assert f"| `{name}` |" in page, (schema.__name__, name)
+            assert field.description, (schema.__name__, name)  # (the schema refuses one without, too)
+
+
+def test_the_docs_build_offline_with_warnings_as_errors(tmp_path):
+    """Sphinx reads every page (no network: the suite blocks it), and any warning (a broken cross
+    reference, a missing image, a page in no table of contents) fails the build."""
+    import warnings
+
+    from sphinx.cmd.build import build_main
+
+    arguments = ["-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), str(tmp_path / "html")]
+    with warnings.catch_warnings():  # myst-parser's use of Sphinx APIs Sphinx plans to remove: not ours
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        assert build_main(arguments) == 0
+    assert (tmp_path / "html" / "reference" / "config.html").is_file()
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target, _ in LINK.findall(page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert broken == []
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
