@@ -67,3 +67,18 @@ def test_every_relative_link_of_the_readme_and_the_docs_resolves():
 
 def test_the_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_every_alert_has_its_troubleshooting_entry():
+    """Each alert the trainer fires (train/alerts.py: its _fire and Alert calls, and the threshold
+    alerts of ABOVE) has a `### name` entry in docs/troubleshooting.md, and each threshold of
+    config/alerts.py is named there."""
+    from grpokit.config.alerts import ALERT_THRESHOLDS
+    from grpokit.train.alerts import ABOVE
+
+    source = (ROOT / "src" / "grpokit" / "train" / "alerts.py").read_text()
+    fired = set(re.findall(r'(?:_fire|Alert)\(\s*step,\s*"(\w+)"', source)) | set(ABOVE)
+    assert {"non_finite", "entropy_collapse", "length_blowup", "zero_spread", "reward_hacking"} <= fired
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    assert [name for name in sorted(fired) if f"### `{name}`" not in page] == []
+    assert [name for name in ALERT_THRESHOLDS if f"`{name}`" not in page] == []
