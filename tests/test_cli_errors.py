@@ -506,3 +506,22 @@ def test_the_presets_micro_batch_adapts_to_a_smaller_step_and_only_yours_is_refu
     assert main(["print-config", "prompts_per_step=2", "num_generations=4", "micro_batch_size=128"]) == 2
     said = capsys.readouterr().err
     assert "must be divisible by micro_batch_size=128" in said and "Traceback" not in said
+
+
+def test_print_config_shows_a_reward_models_config_and_eval_help_lists_what_eval_reads(capsys):
+    assert main(["print-config", "reward_addition"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# a reward model's config (grpokit reward)") and "\nbatch_size: " in printed
+    assert main(["print-config", "no_such_option=1"]) == 2  # neither config: the train config's error
+    assert "unknown key 'no_such_option'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    shown = capsys.readouterr().out
+    assert (
+        "  num_eval_prompts = " in shown and "  pass_at_k = " in shown and "  learning_rate = " not in shown
+    )
+    for command in ("export", "report", "demo"):  # each says what it does, beyond its one-line help
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        description = capsys.readouterr().out.split("\n\n", 2)[1]
+        assert len(description) > 150 and description.rstrip().endswith("."), (command, description)

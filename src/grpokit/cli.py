@@ -108,10 +108,23 @@ def _console() -> Any:
 def _cmd_print_config(args: argparse.Namespace) -> int:
     """The values a train run applies (those chosen for model: tiny included), each one that is not the
     default under a comment saying where it came from: the preset, yours, or chosen for model=tiny."""
-    from .config import GRPOConfig
+    import yaml
+
+    from .config import ConfigError, GRPOConfig, RewardConfig
     from .config.applied import annotated_yaml, applied
 
-    cfg, preset = _config_and_preset(GRPOConfig, PRESET, args.items)
+    try:
+        cfg, preset = _config_and_preset(GRPOConfig, PRESET, args.items)
+    except ConfigError:  # a reward model's config (a reward_* preset, or a file of its options)?
+        try:
+            reward = _config(RewardConfig, REWARD_PRESET, args.items)
+        except ConfigError:
+            reward = None
+        if reward is None:
+            raise  # (the train config's own error: print-config is for train configs first)
+        print("# a reward model's config (grpokit reward): every value it applies")
+        print(yaml.safe_dump(reward.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
     print(annotated_yaml(applied(cfg, preset)), end="")
     return 0
 
@@ -313,7 +326,7 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     """The command line; `named` ({command: preset}, `help_preset`): a command whose help shows the
     values of the preset named on its command line rather than of the one it runs without CONFIG."""
     from .config import GRPOConfig, RewardConfig, SFTConfig
-    from .config.reference import options_help
+    from .config.reference import EVAL_OPTIONS, options_help
     from .ops import LOSS_TYPES, POLICY_LOSS_TYPES
 
     parser = argparse.ArgumentParser(
@@ -360,7 +373,9 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
                 if name in starts
                 else ""
             ),
-            epilog=options_help(schema, starts.get(name), named=name in named),
+            epilog=options_help(
+                schema, starts.get(name), named=name in named, only=EVAL_OPTIONS if name == "eval" else None
+            ),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         cmd.add_argument(
@@ -387,10 +402,14 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     doctor.add_argument("--groups", type=int, help="prompts to sample (default: prompts_per_step, ≤ 64)")
     doctor.set_defaults(handler=_cmd_doctor)
     export = sub.add_parser(
-        "export", help="a checkpoint as a plain model directory (LoRA adapters merged into the weights)"
+        "export",
+        help="a checkpoint as a plain model directory (LoRA adapters merged into the weights)",
+        description="Write CHECKPOINT as a plain model directory OUT_DIR that transformers' "
+        "AutoModelForCausalLM.from_pretrained loads: safetensors weights (LoRA adapters merged into them), "
+        "the tokenizer and its chat template; the optimizer state and run files stay behind.",
     )
-    export.add_argument("checkpoint")
-    export.add_argument("out_dir")
+    export.add_argument("checkpoint", help="a run's checkpoint-N directory (or its final/)")
+    export.add_argument("out_dir", help="the model directory to write (created; must not hold files)")
     export.set_defaults(handler=_cmd_export)
     serve = sub.add_parser(
         "serve-reward",
@@ -430,8 +449,14 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     )
     _http_options(policy)
     policy.set_defaults(handler=_cmd_serve_policy)
-    report = sub.add_parser("report", help="plots and an HTML page of a run directory")
-    report.add_argument("run_dir")
+    report = sub.add_parser(
+        "report",
+        help="plots and an HTML page of a run directory",
+        description="Write RUN_DIR/report/: a PNG per plot of the run's metrics (each y axis with its unit; "
+        "alerts marked; a series at 0 throughout named in a note instead), the warm start's loss, a reward "
+        "model's diagnostics, and index.html with the last evaluation, the alerts and the config.",
+    )
+    report.add_argument("run_dir", help="a run's output_dir (it holds metrics.jsonl)")
     report.add_argument(
         "--server",
         help="also show greedy completions of held-out prompts sampled on this `grpokit serve-policy` "
@@ -439,11 +464,18 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     )
     report.add_argument("--samples", type=int, default=8, help="with --server: how many prompts (default 8)")
     report.set_defaults(handler=_cmd_report)
-    demo = sub.add_parser("demo", help="run GRPO on a toy task in seconds (exercises grpokit.ops)")
-    demo.add_argument("--steps", type=int, default=60)
-    demo.add_argument("--num-prompts", type=int, default=16)
-    demo.add_argument("--num-generations", type=int, default=8)
-    demo.add_argument("--num-iterations", type=int, default=2)
+    demo = sub.add_parser(
+        "demo",
+        help="run GRPO on a toy task in seconds (exercises grpokit.ops)",
+        description="GRPO on a toy task in seconds, on grpokit.ops alone (no network, no tokenizer): a "
+        "table of logits per prompt learns each prompt's 4-digit answer, (37·p + 11) mod 10000, scored by "
+        "digits right; each step prints the reward. A check that a loss variant learns, and a reading aid "
+        "for the math (train/toy_demo.py).",
+    )
+    demo.add_argument("--steps", type=int, default=60, help="GRPO steps (default 60)")
+    demo.add_argument("--num-prompts", type=int, default=16, help="prompts per step (default 16)")
+    demo.add_argument("--num-generations", type=int, default=8, help="G: completions per prompt (default 8)")
+    demo.add_argument("--num-iterations", type=int, default=2, help="μ: updates per batch (default 2)")
     no_teacher = [t for t in POLICY_LOSS_TYPES if not LOSS_TYPES[t].needs_teacher]  # the toy demo has none
     demo.add_argument("--loss-type", choices=no_teacher, default="dapo")
     demo.add_argument("--beta", type=float, default=0.04)

@@ -61,12 +61,26 @@ def trl_names_of(schema: Any, name: str) -> list[str]:
     return out
 
 
-def options_help(schema: Any, preset: str | None = None, named: bool = False) -> str:
+# the options `grpokit eval` reads (its --help lists these, not the whole training config)
+EVAL_OPTIONS = (
+    "model", "model_revision", "trust_remote_code", "task", "dataset", "dataset_config",
+    "dataset_test_split", "eval_dataset", "prompt_column", "answer_column", "answer_format",
+    "system_prompt", "chat_template_kwargs", "reward_funcs", "reward_weights", "reward_timeout",
+    "on_reward_error", "num_eval_prompts", "pass_at_k", "max_prompt_length", "max_completion_length",
+    "temperature", "seed", "dtype", "device", "decode_loop", "tools", "environment", "max_turns",
+    "request_timeout",
+)  # fmt: skip
+
+
+def options_help(
+    schema: Any, preset: str | None = None, named: bool = False, only: tuple[str, ...] | None = None
+) -> str:
     """Every option of a config class with its default and description: a command's --help epilog.
     With `preset` (the built-in preset the command runs without CONFIG, or, `named`, the one named on
     its command line: `train gsm8k --help`) each option the preset sets also shows its value, and for
     GRPO the value chosen for model: tiny when the option is unset (config/applied.py): what actually
-    applies. An option TRL spells otherwise shows TRL's names."""
+    applies. An option TRL spells otherwise shows TRL's names. `only`: these options alone (a command
+    that reads a few of the config's)."""
     from .applied import TINY, preset_values, tiny_choices
 
     intro = (
@@ -82,11 +96,15 @@ def options_help(schema: Any, preset: str | None = None, named: bool = False) ->
         "value a train run applies and where it came from. TRL's names (bf16, per_device_train_batch_size, "
         "...) are translated or answered."
     )
+    if only is not None:
+        intro += " The options this command reads are listed; the others are accepted and not used."
     lines = [*textwrap.wrap(intro, 100), ""]
     sets = preset_values(preset) if preset else {}
     chosen = tiny_choices(GRPOConfig(model="tiny")) if schema is GRPOConfig else {}
     indent = " " * 6
     for name in ordered(schema):
+        if only is not None and name not in only:
+            continue
         field = schema.model_fields[name]
         allowed = choices(field.annotation)
         applies = (
