@@ -1,5 +1,6 @@
 """The docs' reference pages, generated from the code (docs/reference/): every config option from the
-schema (`grpokit.config.reference.config_reference`) and every command's `--help` from the parser.
+schema (`grpokit.config.reference.config_reference`), every command's `--help` from the parser, and
+every metric a run logs (`grpokit.train.metric_names`).
 
     python3 scripts/docs_reference.py          # write them
     python3 scripts/docs_reference.py --check  # exit 1 naming each page that differs (the suite's test)
@@ -54,7 +55,13 @@ def config_page() -> str:
 
 
 def pages() -> dict[Path, str]:
-    return {DOCS / "cli.md": cli_page(), DOCS / "config.md": config_page()}
+    from grpokit.train.metric_names import metrics_reference
+
+    return {
+        DOCS / "cli.md": cli_page(),
+        DOCS / "config.md": config_page(),
+        DOCS / "metrics.md": metrics_reference(),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -169,3 +169,27 @@ def empty_hub_offline(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")  # its cache lands there too
     return home
+
+
+@pytest.fixture(autouse=True)
+def _every_logged_metric_is_in_the_reference(request, monkeypatch):
+    """Every key any run of the suite logs (MetricsWriter.write, in this process) has its entry in the
+    metrics reference (grpokit/train/metric_names.py, docs/reference/metrics.md); a test that writes
+    made-up keys on purpose is marked custom_metrics."""
+    if request.node.get_closest_marker("custom_metrics") is not None:
+        yield
+        return
+    from grpokit.train.metric_names import undescribed
+    from grpokit.train.metrics import MetricsWriter
+
+    missing: set[str] = set()
+    write = MetricsWriter.write
+
+    def checked(self, step, metrics, prefix=""):
+        row = write(self, step, metrics, prefix)
+        missing.update(undescribed(row))
+        return row
+
+    monkeypatch.setattr(MetricsWriter, "write", checked)
+    yield
+    assert not missing, f"logged without an entry in grpokit/train/metric_names.py: {sorted(missing)}"

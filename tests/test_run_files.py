@@ -82,6 +82,7 @@ def _report_ok(tmp_path, capsys, files: dict[str, str | bytes]) -> str:
 # ----------------------------------------------------------------------------- what the writers write
 
 
+@pytest.mark.custom_metrics  # a bool "flag": the writer's handling of a bool tensor
 def test_every_row_metrics_writer_writes_is_read_back(tmp_path):
     writer = MetricsWriter(tmp_path)
     metrics = {

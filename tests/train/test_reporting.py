@@ -16,6 +16,7 @@ from grpokit.train.metrics import MetricsWriter, check_reporters, wandb_settings
 from tests.helpers import read_metrics
 
 
+@pytest.mark.custom_metrics  # a text "note": what TensorBoard leaves out
 def test_tensorboard_gets_every_scalar_and_the_json_lines_stay(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
