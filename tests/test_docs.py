@@ -82,3 +82,24 @@ def test_every_alert_has_its_troubleshooting_entry():
     page = (ROOT / "docs" / "troubleshooting.md").read_text()
     assert [name for name in sorted(fired) if f"### `{name}`" not in page] == []
     assert [name for name in ALERT_THRESHOLDS if f"`{name}`" not in page] == []
+
+
+def test_metric_patterns_match_the_keys_runs_write_and_nothing_else():
+    from grpokit.train.metric_names import describe, undescribed
+
+    logged = [
+        "rewards/exact_answer/mean",
+        "rewards/remote:127.0.0.1:8000/score/std",  # a reward server's name holds slashes
+        "eval/pass@8",
+        "eval/calibration/0.5-1/accuracy",
+        "eval/rewards/format_tags/mean",
+        "async/staleness",
+    ]
+    assert undescribed(logged) == []
+    assert describe("eval/accuracy").startswith("held-out: ")
+    assert undescribed(["rewards/x/median", "pass@k", "calibration/a-b/count", "clip_ratio/low_max"]) == [
+        "calibration/a-b/count",
+        "clip_ratio/low_max",
+        "pass@k",
+        "rewards/x/median",
+    ]

@@ -1,6 +1,7 @@
 """Every metric a run logs (metrics.jsonl, TensorBoard, wandb), with what it means: the one table the
 docs' metrics reference is generated from (scripts/docs_reference.py), and that the tests hold every
-logged key against (`undescribed`). `<name>` stands for a reward function's name, `<k>` for pass@k's
+logged key against (`undescribed`). `<name>` stands for a reward function's name (a reward server's
+holds slashes: remote:HOST:PORT/PATH), `<k>` for pass@k's
 k, `<bucket>` for a margin bucket (0-0.5, ..., 4-inf); a key with the `eval/` prefix is the held-out
 evaluation's value of the key after it."""
 
@@ -110,7 +111,7 @@ METRICS: dict[str, str] = {
 def _regex(pattern: str) -> re.Pattern[str]:
     text = re.escape(pattern)
     for placeholder, matches in (
-        ("<name>", r"[^/]+"),
+        ("<name>", r".+"),
         ("<k>", r"\d+"),
         ("<bucket>", r"[0-9.]+-(?:[0-9.]+|inf)"),
     ):
