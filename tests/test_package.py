@@ -100,6 +100,17 @@ def test_readme_python_example_runs():
     assert after["rewards/shorter/mean"] < 0 and Path("runs/readme/config.yaml").is_file()
 
 
+def test_the_batch_size_pages_python_example_runs(capsys):
+    """docs/batch-sizes.md: TRL's batch names as grpokit's step (its asserts are the arithmetic)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "batch-sizes.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "batch-sizes.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    assert namespace["rows"] == 8 and namespace["updates"] == 200
+
+
 def test_the_concepts_pages_python_example_runs():
     """docs/concepts.md's first example: the parts of a GRPO step by hand (task, tokenizer, policy,
     engine, rollout, scores)."""
