@@ -51,6 +51,8 @@ def test_the_docs_build_offline_with_warnings_as_errors(tmp_path):
         warnings.simplefilter("ignore", PendingDeprecationWarning)
         assert build_main(arguments) == 0
     assert (tmp_path / "html" / "reference" / "config.html").is_file()
+    api = (tmp_path / "html" / "reference" / "api.html").read_text()  # autodoc found the functions
+    assert "grpo_loss" in api and "GRPO-family policy loss" in api and "GRPOTrainer" in api
 
 
 def test_every_relative_link_of_the_readme_and_the_docs_resolves():
