@@ -414,3 +414,52 @@ class JsonServer:
             return Response(status_code=400)  # nobody to answer: uvicorn sends nothing
         except Exception as error:  # noqa: BLE001 - never a traceback, never a request left unanswered
             return self.reply(request, 500, f"{self.name} could not answer: {one_line(error)}", close=True)
+
+
+# ------------------------------------------------------------------------------------ the commands
+
+
+class _Terminated(Exception):  # noqa: N818 - a signal, not an error
+    """SIGTERM while serving: stop as Ctrl-C does."""
+
+
+def api_key_from(given: str | None) -> str | None:
+    """--api-key, else the environment's GRPOKIT_API_KEY (unset or empty: no key), checked."""
+    import os
+
+    key = given if given is not None else (os.environ.get(API_KEY_ENV) or None)
+    check_api_key(key)
+    return key
+
+
+def bind(make: Callable[[], Any], host: str, port: int) -> Any:
+    """`make()` (a server, which binds its port), a port that cannot be bound said in one line."""
+    try:
+        return make()
+    except OSError as error:
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --port (0: any free "
+            "one) or --host"
+        ) from error
+
+
+def serve_until_stopped(server: JsonServer, host: str, what: str, *, keyed: bool, listening: str) -> None:
+    """A command's server until Ctrl-C or SIGTERM: on stderr a warning when other machines can reach
+    it (it runs `what` for them), on stdout `listening`, then "stopped"; the port released."""
+    import signal
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    warning = exposure_warning(host, server.port, what, keyed=keyed)
+    if warning is not None:
+        print(f"grpokit {server.name}: warning: {warning}", file=sys.stderr, flush=True)
+    print(listening, flush=True)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, _Terminated):
+        print("stopped", flush=True)
+    finally:
+        server.close()
+        signal.signal(signal.SIGTERM, previous)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -47,8 +46,10 @@ from ..net.server import (
     DEFAULT_REQUEST_TIMEOUT,
     JsonServer,
     ServeLimits,
-    check_api_key,
+    api_key_from,
+    bind,
     described,
+    serve_until_stopped,
     stderr_line,
 )
 from ..net.server import exposure_warning as _exposure
@@ -187,10 +188,6 @@ class RewardServer(JsonServer):
 # ------------------------------------------------------------------------------------ grpokit serve-reward
 
 
-class _Terminated(Exception):  # noqa: N818 - a signal, not an error
-    """SIGTERM while serving: stop as Ctrl-C does."""
-
-
 @dataclass(frozen=True)
 class ServeCommand:
     """What `grpokit serve-reward` serves and how: its options, which `check` refuses by their flags."""
@@ -227,14 +224,10 @@ def serve_command(command: ServeCommand) -> None:
     """Serve `command.function` over HTTP until Ctrl-C or SIGTERM: where it listens on stdout, and on
     stderr a warning when other machines can reach it without an API key. A port that cannot be bound
     is one line (a ValueError), as are the options `ServeCommand.check` refuses."""
-    import os
-    import signal
-
     from .loading import named_reward
 
     command.check()
-    api_key = command.api_key if command.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    check_api_key(api_key)
+    api_key = api_key_from(command.api_key)
     fn = named_reward(command.function.strip())
     limits = ServeLimits(
         concurrency=command.concurrency,
@@ -242,26 +235,11 @@ def serve_command(command: ServeCommand) -> None:
         request_timeout=command.request_timeout,
         max_connections=command.max_connections,
     )
-    try:
-        server = RewardServer(fn, command.host, command.port, limits=limits, api_key=api_key)
-    except OSError as error:
-        raise ValueError(
-            f"cannot listen on {command.host}:{command.port}: {error.strerror or error}; choose another "
-            "--port (0: any free one) or --host"
-        ) from error
-
-    def terminated(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    warning = exposure_warning(command.host, server.port, reward_name(fn), keyed=api_key is not None)
-    if warning is not None:
-        print(f"grpokit serve-reward: warning: {warning}", file=sys.stderr, flush=True)
-    print(f"serving reward function {reward_name(fn)!r} at {server.url} (Ctrl-C stops)", flush=True)
-    try:
-        server.serve_forever()
-    except (KeyboardInterrupt, _Terminated):
-        print("stopped", flush=True)
-    finally:
-        server.close()
-        signal.signal(signal.SIGTERM, previous)
+    server = bind(
+        lambda: RewardServer(fn, command.host, command.port, limits=limits, api_key=api_key),
+        command.host,
+        command.port,
+    )
+    listening = f"serving reward function {reward_name(fn)!r} at {server.url} (Ctrl-C stops)"
+    what = f"reward function {reward_name(fn)!r}"
+    serve_until_stopped(server, command.host, what, keyed=api_key is not None, listening=listening)

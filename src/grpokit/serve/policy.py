@@ -592,22 +592,15 @@ class ServePolicyCommand:
             raise ValueError(f"--max-connections {self.max_connections} must be at least 1")
 
 
-def serve_policy(
-    command: ServePolicyCommand, plan: Any, *, ready: Callable[[PolicyServer], None] | None = None
-) -> None:
+def serve_policy(command: ServePolicyCommand, plan: Any) -> None:
     """Load `plan`'s policy (config.plan.eval_plan's: the model, its precision, device and decode loop)
     and serve it until Ctrl-C or SIGTERM; where it listens on stdout, and a warning on stderr when it
     is reachable beyond this machine."""
-    import os
-    import signal
-    import sys
-
-    from ..net.server import API_KEY_ENV, check_api_key, exposure_warning
+    from ..net.server import api_key_from, bind, serve_until_stopped
     from ..train.eval_run import policy_engine
 
     command.check()
-    api_key = command.api_key if command.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    check_api_key(api_key)
+    api_key = api_key_from(command.api_key)
     engine, _ = policy_engine(plan)
     name = command.served_model_name or command.model
     limits = ServeLimits(
@@ -616,31 +609,12 @@ def serve_policy(
         max_connections=command.max_connections,
         max_batch_rows=command.max_batch_rows,
     )
-    try:
-        server = PolicyServer(engine, name, command.host, command.port, limits=limits, api_key=api_key)
-    except OSError as error:
-        raise ValueError(
-            f"cannot listen on {command.host}:{command.port}: {error.strerror or error}; choose another "
-            "--port (0: any free one) or --host"
-        ) from error
-
-    class _Terminated(Exception):  # noqa: N818 - a signal, not an error
-        pass
-
-    def terminated(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    warning = exposure_warning(command.host, server.port, f"the policy {name!r}", keyed=api_key is not None)
-    if warning is not None:
-        print(f"grpokit serve-policy: warning: {warning}", file=sys.stderr, flush=True)
-    print(f"serving {name!r} at {server.url}v1 (Ctrl-C stops)", flush=True)
-    if ready is not None:
-        ready(server)
-    try:
-        server.serve_forever()
-    except (KeyboardInterrupt, _Terminated):
-        print("stopped", flush=True)
-    finally:
-        server.close()
-        signal.signal(signal.SIGTERM, previous)
+    server = bind(
+        lambda: PolicyServer(engine, name, command.host, command.port, limits=limits, api_key=api_key),
+        command.host,
+        command.port,
+    )
+    listening = f"serving {name!r} at {server.url}v1 (Ctrl-C stops)"
+    serve_until_stopped(
+        server, command.host, f"the policy {name!r}", keyed=api_key is not None, listening=listening
+    )
