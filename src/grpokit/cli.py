@@ -327,6 +327,7 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     values of the preset named on its command line rather than of the one it runs without CONFIG."""
     from .config import GRPOConfig, RewardConfig, SFTConfig
     from .config.reference import EVAL_OPTIONS, options_help
+    from .net.server import DEFAULT_MAX_BATCH_ROWS
     from .ops import LOSS_TYPES, POLICY_LOSS_TYPES
 
     parser = argparse.ArgumentParser(
@@ -444,8 +445,9 @@ def build_parser(named: Mapping[str, str] | None = None) -> argparse.ArgumentPar
     policy.add_argument(
         "--max-batch-rows",
         type=int,
-        default=512,
-        help="completions one decode may hold, over the requests it batches (default 512)",
+        default=DEFAULT_MAX_BATCH_ROWS,
+        help="completions one decode may hold, over the requests it batches "
+        f"(default {DEFAULT_MAX_BATCH_ROWS})",
     )
     _http_options(policy)
     policy.set_defaults(handler=_cmd_serve_policy)

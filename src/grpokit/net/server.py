@@ -33,6 +33,7 @@ DEFAULT_MAX_CONNECTIONS = 64
 # An idle keep-alive connection is closed after this many seconds: above httpx's 5 s, so the client
 # closes an idle pooled connection first and never sends on one the server is closing.
 DEFAULT_KEEP_ALIVE = 15.0
+DEFAULT_MAX_BATCH_ROWS = 512  # a policy server: completions one decode may hold (n × prompts, batched)
 SHUTDOWN_GRACE = 5.0  # seconds close() lets requests in flight finish
 
 
@@ -190,7 +191,7 @@ class ServeLimits:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     keep_alive: float = DEFAULT_KEEP_ALIVE
-    max_batch_rows: int = 512
+    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -46,10 +46,9 @@ from typing import Any
 
 from ..config.specs import SamplingParams
 from ..models import tokenizer_fingerprint
-from ..net.server import JsonServer, ServeLimits, stderr_line
+from ..net.server import DEFAULT_MAX_BATCH_ROWS, JsonServer, ServeLimits, stderr_line
 
 MAX_N = 256  # completions per prompt a request may ask for
-DEFAULT_MAX_BATCH_ROWS = 512  # completions one decode may hold (n × prompts, over batched requests)
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "Timeout",
                413: "BadRequestError", 500: "InternalServerError"}  # fmt: skip
 
@@ -483,9 +482,7 @@ class PolicyServer(JsonServer):
     # ------------------------------------------------------------------------------------ answers
 
     def _answer(self, prefix: str, kind: str, ids: list[list[int]], choices: list, rollout: Any) -> dict:
-        completion_tokens = sum(len(c["token_ids"] if "token_ids" in c else c["_ids"]) for c in choices)
-        for c in choices:
-            c.pop("_ids", None)
+        completion_tokens = rollout.completion_tokens
         prompt_tokens = sum(len(p) for p in ids)
         return {
             "id": f"{prefix}-{uuid.uuid4().hex}",
@@ -511,7 +508,6 @@ class PolicyServer(JsonServer):
             "text": rollout.completions[row],
             "logprobs": None,
             "finish_reason": "length" if rollout.truncated[row] else "stop",
-            "_ids": ids,
         }
         if logprobs:
             tokens = [self.tokenizer.decode([t]) for t in ids]
@@ -552,6 +548,11 @@ class _Slice:
     @property
     def truncated(self) -> list[bool]:
         return self.rollout.truncated[self.start : self.start + self.rows].tolist()
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens sampled for this request's rows (each up to and including its EOS or stop)."""
+        return int(self.rollout.completion_mask[self.start : self.start + self.rows].sum())
 
     def tokens(self, row: int) -> tuple[list[int], list[float]]:
         """Row `row`'s sampled token ids and their log-probs (up to and including its EOS or stop)."""
