@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -41,29 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.hub_cache builds the cache a download would leave
 HUB_ID = "Qwen/Qwen2.5-0.5B-Instruct"
 PEAK = "memory/max_allocated_gib"  # the trainer's metric of the GPU's peak
-
-
-def gsm8k_like(root: Path, train: int, test: int, seed: int = 0) -> Path:
-    """Word problems with GSM8K's answer form, as a hub dataset repo lays them out (config `main`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = random.Random(seed)
-
-    def row() -> dict[str, str]:
-        a, b, c = rng.randint(2, 900), rng.randint(2, 900), rng.randint(2, 9)
-        total = (a + b) * c
-        question = f"A shop sells {a} pens on Monday and {b} on Tuesday, {c} times a week. How many pens?"
-        return {"question": question, "answer": f"({a} + {b}) * {c} = {total}\n#### {total:,}"}
-
-    (root / "main").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([row() for _ in range(train)]), root / "main" / "train-0.parquet")
-    pq.write_table(pa.Table.from_pylist([row() for _ in range(test)]), root / "main" / "test-0.parquet")
-    (root / "README.md").write_text(
-        "---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n    path: main/train-*\n"
-        "  - split: test\n    path: main/test-*\n---\n"
-    )
-    return root
 
 
 def summarise(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -86,7 +62,7 @@ def summarise(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.hub_cache import QWEN_05B_SHAPE, build_qwen, snapshot
+    from tests.hub_cache import QWEN_05B_SHAPE, build_qwen, gsm8k_like, snapshot
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

@@ -131,34 +131,16 @@ def hub_home(tmp_path_factory) -> Path:
     return home
 
 
-@pytest.fixture
-def hub_offline(hub_home, monkeypatch) -> Path:
-    """This process, and the processes it starts, read the hub from `hub_home`'s cache only, as a user's
-    machine does after `hf download` with HF_HUB_OFFLINE=1. huggingface_hub reads its environment once at
-    import: its constants are set here too."""
+def read_hub_from(home: Path, monkeypatch) -> Path:
+    """This process, and the processes it starts, read models and datasets from `home`'s Hugging Face
+    cache only, as a user's machine does after `hf download` with HF_HUB_OFFLINE=1. huggingface_hub and
+    datasets read their environment once at import: their constants are set too."""
+    import datasets.config
     from huggingface_hub import constants
 
     from tests.hub_cache import offline_env
 
-    for name, value in offline_env(hub_home).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setattr(constants, "HF_HOME", str(hub_home))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return hub_home
-
-
-@pytest.fixture
-def empty_hub_offline(tmp_path, monkeypatch) -> Path:
-    """An empty Hugging Face cache, read offline by huggingface_hub and datasets (both read their
-    environment once at import, so their constants are set too): any hub id or dataset name is missing,
-    at once, as on a machine that never downloaded it."""
-    import datasets.config
-    from huggingface_hub import constants
-
-    home = tmp_path / "empty_hf_home"
-    for name, value in {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+    for name, value in offline_env(home).items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
@@ -169,6 +151,19 @@ def empty_hub_offline(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")  # its cache lands there too
     return home
+
+
+@pytest.fixture
+def hub_offline(hub_home, monkeypatch) -> Path:
+    """The hub read from `hub_home`'s cache only (read_hub_from)."""
+    return read_hub_from(hub_home, monkeypatch)
+
+
+@pytest.fixture
+def empty_hub_offline(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache, read offline: any hub id or dataset name is missing, at once, as on
+    a machine that never downloaded it."""
+    return read_hub_from(tmp_path / "empty_hf_home", monkeypatch)
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,11 @@ same code path a user's download feeds.
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import subprocess
 import sys
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +161,62 @@ def build_hub_cache(hf_home: Path) -> None:
     """Both models under `hf_home/hub`, as a download would leave them."""
     build_qwen(snapshot(hf_home, QWEN))
     build_llama(snapshot(hf_home, LLAMA))
+
+
+def dataset_snapshot(hf_home: Path, repo: str, source: Path) -> str:
+    """The dataset directory `source` (hub repo layout) moved into `hf_home`'s cache under `repo`, as
+    `hf download REPO --repo-type dataset` leaves it: files in blobs/ (named by their hash), the
+    snapshot of a revision linking to them, refs/main naming that revision."""
+    cache = hf_home / "hub" / ("datasets--" + repo.replace("/", "--"))
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = cache / "blobs" / sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = cache / "snapshots" / REVISION / file.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(
+            Path("..", *[".."] * (len(file.relative_to(source).parts) - 1), "..", "blobs", blob.name)
+        )
+    (cache / "refs").mkdir(exist_ok=True)
+    (cache / "refs" / "main").write_text(REVISION)
+    shutil.rmtree(source)  # only the cache holds it now
+    return repo
+
+
+def gsm8k_like(root: Path, train: int, test: int, seed: int = 0) -> Path:
+    """Word problems with GSM8K's answer form (`... #### 1,234`), as the hub repo lays them out
+    (config `main`: train and test splits in parquet, named by README front matter)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+
+    def row() -> dict[str, str]:
+        a, b, c = rng.randint(2, 900), rng.randint(2, 900), rng.randint(2, 9)
+        total = (a + b) * c
+        question = f"A shop sells {a} pens on Monday and {b} on Tuesday, {c} times a week. How many pens?"
+        return {"question": question, "answer": f"({a} + {b}) * {c} = {total}\n#### {total:,}"}
+
+    (root / "main").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([row() for _ in range(train)]), root / "main" / "train-0.parquet")
+    pq.write_table(pa.Table.from_pylist([row() for _ in range(test)]), root / "main" / "test-0.parquet")
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n    path: main/train-*\n"
+        "  - split: test\n    path: main/test-*\n---\n"
+    )
+    return root
+
+
+def build_docs_hub_cache(hf_home: Path) -> None:
+    """What the docs' commands download, made here: `Qwen/Qwen2.5-0.5B-Instruct` (the tiny Qwen, its
+    context 2048 so the gsm8k preset's 512 + 1024 tokens fit, as in the real model's 32768) and
+    `openai/gsm8k` (64 training and 16 test problems)."""
+    build_qwen(
+        snapshot(hf_home, "Qwen/Qwen2.5-0.5B-Instruct"),
+        shape=TINY_QWEN_SHAPE | {"max_position_embeddings": 2048},
+    )
+    dataset_snapshot(hf_home, "openai/gsm8k", gsm8k_like(hf_home / "gsm8k_download", train=64, test=16))
 
 
 def offline_env(hf_home: Path) -> dict[str, str]:

@@ -525,3 +525,18 @@ def test_print_config_shows_a_reward_models_config_and_eval_help_lists_what_eval
             main([command, "--help"])
         description = capsys.readouterr().out.split("\n\n", 2)[1]
         assert len(description) > 150 and description.rstrip().endswith("."), (command, description)
+
+
+def test_key_value_items_may_follow_an_option(tmp_path, capsys):
+    """`grpokit serve-policy MODEL --port 8001 dtype=bfloat16` (as docs/async.md writes it) and
+    `grpokit doctor --gpu-memory 8GiB KEY=VALUE`: the items after an option are the command's items,
+    in order; an unknown option is still refused."""
+    from grpokit.cli import build_parser
+
+    assert main(["doctor", "--gpu-memory", "8GiB", "num_generations=1"]) == 2
+    assert "num_generations" in capsys.readouterr().err  # the item reached the config
+    with pytest.raises(SystemExit):
+        main(["eval", "model=tiny", "--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    args, extra = build_parser().parse_known_args(["serve-policy", "m", "a=1", "--port", "9", "b=2"])
+    assert (args.items, extra, args.port) == (["a=1"], ["b=2"], 9)  # main() appends extra to items

@@ -86,44 +86,6 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert ci_command == readme[1]
 
 
-def test_readme_python_example_runs():
-    """The README's example: a custom reward beside a built-in one, trained and evaluated (in the
-    test's own directory: runs/readme is written there)."""
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
-    after = namespace["result"].eval_after
-    assert {"accuracy", "reward", "rewards/exact_answer/mean", "rewards/shorter/mean"} <= set(after)
-    assert after["rewards/shorter/mean"] < 0 and Path("runs/readme/config.yaml").is_file()
-
-
-def test_the_batch_size_pages_python_example_runs(capsys):
-    """docs/batch-sizes.md: TRL's batch names as grpokit's step (its asserts are the arithmetic)."""
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "batch-sizes.md").read_text()
-    code = page.split("```python\n", 1)[1].split("```", 1)[0]
-    namespace: dict = {}
-    exec(compile(code, "batch-sizes.md", "exec"), namespace)  # noqa: S102 - our own documentation
-    assert namespace["rows"] == 8 and namespace["updates"] == 200
-
-
-def test_the_concepts_pages_python_example_runs():
-    """docs/concepts.md's first example: the parts of a GRPO step by hand (task, tokenizer, policy,
-    engine, rollout, scores)."""
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
-    code = page.split("```python\n", 1)[1].split("```", 1)[0]
-    namespace: dict = {}
-    exec(compile(code, "concepts.md", "exec"), namespace)  # noqa: S102 - our own documentation
-    assert namespace["rollout"].completion_ids.shape[0] == 32
-    assert namespace["scores"].rewards.shape == (32,)
-
-
 def test_only_the_distributed_module_touches_torch_distributed():
     import ast
     from pathlib import Path

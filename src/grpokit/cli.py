@@ -494,7 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv  # before the command or anywhere after it
     argv = [a for a in argv if a != "--debug"]
-    args = build_parser(help_preset(argv)).parse_args(argv)
+    parser = build_parser(help_preset(argv))
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "items") and not any(word.startswith("-") for word in extra):
+        args.items += extra  # key=value after an option (`MODEL --port 8001 dtype=bfloat16`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if debug:
         return args.handler(args)
     from .user_errors import one_line

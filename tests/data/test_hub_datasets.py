@@ -6,8 +6,6 @@ Everything offline: HF_HOME, the hub cache and datasets' cache are in tmp_path."
 from __future__ import annotations
 
 import json
-import shutil
-from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from grpokit.config.plan import grpo_plan
 from grpokit.data import ANSWER_FORMATS, DataError, apply_answer_format, gsm8k_answer, load_prompts
 from grpokit.train.grpo_setup import resolve_data
 from tests.helpers import TINY_MODEL
+from tests.hub_cache import dataset_snapshot
 
 
 @pytest.fixture(autouse=True)
@@ -97,26 +96,8 @@ def repo(tmp_path, offline) -> Path:
 
 @pytest.fixture
 def hub_cached(tmp_path, offline) -> str:
-    """tiny-org/gsm8k in the hub cache as `hf download` leaves it: files in blobs/ (named by their
-    hash), the snapshot of a revision linking to them, refs/main naming that revision."""
-    source = write_repo(tmp_path / "download")
-    cache = offline / "hub" / "datasets--tiny-org--gsm8k"
-    revision = "0123456789abcdef0123456789abcdef01234567"
-    for file in sorted(p for p in source.rglob("*") if p.is_file()):
-        data = file.read_bytes()
-        blob = cache / "blobs" / sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = cache / "snapshots" / revision / file.relative_to(source)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(
-            Path("..", *[".."] * (len(file.relative_to(source).parts) - 1), "..", "blobs", blob.name)
-        )
-        assert link.read_bytes() == data
-    (cache / "refs").mkdir()
-    (cache / "refs" / "main").write_text(revision)
-    shutil.rmtree(source)  # only the cache holds it now
-    return "tiny-org/gsm8k"
+    """tiny-org/gsm8k in the hub cache as `hf download` leaves it (tests/hub_cache.py)."""
+    return dataset_snapshot(offline, "tiny-org/gsm8k", write_repo(tmp_path / "download"))
 
 
 # ----------------------------------------------------------------------------- answer_format

@@ -96,3 +96,15 @@ def test_an_evaluation_with_nothing_to_show_prints_no_line():
     assert grpo_summary(result) == "done: 3 steps. Run: runs/x"
     result = SimpleNamespace(eval_before={}, eval_after={"reward": 0.5}, steps=3, output_dir="runs/x")
     assert grpo_summary(result) == "done: 3 steps, held-out reward 0.5. Run: runs/x"
+
+
+def test_sample_completions_of_a_conversation_show_its_last_message():
+    """A chat prompt (system prompt + question, as the gsm8k preset makes) is a list of messages: the
+    table shows the question, once per group (found running the docs' gsm8k command)."""
+    console = Console(file=io.StringIO(), width=200)
+    chat = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "2+3?"}]
+    data = {"prompts": [chat, chat, "7+1="], "completions": ["5", "6", "8"], "rewards": [1.0, 0.0, 1.0]}
+    with RichReporter(console, Display(progress=False, num_generations=1), enabled=False) as reporter:
+        reporter.on_event(EventKind.COMPLETIONS, 4, data)
+    printed = console.file.getvalue()
+    assert "2+3?" in printed and "Solve it." not in printed and "7+1=" in printed and "1.00" in printed

@@ -331,3 +331,17 @@ def test_wrong_answers_exist_for_degenerate_rows():
     row = {"prompt": "5555>", "answer": "5555"}
     wrong = _wrong_answer(task, row, random.Random(0), near_miss=1.0)
     assert len(wrong) == 4 and wrong != "5555"
+
+
+def test_a_tiny_reward_model_on_a_preference_file_takes_its_characters(tmp_path):
+    """task=None, model=tiny, dataset=FILE (docs/reward-models.md): the character tokenizer is built
+    from every prompt, chosen and rejected text of the training and held-out files."""
+    from grpokit.config.plan import PairSpec
+    from grpokit.train.reward import preference_data
+
+    train, held = tmp_path / "prefs.jsonl", tmp_path / "held.jsonl"
+    train.write_text(json.dumps({"prompt": "1+2=", "chosen": "3", "rejected": "4"}) + "\n")
+    held.write_text(json.dumps({"prompt": "5*5=", "chosen": "25", "rejected": "x"}) + "\n")
+    spec = PairSpec(task=None, seed=0, dataset=str(train), eval_dataset=str(held))
+    rows, eval_rows, alphabet = preference_data(spec, None, None)
+    assert (len(rows), len(eval_rows), alphabet) == (1, 1, "*+12345=x")

@@ -263,5 +263,13 @@ class RichReporter(Dispatch):
             zip(data["prompts"], data["completions"], data["rewards"], strict=True)
         )[:: self.display.num_generations][: self.display.num_completions_to_print]:
             # as plain text: "[calc(...)]" would otherwise be read as rich markup and vanish
-            table.add_row(Text(prompt), Text(repr(completion)), f"{reward:.2f}")
+            table.add_row(Text(shown_prompt(prompt)), Text(repr(completion)), f"{reward:.2f}")
         self.console.print(table)
+
+
+def shown_prompt(prompt: str | list[dict[str, Any]]) -> str:
+    """A prompt as one line of the completions table: a conversation (system prompt, chat messages)
+    shows its last message, the one the completion answers."""
+    if isinstance(prompt, str):
+        return prompt
+    return str(prompt[-1].get("content", "")) if prompt else ""

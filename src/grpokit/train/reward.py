@@ -29,6 +29,7 @@ from ..data import (
     PreferenceBatch,
     PromptSampler,
     collate_preferences,
+    data_alphabet,
     get_task,
     load_preferences,
     preference_pairs,
@@ -81,7 +82,7 @@ def reward_model_and_tokenizer(
         return loaded.model, loaded.tokenizer
     if alphabet is None:
         raise ValueError(
-            "model='tiny' needs a built-in task (its alphabet makes the tokenizer); set task or model."
+            "model='tiny' needs a built-in task or preference data (their characters make the tokenizer)"
         )
     tokenizer = char_tokenizer(alphabet)
     model = build_reward_model(
@@ -345,7 +346,11 @@ def preference_data(
         )
         if task is None and spec.eval_dataset:
             eval_rows = load_preferences(spec.eval_dataset)
-    return list(train_rows), list(eval_rows)[: spec.num_eval_pairs], task.alphabet if task else None
+    train_rows, eval_rows = list(train_rows), list(eval_rows)[: spec.num_eval_pairs]
+    if task is not None:
+        return train_rows, eval_rows, task.alphabet
+    rejected = data_alphabet(train_rows, eval_rows, prompt_column="rejected", answer_column="rejected")
+    return train_rows, eval_rows, data_alphabet(train_rows, eval_rows, answer_column="chosen", extra=rejected)
 
 
 def train_reward(

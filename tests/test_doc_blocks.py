@@ -1,0 +1,87 @@
+"""Every Python and shell block of README.md and docs/ runs (tests/doc_blocks.py says how), and
+what some pages' blocks compute is checked here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.doc_blocks import PAGES, ROOT, blocks, commands, run_page, with_small_run
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="session")
+def docs_hub(tmp_path_factory) -> Path:
+    """An HF_HOME holding what the docs' commands download (tests/hub_cache.py), built once."""
+    from tests.hub_cache import build_docs_hub_cache
+
+    home = tmp_path_factory.mktemp("docs_hf_home")
+    build_docs_hub_cache(home)
+    return home
+
+
+def check_readme(run):
+    after = run.namespaces[0]["result"].eval_after
+    assert {"accuracy", "reward", "rewards/exact_answer/mean", "rewards/shorter/mean"} <= set(after)
+    assert after["rewards/shorter/mean"] < 0 and (run.directory / "runs/readme/config.yaml").is_file()
+
+
+def check_concepts(run):
+    namespace = run.namespaces[0]
+    assert namespace["rollout"].completion_ids.shape[0] == 32
+    assert namespace["scores"].rewards.shape == (32,)
+
+
+def check_batch_sizes(run):
+    assert run.namespaces[0]["rows"] == 8 and run.namespaces[0]["updates"] == 200
+
+
+CHECKS = {"README.md": check_readme, "concepts.md": check_concepts, "batch-sizes.md": check_batch_sizes}
+
+
+@pytest.mark.slow
+@pytest.mark.loopback  # the servers the pages start
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_block_of_the_page_runs(page, docs_hub, tmp_path, monkeypatch, capsys):
+    from tests.conftest import read_hub_from
+
+    read_hub_from(docs_hub, monkeypatch)
+    work = tmp_path / "page"
+    work.mkdir()
+    run = run_page(page, work)
+    CHECKS.get(page.name, lambda run: None)(run)
+
+
+def test_every_block_is_run_or_marked_with_a_reason():
+    """Each block is Python or shell (run), YAML (written as its named file, or parsed), `text` (a
+    command's output, shown), or marked with its reason: no block without a language slips through
+    unrun. A shell block the runner cannot run fails its page's test."""
+    counts: dict[str, int] = {}
+    for page in PAGES:
+        for block in blocks(page):
+            if block.mark is not None:
+                assert len(block.mark[1]) > 10, block.where()  # a reason, not a word
+                kind = "gpu" if block.mark[0] == "runs on a GPU only" else "not run"
+            else:
+                assert block.lang in ("python", "yaml", "bash", "text"), block.where()
+                kind = block.lang
+            counts[kind] = counts.get(kind, 0) + 1
+    assert counts["python"] >= 9 and counts["bash"] >= 12 and counts["gpu"] >= 2
+
+
+def test_the_small_run_override_adds_only_what_the_command_does_not_set():
+    given = ["eval", "model=m", "num_eval_prompts=9"]
+    assert with_small_run(given) == given
+    words = with_small_run(["train", "gsm8k", "prompts_per_step=8"])
+    assert "prompts_per_step=8" in words and "prompts_per_step=2" not in words
+    assert "max_completion_length=16" in words and "num_generations=2" in words
+    assert with_small_run(["report", "runs/x"]) == ["report", "runs/x"]
+
+
+def test_commands_are_split_on_and_and_comments_dropped():
+    from tests.doc_blocks import Block
+
+    block = Block(ROOT, 1, "bash", "a b && c 'd e'  # note\nf \"g=[h, i]\"\n", None)
+    assert commands(block) == [["a", "b"], ["c", "d e"], ["f", "g=[h, i]"]]
