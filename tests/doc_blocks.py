@@ -14,12 +14,12 @@ the test (tests/hub_cache.py: `Qwen/Qwen2.5-0.5B-Instruct` and `openai/gsm8k` as
   place of the page's `--port N` everywhere on the page) until the block ends, when each must
   answer `/health` and stop on SIGTERM. Every command must exit 0.
 
-The small-run override (SMALL below) is appended to a training command for each key the command
-does not set itself: two prompts of two completions a step, a two-step warm start, four held-out
-prompts, a batch of four for supervised and reward-model steps; and two presets made smaller
-(PRESET_SMALL: gsm8k's 1024 completion tokens and 200 steps, reward_addition_rlhf's model size).
-Other step counts are kept, so checkpoint numbers named later on a page (`checkpoint-400`) are the
-ones a full run keeps.
+The small-run override (TRAINING and PRESET_SMALL below) is appended to a training command for each
+key the command does not set itself and would run with more of (its config resolved first): two
+prompts of two completions a step, a two-step warm start, four held-out prompts, a batch of four for
+supervised and reward-model steps; and two presets made smaller (gsm8k's 1024 completion tokens and
+200 steps, reward_addition_rlhf's model size). Other step counts are kept, so checkpoint numbers
+named later on a page (`checkpoint-400`) are the ones a full run keeps.
 
 What cannot run here is marked in the page source with an HTML comment on the line before the
 block, which GitHub and Sphinx do not show: `<!-- runs on a GPU only: REASON -->`, or `<!-- not run
@@ -135,15 +135,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def resolved_config(words: list[str]):
+    """The config `grpokit CMD ARGS` would run with (its preset, file and overrides), or None where
+    it does not load (the command's own error then shows when it runs)."""
+    from grpokit import cli
+    from grpokit.config import GRPOConfig, RewardConfig, SFTConfig, load_config
+
+    command, items = words[0], [w for w in words[1:] if not w.startswith("-")]
+    try:
+        if command == "sft":
+            return load_config(SFTConfig, *cli._split_args(items))
+        if command in ("reward", "eval-reward"):
+            return cli._config(RewardConfig, cli.REWARD_PRESET, items)
+        return cli._config(GRPOConfig, cli.PRESET, items) if command in TRAINING else None
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+
+
 def with_small_run(words: list[str]) -> list[str]:
-    """`grpokit CMD ARGS` (CMD first) with the small-run override for each key ARGS does not set."""
+    """`grpokit CMD ARGS` (CMD first) with the small-run override: each value lowers what the command
+    would run with (its resolved config), and none is added where ARGS set the key or the command
+    runs with that much or less (a run without a warm start gets none)."""
     command, args = words[0], words[1:]
     small = dict(TRAINING.get(command, {}))
     for preset, extra in PRESET_SMALL.items():
         if preset in args:
             small |= extra
     given = {a.split("=", 1)[0] for a in args if "=" in a and not a.startswith("-")}
-    return words + [f"{k}={v}" for k, v in small.items() if k not in given]
+    config = resolved_config(words) if small else None
+    lower = {
+        key: value
+        for key, value in small.items()
+        if key not in given and not (config is not None and (getattr(config, key, None) or 0) <= int(value))
+    }
+    return words + [f"{k}={v}" for k, v in lower.items()]
 
 
 @dataclass

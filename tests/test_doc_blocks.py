@@ -80,6 +80,14 @@ def test_the_small_run_override_adds_only_what_the_command_does_not_set():
     assert with_small_run(["report", "runs/x"]) == ["report", "runs/x"]
 
 
+def test_the_small_run_override_only_lowers_what_the_config_resolves_to(tmp_path):
+    """No warm start where the run has none, no more held-out prompts than its file sets."""
+    (tmp_path / "run.yaml").write_text("task: addition\nmodel: tiny\nnum_eval_prompts: 3\n")
+    words = with_small_run(["train", str(tmp_path / "run.yaml")])
+    assert [w for w in words if w.startswith(("sft_steps", "num_eval_prompts"))] == []
+    assert "prompts_per_step=2" in words  # the default 8 lowered
+
+
 def test_commands_are_split_on_and_and_comments_dropped():
     from tests.doc_blocks import Block
 
