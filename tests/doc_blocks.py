@@ -18,8 +18,9 @@ The small-run override (TRAINING and PRESET_SMALL below) is appended to a traini
 key the command does not set itself and would run with more of (its config resolved first): two
 prompts of two completions a step, a two-step warm start, four held-out prompts, a batch of four for
 supervised and reward-model steps; and two presets made smaller (gsm8k's 1024 completion tokens and
-200 steps, reward_addition_rlhf's model size). Other step counts are kept, so checkpoint numbers
-named later on a page (`checkpoint-400`) are the ones a full run keeps.
+200 steps, reward_addition_rlhf's model size). A run whose output directory no later command of
+the page names (nor a preset or file they name) is cut to SHORT steps; the others keep their step
+counts, so the checkpoint a later command names (`checkpoint-400`) is the one a full run keeps.
 
 What cannot run here is marked in the page source with an HTML comment on the line before the
 block, which GitHub and Sphinx do not show: `<!-- runs on a GPU only: REASON -->`, or `<!-- not run
@@ -67,6 +68,8 @@ PRESET_SMALL = {
                              "tiny_intermediate_size": "128"},
 }  # fmt: skip
 SERVERS = ("serve-reward", "serve-policy")
+RUNS = ("train", "sft", "reward")  # the commands that make a run directory
+SHORT = 4  # the steps of a run no later command of its page reads
 
 
 @dataclass
@@ -152,17 +155,22 @@ def resolved_config(words: list[str]):
         return None
 
 
-def with_small_run(words: list[str]) -> list[str]:
+def with_small_run(words: list[str], later: str | None = None) -> list[str]:
     """`grpokit CMD ARGS` (CMD first) with the small-run override: each value lowers what the command
     would run with (its resolved config), and none is added where ARGS set the key or the command
-    runs with that much or less (a run without a warm start gets none)."""
+    runs with that much or less (a run without a warm start gets none). `later`, the text of the
+    page's later commands (and of the presets and files they name): a run whose output_dir it does
+    not mention is cut to SHORT steps, since nothing reads its checkpoints."""
     command, args = words[0], words[1:]
     small = dict(TRAINING.get(command, {}))
     for preset, extra in PRESET_SMALL.items():
         if preset in args:
             small |= extra
-    given = {a.split("=", 1)[0] for a in args if "=" in a and not a.startswith("-")}
     config = resolved_config(words) if small else None
+    read_later = config is None or later is None or str(Path(config.output_dir)) in later
+    if command in RUNS and not read_later:
+        small.setdefault("max_steps", str(SHORT))
+    given = {a.split("=", 1)[0] for a in args if "=" in a and not a.startswith("-")}
     lower = {
         key: value
         for key, value in small.items()
@@ -191,6 +199,10 @@ class Runner:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         ports = {port: free_port() for port in re.findall(r"--port (\d+)", self.page.read_text())}
+        self.commands = [
+            (b, c) for b in blocks(self.page) if b.mark is None and b.lang in SHELL for c in commands(b)
+        ]
+        self.done = 0  # of self.commands
         for block in blocks(self.page):
             if block.mark is not None:
                 self.result.marked.append((block.where(), *block.mark))
@@ -206,6 +218,7 @@ class Runner:
                 try:
                     for words in commands(block):
                         words = [self._ports(w, ports) for w in words]
+                        self.done += 1
                         start = time.perf_counter()
                         self._command(block, words)
                         took = time.perf_counter() - start
@@ -222,6 +235,17 @@ class Runner:
             word = str(new) if word == old else word
         return word
 
+    def _later(self) -> str:
+        """The words of the page's commands after the current one, and the text of each file or
+        preset they name."""
+        from grpokit.cli import presets
+
+        words = [w for _, command in self.commands[self.done :] for w in command]
+        named = [self.dir / w for w in words] + [
+            Path(ROOT / "src" / "grpokit" / "presets" / f"{w}.yaml") for w in words if w in presets()
+        ]
+        return " ".join(words + [p.read_text() for p in named if p.suffix == ".yaml" and p.is_file()])
+
     def _command(self, block: Block, words: list[str]) -> None:
         where = f"{block.where()}: {shlex.join(words)}"
         if words[:2] == ["bash", "scripts/setup.sh"] or words[:3] == ["python3", "-m", "pytest"]:
@@ -237,7 +261,7 @@ class Runner:
             # a user's shell has no OMP_NUM_THREADS (the suite pins one per worker): torchrun then sets 1
             env = {k: v for k, v in self.env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
             child = subprocess.run(
-                [*launch, "-m", "grpokit", *with_small_run(words[at + 2 :])],
+                [*launch, "-m", "grpokit", *with_small_run(words[at + 2 :], self._later())],
                 cwd=self.dir, env=env, capture_output=True, text=True, timeout=400,
             )  # fmt: skip
             assert child.returncode == 0, f"{where}\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
@@ -249,7 +273,7 @@ class Runner:
             return
         from grpokit.cli import main
 
-        code = main(with_small_run(words))
+        code = main(with_small_run(words, self._later()))
         assert code == 0, f"{where}: exit code {code}"
 
     def _start_server(self, words: list[str], where: str) -> None:

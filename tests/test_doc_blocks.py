@@ -88,6 +88,12 @@ def test_the_small_run_override_only_lowers_what_the_config_resolves_to(tmp_path
     assert "prompts_per_step=2" in words  # the default 8 lowered
 
 
+def test_a_run_no_later_command_reads_is_cut_short_and_the_others_keep_their_steps():
+    assert "max_steps=4" in with_small_run(["train"], later="report runs/other")
+    assert "max_steps=4" not in with_small_run(["train"], later="eval model=runs/addition/checkpoint-400")
+    assert "max_steps=4" not in with_small_run(["train"])  # no page: steps kept
+
+
 def test_commands_are_split_on_and_and_comments_dropped():
     from tests.doc_blocks import Block
 
