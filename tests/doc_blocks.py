@@ -138,6 +138,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def grpokit_words(words: list[str]) -> list[str] | None:
+    """`CMD ARGS` of a shell command that runs grpokit (`python3 -m grpokit`, `grpokit`, `torchrun ...
+    -m grpokit`), else None."""
+    if words[:3] == ["python3", "-m", "grpokit"]:
+        return words[3:]
+    if words[:1] == ["grpokit"]:
+        return words[1:]
+    if words[:1] == ["torchrun"] and "-m" in words and words[words.index("-m") + 1 :][:1] == ["grpokit"]:
+        return words[words.index("-m") + 2 :]
+    return None
+
+
 def resolved_config(words: list[str]):
     """The config `grpokit CMD ARGS` would run with (its preset, file and overrides), or None where
     it does not load (the command's own error then shows when it runs)."""

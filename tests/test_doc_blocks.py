@@ -7,7 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import PAGES, ROOT, blocks, commands, run_page, with_small_run
+from tests.doc_blocks import (
+    PAGES,
+    ROOT,
+    RUNS,
+    SHELL,
+    blocks,
+    commands,
+    grpokit_words,
+    resolved_config,
+    run_page,
+    shown_files,
+    with_small_run,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -99,3 +111,33 @@ def test_commands_are_split_on_and_and_comments_dropped():
 
     block = Block(ROOT, 1, "bash", "a b && c 'd e'  # note\nf \"g=[h, i]\"\n", None)
     assert commands(block) == [["a", "b"], ["c", "d e"], ["f", "g=[h, i]"]]
+
+
+def test_no_two_runs_of_the_pages_share_an_output_directory(tmp_path, monkeypatch):
+    """A reader who follows the pages in order keeps every run directory, and a run into a directory
+    that holds another is refused: two different commands (not a resume) of any pages must write to
+    different output directories. The same block shown on two pages (the install line of the README
+    and of Get started) is one instruction, run once. (Each page's test runs in a directory of its
+    own, which cannot see this.)"""
+    for name, text in shown_files().items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    writers: dict[str, tuple[str, tuple]] = {}
+    clashes = []
+    for page in PAGES:
+        for block in blocks(page):
+            if block.mark is not None or block.lang not in SHELL:
+                continue
+            for words in commands(block):
+                words = grpokit_words(words)
+                if not words or words[0] not in RUNS or "resume=true" in words:
+                    continue
+                config = resolved_config(words)
+                assert config is not None, (block.where(), words)
+                where = str(Path(config.output_dir))
+                instruction = (block.text, tuple(words))
+                if where in writers and writers[where][1] != instruction:
+                    clashes.append(f"{where}: {writers[where][0]} and {block.where()}")
+                writers.setdefault(where, (block.where(), instruction))
+    assert clashes == []
+    assert len(writers) >= 15  # the pages' runs were found
