@@ -23,8 +23,9 @@ the page names (nor a preset or file they name) is cut to SHORT steps; the other
 counts, so the checkpoint a later command names (`checkpoint-400`) is the one a full run keeps.
 
 What cannot run here is marked in the page source with an HTML comment on the line before the
-block, which GitHub and Sphinx do not show: `<!-- runs on a GPU only: REASON -->`, or `<!-- not run
-by the suite: REASON -->`. Two commands are the suite's own and count as run: `bash scripts/setup.sh
+block, which GitHub and Sphinx do not show: `<!-- runs on a GPU only: REASON -->` (or `<!-- runs on a
+GPU only (N GPUs): REASON -->`), which runs where the machine has that many CUDA devices, or `<!-- not
+run by the suite: REASON -->`. Two commands are the suite's own and count as run: `bash scripts/setup.sh
 ...` (CI runs `scripts/setup.sh test` before the suite) and `python3 -m pytest ...` (this suite).
 """
 
@@ -47,7 +48,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(```+)([\w{}-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
-MARK = re.compile(r"<!-- (runs on a GPU only|not run by the suite): (.+?) -->\s*$")
+MARK = re.compile(r"<!-- (runs on a GPU only|not run by the suite)(?: \((\d+) GPUs\))?: (.+?) -->\s*$")
+GPU_ONLY = "runs on a GPU only"
 FILE_NAME = re.compile(r"#\s*([\w./-]+\.(?:py|yaml|yml|jsonl|json|txt))\b")
 SHELL = ("bash", "sh", "shell", "console")
 TRAINING = {  # the small-run override: key -> value, added where the command does not set the key
@@ -79,6 +81,7 @@ class Block:
     lang: str
     text: str
     mark: tuple[str, str] | None  # (kind, reason) from the comment before the block
+    gpus: int = 1  # the CUDA devices a GPU-only block needs (its mark's "(N GPUs)")
 
     @property
     def file_name(self) -> str | None:
@@ -100,7 +103,7 @@ def blocks(page: Path) -> list[Block]:
         mark = MARK.match(before.strip())
         found.append(
             Block(page, text[: match.start()].count("\n") + 1, match.group(2), match.group(3),
-                  (mark.group(1), mark.group(2)) if mark else None)
+                  (mark.group(1), mark.group(3)) if mark else None, int(mark.group(2) or 1) if mark else 1)
         )  # fmt: skip
     return found
 
@@ -212,11 +215,11 @@ class Runner:
             path.write_text(text)
         ports = {port: free_port() for port in re.findall(r"--port (\d+)", self.page.read_text())}
         self.commands = [
-            (b, c) for b in blocks(self.page) if b.mark is None and b.lang in SHELL for c in commands(b)
+            (b, c) for b in blocks(self.page) if self._runs(b) and b.lang in SHELL for c in commands(b)
         ]
         self.done = 0  # of self.commands
         for block in blocks(self.page):
-            if block.mark is not None:
+            if not self._runs(block):
                 self.result.marked.append((block.where(), *block.mark))
             elif block.lang == "python":
                 namespace: dict = {"__name__": "__main__"}
@@ -239,6 +242,18 @@ class Runner:
                 finally:
                     self._stop_servers(block)
         return self.result
+
+    def _runs(self, block: Block) -> bool:
+        """Unmarked, or GPU-only on a machine with the GPUs it needs (there it runs as any block)."""
+        if block.mark is None:
+            return True
+        import torch
+
+        return block.mark[0] == GPU_ONLY and torch.cuda.device_count() >= block.gpus
+
+    def _env(self, block: Block) -> dict[str, str]:
+        """A subprocess's environment: the suite's CPU-only one, or the machine's for a GPU block."""
+        return self.env if block.mark is None else dict(os.environ)
 
     @staticmethod
     def _ports(word: str, ports: dict[str, int]) -> str:
@@ -271,7 +286,9 @@ class Runner:
             assert words[at + 1] == "grpokit", where
             launch = [sys.executable, "-m", "torch.distributed.run", *words[1:at]]
             # a user's shell has no OMP_NUM_THREADS (the suite pins one per worker): torchrun then sets 1
-            env = {k: v for k, v in self.env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            env = {
+                k: v for k, v in self._env(block).items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            }
             child = subprocess.run(
                 [*launch, "-m", "grpokit", *with_small_run(words[at + 2 :], self._later())],
                 cwd=self.dir, env=env, capture_output=True, text=True, timeout=400,
@@ -281,17 +298,17 @@ class Runner:
         else:
             raise AssertionError(f"{where}: the suite does not know how to run this; mark the block")
         if words[0] in SERVERS:
-            self._start_server(words, where)
+            self._start_server(words, where, self._env(block))
             return
         from grpokit.cli import main
 
         code = main(with_small_run(words, self._later()))
         assert code == 0, f"{where}: exit code {code}"
 
-    def _start_server(self, words: list[str], where: str) -> None:
+    def _start_server(self, words: list[str], where: str, env: dict[str, str]) -> None:
         port = int(words[words.index("--port") + 1])
         child = subprocess.Popen(
-            [sys.executable, "-m", "grpokit", *words], cwd=self.dir, env=self.env,
+            [sys.executable, "-m", "grpokit", *words], cwd=self.dir, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self.servers.append((child, port, where))

@@ -126,7 +126,7 @@ def test_no_two_runs_of_the_pages_share_an_output_directory(tmp_path, monkeypatc
     clashes = []
     for page in PAGES:
         for block in blocks(page):
-            if block.mark is not None or block.lang not in SHELL:
+            if block.lang not in SHELL:  # (marked blocks too: a reader with the GPUs runs them)
                 continue
             for words in commands(block):
                 words = grpokit_words(words)
@@ -141,3 +141,19 @@ def test_no_two_runs_of_the_pages_share_an_output_directory(tmp_path, monkeypatc
                 writers.setdefault(where, (block.where(), instruction))
     assert clashes == []
     assert len(writers) >= 15  # the pages' runs were found
+
+
+def test_a_gpu_block_runs_where_the_machine_has_its_gpus(monkeypatch, tmp_path):
+    import torch
+
+    from tests.doc_blocks import Block, Runner
+
+    runner = Runner(ROOT / "README.md", tmp_path, {})
+    one = Block(ROOT, 1, "bash", "x\n", ("runs on a GPU only", "needs CUDA"), 1)
+    two = Block(ROOT, 1, "bash", "x\n", ("runs on a GPU only", "names cuda:1"), 2)
+    never = Block(ROOT, 1, "bash", "x\n", ("not run by the suite", "two machines"), 1)
+    for count, runs in [(0, [False, False, False]), (1, [True, False, False]), (2, [True, True, False])]:
+        monkeypatch.setattr(torch.cuda, "device_count", lambda count=count: count)
+        assert [runner._runs(b) for b in (one, two, never)] == runs
+    marks = [b.gpus for page in PAGES for b in blocks(page) if b.mark and b.mark[0] == "runs on a GPU only"]
+    assert sorted(marks) == [2, 8]  # get-started's cuda:1, distributed's 8-process FSDP
