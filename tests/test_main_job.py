@@ -41,6 +41,7 @@ def main_job(tmp_path_factory):
     return result, rows, events
 
 
+@pytest.mark.xdist_group("main_job")  # the module's run, built once
 def test_the_main_job_holds_every_invariant_at_every_step(main_job):
     result, rows, events = main_job
     steps = [r for r in rows if "loss" in r]
@@ -58,6 +59,7 @@ def test_the_main_job_holds_every_invariant_at_every_step(main_job):
     }
 
 
+@pytest.mark.xdist_group("main_job")  # the module's run, built once
 def test_the_main_job_fires_no_alert(main_job):
     result, rows, events = main_job
     assert not (result.output_dir / "alerts.jsonl").exists()
@@ -67,6 +69,7 @@ def test_the_main_job_fires_no_alert(main_job):
     assert evals[-1] > evals[0] + 0.15  # and it learned (37% -> 55-75% over seeds and CPUs)
 
 
+@pytest.mark.xdist_group("main_job")  # the module's run, built once
 def test_the_doctor_forecasts_the_main_jobs_zero_spread(main_job, tmp_path):
     """The doctor's share of zero-spread groups, sampled after the same warm start, is within 15
     points of the share the main job's first 10 steps saw."""

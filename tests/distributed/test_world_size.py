@@ -67,6 +67,7 @@ LEARNING_RATE, ADAM_EPS = 1e-2, 1e-8  # as in worker.py
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("updates")  # the module's two torchrun launches, made once
 @pytest.mark.parametrize("case", CASES)
 def test_one_update_is_the_same_on_one_and_two_processes(updates, case):
     one, two = torch.load(updates / f"{case}-ws1.pt"), torch.load(updates / f"{case}-ws2.pt")
@@ -87,6 +88,7 @@ def test_one_update_is_the_same_on_one_and_two_processes(updates, case):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("updates")
 def test_fsdp_cpu_offload_trains(updates):
     """With fsdp_cpu_offload the 2-process update still equals the 1-process one (see above)."""
     test_one_update_is_the_same_on_one_and_two_processes(updates, "grpo-dapo-fsdp_offload")
