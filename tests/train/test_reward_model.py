@@ -345,3 +345,11 @@ def test_a_tiny_reward_model_on_a_preference_file_takes_its_characters(tmp_path)
     spec = PairSpec(task=None, seed=0, dataset=str(train), eval_dataset=str(held))
     rows, eval_rows, alphabet = preference_data(spec, None, None)
     assert (len(rows), len(eval_rows), alphabet) == (1, 1, "*+12345=x")
+
+
+def test_eval_reward_without_pairs_still_names_what_is_missing():
+    """task=None and no eval_dataset: the error names the missing pairs, not an empty alphabet."""
+    from grpokit.config.plan import PairSpec
+    from grpokit.train.reward import preference_data
+
+    assert preference_data(PairSpec(task=None, seed=0), [], None) == ([], [], None)

@@ -349,6 +349,9 @@ def preference_data(
     train_rows, eval_rows = list(train_rows), list(eval_rows)[: spec.num_eval_pairs]
     if task is not None:
         return train_rows, eval_rows, task.alphabet
+    if not (train_rows or eval_rows):  # (the caller says what is missing)
+        return train_rows, eval_rows, None
+    # model=tiny's characters: every prompt, chosen and rejected text
     rejected = data_alphabet(train_rows, eval_rows, prompt_column="rejected", answer_column="rejected")
     return train_rows, eval_rows, data_alphabet(train_rows, eval_rows, answer_column="chosen", extra=rejected)
 
