@@ -277,26 +277,22 @@ class Runner:
         where = f"{block.where()}: {shlex.join(words)}"
         if words[:2] == ["bash", "scripts/setup.sh"] or words[:3] == ["python3", "-m", "pytest"]:
             return  # the suite's own commands: CI runs them to run this
-        if words[:3] == ["python3", "-m", "grpokit"]:
-            words = words[3:]
-        elif words[0] == "grpokit":
-            words = words[1:]
-        elif words[0] == "torchrun":
-            at = words.index("-m")
-            assert words[at + 1] == "grpokit", where
-            launch = [sys.executable, "-m", "torch.distributed.run", *words[1:at]]
+        command = grpokit_words(words)
+        if command is None:
+            raise AssertionError(f"{where}: the suite does not know how to run this; mark the block")
+        if words[0] == "torchrun":
+            launch = [sys.executable, "-m", "torch.distributed.run", *words[1 : words.index("-m")]]
             # a user's shell has no OMP_NUM_THREADS (the suite pins one per worker): torchrun then sets 1
             env = {
                 k: v for k, v in self._env(block).items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
             }
             child = subprocess.run(
-                [*launch, "-m", "grpokit", *with_small_run(words[at + 2 :], self._later())],
+                [*launch, "-m", "grpokit", *with_small_run(command, self._later())],
                 cwd=self.dir, env=env, capture_output=True, text=True, timeout=400,
             )  # fmt: skip
             assert child.returncode == 0, f"{where}\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
             return
-        else:
-            raise AssertionError(f"{where}: the suite does not know how to run this; mark the block")
+        words = command
         if words[0] in SERVERS:
             self._start_server(words, where, self._env(block))
             return
