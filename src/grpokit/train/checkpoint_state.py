@@ -118,7 +118,7 @@ class TrainingState(_Strict):
     entropy_control: EntropyState | None = None
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
     text = repr(value)
@@ -131,7 +131,7 @@ def _first_error(error: ValidationError) -> str:
     where = ".".join(str(part) for part in first["loc"]) or "the state"
     message = first["msg"]
     message = message[len("Value error, ") :] if message.startswith("Value error, ") else message
-    got = "" if first["type"] == "missing" else f" (got {_shown(first.get('input'))})"
+    got = "" if first["type"] == "missing" else f" (got {shown(first.get('input'))})"
     return f"{where}: {message[0].lower()}{message[1:]}{got}"
 
 
@@ -211,14 +211,14 @@ def _structure_problem(where: str, stored: Any, current: Any) -> str | None:
     every number finite. The values themselves may differ: they are what the checkpoint restores."""
     if isinstance(current, dict):
         if not isinstance(stored, dict):
-            return f"{where} is {_shown(stored)}, not a mapping"
+            return f"{where} is {shown(stored)}, not a mapping"
         missing = [key for key in current if key not in stored]
         if missing:
             return f"{where} has no {missing[0]!r}"
         pairs = [(f"{where}.{key}", stored[key], value) for key, value in current.items()]
     elif isinstance(current, (list, tuple)):
         if not isinstance(stored, (list, tuple)) or len(stored) != len(current):
-            return f"{where} is {_shown(stored)}, where this run has {len(current)} values"
+            return f"{where} is {shown(stored)}, where this run has {len(current)} values"
         pairs = [(f"{where}.{i}", a, b) for i, (a, b) in enumerate(zip(stored, current, strict=True))]
     else:
         return _value_problem(where, stored, current)
@@ -229,24 +229,24 @@ def _value_problem(where: str, stored: Any, current: Any) -> str | None:
     """`_structure_problem` for one value: a flag, a number, a tensor or anything else."""
     if isinstance(current, bool) or current is None:  # a flag, or an unset one (`foreach`, `fused`)
         ok = stored is None or isinstance(stored, bool)
-        return None if ok else f"{where} is {_shown(stored)}, not true, false or unset"
+        return None if ok else f"{where} is {shown(stored)}, not true, false or unset"
     if isinstance(current, (int, float)):
         if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not math.isfinite(stored):
-            return f"{where} is {_shown(stored)}, not a finite number"
+            return f"{where} is {shown(stored)}, not a finite number"
         if isinstance(current, int) and not isinstance(stored, int):
-            return f"{where} is {_shown(stored)}, not a whole number"
-        return f"{where} is {_shown(stored)}, out of range" if not 0 <= stored <= MAX_COUNT else None
+            return f"{where} is {shown(stored)}, not a whole number"
+        return f"{where} is {shown(stored)}, out of range" if not 0 <= stored <= MAX_COUNT else None
     if isinstance(current, torch.Tensor):
         fits = (
             isinstance(stored, torch.Tensor)
             and tuple(stored.shape) == tuple(current.shape)
             and stored.dtype.is_floating_point == current.dtype.is_floating_point
         )
-        return None if fits else f"{where} is {_shown(stored)}, where this run has {_shown(current)}"
+        return None if fits else f"{where} is {shown(stored)}, where this run has {shown(current)}"
     return (
         None
         if type(stored) is type(current)
-        else f"{where} is {_shown(stored)}, not a {type(current).__name__}"
+        else f"{where} is {shown(stored)}, not a {type(current).__name__}"
     )
 
 
@@ -264,8 +264,8 @@ def _optimizer_problem(stored: dict[str, Any] | None, optimizer: Any) -> str | N
         return problem
     for i, (group, held) in enumerate(zip(stored["param_groups"], current["param_groups"], strict=True)):
         if list(group["params"]) != list(held["params"]):
-            held_params = _shown(held["params"])
-            return f"optimizer.param_groups.{i}.params is {_shown(group['params'])}, not {held_params}"
+            held_params = shown(held["params"])
+            return f"optimizer.param_groups.{i}.params is {shown(group['params'])}, not {held_params}"
     shapes = {
         index: tuple(p.shape)
         for group, held in zip(optimizer.param_groups, current["param_groups"], strict=True)
@@ -273,7 +273,7 @@ def _optimizer_problem(stored: dict[str, Any] | None, optimizer: Any) -> str | N
     }
     per_param = stored.get("state")
     if not isinstance(per_param, dict):
-        return f"optimizer.state is {_shown(per_param)}, not a mapping"
+        return f"optimizer.state is {shown(per_param)}, not a mapping"
     for index, values in per_param.items():
         if index not in shapes:
             return f"optimizer.state.{index} names no parameter of this run's optimizer"
@@ -287,13 +287,13 @@ def _parameter_state_problem(where: str, values: Any, shape: tuple[int, ...]) ->
     """One parameter's optimizer state: floating-point tensors shaped as the parameter, and a scalar
     step count (AdamW's `step`)."""
     if not isinstance(values, dict):
-        return f"{where} is {_shown(values)}, not a mapping"
+        return f"{where} is {shown(values)}, not a mapping"
     for key, value in values.items():
         if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-            return f"{where}.{key} is {_shown(value)}, not a floating-point tensor"
+            return f"{where}.{key} is {shown(value)}, not a floating-point tensor"
         if key == "step":
             if value.numel() != 1 or not math.isfinite(float(value)) or float(value) < 0:
-                return f"{where}.step is {_shown(value)}, not a count of steps"
+                return f"{where}.step is {shown(value)}, not a count of steps"
         elif tuple(value.shape) != shape:
             return f"{where}.{key} has shape {tuple(value.shape)}, its parameter {shape}"
     return None

@@ -57,9 +57,17 @@ from ..models import (
 )
 from ..rollout import SamplingParams
 from . import distributed
-from .checkpoint import SaveTo, TrainingParts, restore_distributed, save_distributed
+from .checkpoint import (
+    CheckpointError,
+    SaveTo,
+    TrainingParts,
+    restore_distributed,
+    save_distributed,
+    state_error,
+)
 from .evaluation import EvalTask, evaluate
 from .events import EventKind
+from .in_flight import InFlightBounds
 from .metrics import write_sft_metrics
 from .optim import make_optimizer, make_scheduler
 from .run import Emit, StopSignals, policy_and_tokenizer
@@ -782,6 +790,23 @@ def restore(
         distributed.unwrap(engine.reference).load_state_dict(state["reference"])  # (checked: its shapes)
     if trainee.entropy is not None and "entropy_control" in state:
         trainee.entropy.load_state_dict(state["entropy_control"])
-    if trainee.rollout is not None and "rollout" in state:
-        trainee.rollout.load_state_dict(state["rollout"])
+    if trainee.rollout is not None:  # max_staleness: the batches in flight, checked against this run
+        problem = trainee.rollout.load_state_dict(state.get("rollout"), _in_flight_bounds(trainee, state))
+        if problem is not None:
+            raise CheckpointError(state_error(checkpoint, problem))
     return int(state["step"]), {k: float(v) for k, v in state["eval_before"].items()}
+
+
+def _in_flight_bounds(trainee: Trainee, state: dict[str, Any]) -> InFlightBounds:
+    """What this run expects of the batches in flight of the checkpoint `state` came from."""
+    params, module = trainee.params, distributed.unwrap(trainee.engine.train_module)
+    embedding = getattr(module, "get_input_embeddings", lambda: None)()
+    vocab = getattr(embedding, "num_embeddings", None) or len(trainee.engine.tokenizer)
+    return InFlightBounds(
+        step=int(state["step"]),
+        max_staleness=trainee.rollout.max_staleness,
+        every=trainee.rollout.every,
+        rows=params.prompts_per_rank * params.sampling.num_generations,
+        vocab=vocab,
+        prompts=len(trainee.prompts.rows),
+    )

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import logging
 import os
 import pickle
@@ -51,18 +50,23 @@ from typing import Any
 
 import torch
 
+from .checkpoint_state import shown
+from .in_flight import (
+    InFlightBounds,
+    Sampled,
+    dumps,
+    from_plain,
+    in_flight_problem,
+    loads,
+    sampling_version,
+    to_plain,
+)
+
 WEIGHTS_DIR = ".rollout"
 POLL_S = 0.5  # how often a waiting side looks whether the other is still alive
 STARTUP_S = 300.0  # the longest a worker may take to start (import, copy of the policy) when the
 # timeout is shorter: weight_sync_timeout counts from when it is ready
 READY = "ready"
-
-
-def sampling_version(step: int, max_staleness: int, every: int = 1) -> int:
-    """The weight version step `step`'s batch is sampled with: max(0, step − 1 − k), rounded down to
-    a version the trainer publishes (0 and every `every`-th)."""
-    newest = max(0, step - 1 - max_staleness)
-    return newest - newest % every
 
 
 class RolloutError(RuntimeError):
@@ -122,37 +126,34 @@ class WorkerSetup:
 
 
 @dataclass(frozen=True)
-class Sampled:
-    """One step's batch from the worker."""
-
-    step: int
-    version: int  # the weights it was sampled with
-    batch: Any  # train.batch.Batch, on the host
-    metrics: dict[str, Any]
-    prompts_state: dict[str, Any]  # the prompt sampler's state after drawing it
-    worker_wait_s: float  # the worker waiting for this version's weights
-    weight_load_s: float  # the worker loading them
-    worker: int = 0  # which worker sampled it (rollout_workers)
-
-
-@dataclass(frozen=True)
 class WorkerFailed:
     step: int
     message: str  # one line
     details: str  # the traceback, for --debug
 
 
-def _pack(value: Any) -> bytes:
-    """`value` as bytes, its tensors by value. What crosses the queues goes as bytes: torch's own
-    pickling of tensors for multiprocessing shares their memory through the sending process, and
-    fails once that process has ended (the worker's last batches) or moved the storage on."""
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
+def _pack(message: Sampled | WorkerFailed | str) -> bytes:
+    """A message of the worker to the trainer as bytes of tensors and plain values (in_flight.dumps:
+    tensors by value, since torch's own pickling for multiprocessing shares their memory through the
+    sending process, which fails once that process has ended or moved the storage on)."""
+    if isinstance(message, Sampled):
+        return dumps({"kind": "batch"} | to_plain(message))
+    if isinstance(message, WorkerFailed):
+        return dumps(
+            {"kind": "failed", "step": message.step, "text": message.message, "details": message.details}
+        )
+    return dumps({"kind": message})
 
 
-def _unpack(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)  # (our own process's objects, not a file's)
+def _unpack(data: bytes) -> Sampled | WorkerFailed | str:
+    """What `_pack` made (read as tensors and plain values only: torch.load with weights_only=True)."""
+    message = loads(data)
+    kind = message.pop("kind")
+    if kind == "batch":
+        return from_plain(message)
+    if kind == "failed":
+        return WorkerFailed(message["step"], message["text"], message["details"])
+    return str(kind)
 
 
 def weights_path(directory: Path | str, version: int) -> Path:
@@ -252,29 +253,36 @@ def _work(inbox: Any, connection: Any, parent_pid: int, preload: tuple[str, ...]
     for name in preload:  # (one that fails to import fails again, said, when the setup is unpickled)
         with contextlib.suppress(Exception):
             importlib.import_module(name)
-    outbox, step = _Outbox(connection), 0  # (before the first: what failed was the start)
+    outbox, at = _Outbox(connection), _At()  # (step 0 until the first: what failed was the start)
     try:
-        path = _receive(inbox, parent_pid)
-        if path is None:
+        message = _receive(inbox, parent_pid)
+        if message is None:
             return
-        setup, engine = _set_up(path)
-        step = setup.first_step
-        _sample_steps(setup, engine, inbox, outbox)
+        setup, engine = _set_up(*message)
+        at.step = setup.first_step
+        _sample_steps(setup, engine, inbox, outbox, at)
     except BaseException as error:  # noqa: BLE001 - whatever ends the worker is told to the trainer
         with contextlib.suppress(OSError):  # (unless the trainer is gone)
-            outbox.put(_failure(step, error))
+            outbox.put(_failure(at.step, error))
 
 
-def _set_up(path: str) -> tuple[WorkerSetup, Any]:
-    """The setup the trainer wrote to `path` (with the reward files it loaded, `python: file.py:f`,
-    loaded here the same way first, so that the functions in them unpickle), and the engine over the
-    worker's copy of the policy, in training mode as the trainer's engine is when it samples."""
+@dataclass
+class _At:
+    """The step the worker's sampling loop is at (its failure names it)."""
+
+    step: int = 0
+
+
+def _set_up(files: list[Any], packed: bytes) -> tuple[WorkerSetup, Any]:
+    """The setup the trainer sent through the pipe (`RolloutWorker.begin`), once the reward files it
+    loaded (`python: file.py:f`) are loaded here the same way, so that the functions in them unpickle;
+    and the engine over the worker's copy of the policy, in training mode as the trainer's engine is
+    when it samples."""
     from ..engine import PolicyEngine
     from ..rewards.loading import load_files
 
-    files, packed = _unpack(Path(path).read_bytes())
     load_files(files)  # (a reward file that raises here is said as any other failure)
-    setup: WorkerSetup = _unpack(packed)
+    setup = _setup_from_trainer(packed)
     torch.set_num_threads(setup.num_threads)
     if setup.servers:  # sampled on the rollout servers: no policy here
         from ..engine.remote import RemotePolicy
@@ -290,7 +298,13 @@ def _set_up(path: str) -> tuple[WorkerSetup, Any]:
     return setup, engine
 
 
-def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) -> None:
+def _setup_from_trainer(packed: bytes) -> WorkerSetup:
+    """The WorkerSetup the live trainer pickled and sent through this worker's pipe (never a file's
+    bytes): it holds the policy, the tokenizer and the reward functions, which only a pickle carries."""
+    return pickle.loads(packed)  # noqa: S301 - from the trainer process of this run, through a pipe
+
+
+def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox, at: _At) -> None:
     """Each step's batch with exactly its weight version, sent in step order."""
     from safetensors.torch import load_model
 
@@ -307,6 +321,7 @@ def _sample_steps(setup: WorkerSetup, engine: Any, inbox: Any, outbox: _Outbox) 
     outbox.put(READY)
     newest, loaded = -1, -1
     for step in range(setup.first_step, setup.last_step + 1):
+        at.step = step
         if step % setup.workers != setup.worker:  # another worker's step: its prompts, not sampled here
             prompts.next_batch()  # (one draw a step: `check_rollout` refused what draws more)
             continue
@@ -425,16 +440,15 @@ class RolloutWorker:
         outbox.close()
 
     def begin(self, setup: WorkerSetup) -> None:
-        """What the worker samples from, with the reward files it loads first: written to a file (a
-        message through the pipe stays a few bytes), whose path the worker is sent."""
+        """What the worker samples from, with the reward files it loads first, sent through its pipe
+        (never through a file, whose bytes another user could replace: the setup is a pickle). The
+        send returns once the worker has read it all; a worker that died meanwhile is said by `take`."""
         from ..rewards.loading import loaded_files
 
         self.setup = setup
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"setup-rank{setup.rank}-worker{setup.worker}.pt"
-        path.with_suffix(".tmp").write_bytes(_pack((loaded_files(), _pack(setup))))
-        os.replace(path.with_suffix(".tmp"), path)
-        self.inbox.send(str(path))
+        packed = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)  # (tensors by value)
+        with contextlib.suppress(OSError):
+            self.inbox.send((loaded_files(), packed))
 
     def announce(self, version: int) -> None:
         """Tell the worker version `version` of the weights is written (`publish_weights`)."""
@@ -640,7 +654,7 @@ class AsyncRollout:
         for ahead in range(step + 1, last + 1):
             if ahead not in self.buffer:
                 self.buffer[ahead] = self._take(ahead)
-        mine = [_pack(self.buffer[s]) for s in range(step + 1, last + 1)]
+        mine = [to_plain(self.buffer[s]) for s in range(step + 1, last + 1)]
         from . import distributed
 
         # every rank's (a collective under torchrun): rank 0 writes the checkpoint
@@ -649,16 +663,25 @@ class AsyncRollout:
             "last_step": self.setup.last_step,  # (a resume past it: `start`)
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        by_rank = state["in_flight_by_rank"]
+    def load_state_dict(self, state: Any, bounds: InFlightBounds) -> str | None:
+        """The batches in flight a checkpoint holds (tensors and plain values, read with weights_only),
+        once they fit this run (`in_flight.in_flight_problem`); else the problem, in one phrase, and
+        nothing is restored."""
+        by_rank = state.get("in_flight_by_rank") if isinstance(state, dict) else None
         rank, world = (self.d.rank, self.d.world_size) if self.d is not None else (0, 1)
+        if not isinstance(by_rank, list):
+            return f"rollout is {shown(state)}, not the batches in flight of an asynchronous run"
         if len(by_rank) != world:
             raise ValueError(
                 f"this checkpoint of an asynchronous run holds the batches in flight of {len(by_rank)} "
                 f"process(es), each its own share; resume it on {len(by_rank)}, not {world}"
             )
-        self.buffer = {item.step: item for item in map(_unpack, by_rank[rank])}
-        self.saved_last = state.get("last_step")  # (checkpoints before it was saved: None)
+        problem = in_flight_problem(by_rank[rank], state.get("last_step"), bounds)
+        if problem is not None:
+            return problem
+        self.buffer = {item.step: item for item in map(from_plain, by_rank[rank])}
+        self.saved_last = state["last_step"]
+        return None
 
     def next_prompts(self, prompts: Any) -> Any:
         """A copy of the trainer's prompt sampler where the worker starts: after the last batch in hand."""
