@@ -112,7 +112,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # earlier checkpoints are not touched
         if isinstance(error.__context__, KeyboardInterrupt):  # torch's writer failing as Ctrl-C unwound it
             raise error.__context__ from None
-        disk = _as_os_error(error, writing) if isinstance(error, Exception) else None  # not Ctrl-C
+        disk = as_os_error(error, writing) if isinstance(error, Exception) else None  # not Ctrl-C
         if disk is None or disk is error:
             raise
         raise disk from error
@@ -139,10 +139,11 @@ def _discard(checkpoint: Path, staging_name: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _as_os_error(error: BaseException, path: Path) -> OSError | None:
+def as_os_error(error: BaseException, path: Path) -> OSError | None:
     """`error` as the OSError underneath it, its `filename` set to `path` when it has none (the
     command line then says which disk is full), or None when no OSError is behind it. torch.save
-    wraps a failed write in a RuntimeError, safetensors in a SafetensorError naming "os error N"."""
+    wraps a failed write in a RuntimeError, safetensors in a SafetensorError naming "os error N" (or,
+    serializing, "IoError(Os { code: N, ... })")."""
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OSError):
@@ -150,9 +151,9 @@ def _as_os_error(error: BaseException, path: Path) -> OSError | None:
                 seen.filename = str(path)
             return seen
         seen = seen.__cause__ or seen.__context__
-    code = re.search(r"os error (\d+)", str(error))
+    code = re.search(r"os error (\d+)|Os \{ code: (\d+)", str(error))  # (Rust's Display, its Debug)
     if code is not None:
-        number = int(code.group(1))
+        number = int(code.group(1) or code.group(2))
         return OSError(number, os.strerror(number), str(path))
     return None
 

@@ -52,7 +52,7 @@ from .grpo_step import OutOfDeviceMemory, StepResult
 from .hub_push import check_push, push_final
 from .memory_check import check_step_memory
 from .metrics import check_reporters, warn
-from .rollout_worker import AsyncRollout, check_rollout, worker_setup
+from .rollout_worker import AsyncRollout, check_rollout, weights_dir, worker_setup
 from .run import (
     Run,
     RunResult,
@@ -174,6 +174,8 @@ def prepare_run(
     d = distributed.init(spec.placement.device)  # this rank's device: the config's, or cuda:LOCAL_RANK
     output_dir = Path(control.output_dir)
     inputs = check_inputs(plan, given, d, on_event, compare)
+    if plan.rollout is not None:  # its weights directory is grpokit's own (no link, no user's files)
+        weights_dir(output_dir, create=False)
     prepare_output_dir(d, control, inputs.replacing, inputs.resume_from is not None)  # clear, config
     rollout = None
     if plan.rollout is not None:  # max_staleness: the worker's trainer side (the loop sets it up)

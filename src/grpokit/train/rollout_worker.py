@@ -38,6 +38,7 @@ import logging
 import os
 import pickle
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -67,6 +68,9 @@ POLL_S = 0.5  # how often a waiting side looks whether the other is still alive
 STARTUP_S = 300.0  # the longest a worker may take to start (import, copy of the policy) when the
 # timeout is shorter: weight_sync_timeout counts from when it is ready
 READY = "ready"
+# what grpokit writes in WEIGHTS_DIR (and the setup files it wrote there before they went by pipe)
+WEIGHT_FILE = re.compile(r"weights-v\d+\.(safetensors|tmp)|setup-rank\d+-worker\d+\.(pt|tmp)")
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class RolloutError(RuntimeError):
@@ -173,23 +177,64 @@ def publish_weights(module: torch.nn.Module, directory: Path, version: int, d: A
     final = weights_path(directory, version)
     staging = final.with_suffix(".tmp")
     if d is None or not d.enabled:
-        directory.mkdir(parents=True, exist_ok=True)
-        save_model(module, str(staging))  # (save_model keeps tied weights tied)
-        os.replace(staging, final)
+        with _writing(staging, final):
+            save_model(module, str(staging))  # (save_model keeps tied weights tied)
         return time.perf_counter() - began
     weights = distributed.full_state_dict(d, module)  # (rank 0's; empty elsewhere under FSDP)
     if d.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
         seen: set[int] = set()  # tied weights once (the first name), as save_model writes them
         unique = {}
         for name, tensor in weights.items():
             if tensor.data_ptr() not in seen:
                 seen.add(tensor.data_ptr())
                 unique[name] = tensor.contiguous()
-        save_file(unique, str(staging))
-        os.replace(staging, final)
+        with _writing(staging, final):
+            save_file(unique, str(staging))
     distributed.barrier(d)
     return time.perf_counter() - began
+
+
+@contextlib.contextmanager
+def _writing(staging: Path, final: Path) -> Iterator[None]:
+    """The weights written to `staging`, then renamed to `final` (atomic: a reader never sees half a
+    version). A failed write leaves no staging file and is an OSError naming `final` (safetensors says
+    a full disk as a SafetensorError, "os error 28"), which the command line says in one line with the
+    free space."""
+    from .checkpoint import as_os_error
+
+    try:
+        yield
+        os.replace(staging, final)
+    except Exception as error:
+        staging.unlink(missing_ok=True)
+        disk = as_os_error(error, final)
+        if disk is None or disk is error:
+            raise
+        raise disk from error
+
+
+def weights_dir(output_dir: Path, create: bool) -> Path:
+    """`output_dir/.rollout`, where the trainer writes the versions the workers read: grpokit's own,
+    with no one else's files in it. A symbolic link there (its target's files would be overwritten,
+    then deleted), a file, or a directory holding anything but weight files (those a run killed with
+    SIGKILL leaves) is refused in one line; `create`: made, for this user only."""
+    directory = output_dir / WEIGHTS_DIR
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        kind = "a symbolic link" if directory.is_symlink() else "a file"
+        raise ValueError(
+            f"{directory} is {kind}; grpokit makes that directory itself for the weights it sends the "
+            "rollout workers (and deletes what is in it): remove it or move it away"
+        )
+    held = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    foreign = [name for name in held if not WEIGHT_FILE.fullmatch(name)]
+    if foreign:
+        raise ValueError(
+            f"{directory} holds {foreign[0]!r}, which grpokit did not write (it keeps only the weights it "
+            "sends the rollout workers there, and deletes them): move your files out of it"
+        )
+    if create:
+        directory.mkdir(mode=0o700, exist_ok=True)
+    return directory
 
 
 def _receive(inbox: Any, parent_pid: int) -> Any:
@@ -248,8 +293,10 @@ def _work(inbox: Any, connection: Any, parent_pid: int, preload: tuple[str, ...]
     slow reward (a sandbox, a judge) hides behind generation. `inbox` and `connection`: this process's
     ends of its two pipes (the trainer holds the others, so either side sees the other's death)."""
     # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops the worker
+    # (which started with both ignored, `_signals_held`, and keeps them so)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _end_with_the_trainer(parent_pid)
     for name in preload:  # (one that fails to import fails again, said, when the setup is unpickled)
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -264,6 +311,42 @@ def _work(inbox: Any, connection: Any, parent_pid: int, preload: tuple[str, ...]
     except BaseException as error:  # noqa: BLE001 - whatever ends the worker is told to the trainer
         with contextlib.suppress(OSError):  # (unless the trainer is gone)
             outbox.put(_failure(at.step, error))
+
+
+def _end_with_the_trainer(parent_pid: int) -> None:
+    """A thread that ends this process once the trainer is gone (killed with SIGKILL, say), whatever
+    the worker is doing: a reward that hangs would otherwise keep it alive (the sampling loop only
+    looks at the trainer between steps)."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(POLL_S)
+        os._exit(1)  # (nobody is left to read what it would send)
+
+    threading.Thread(target=watch, name="trainer-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while a worker process starts, so that it starts ignoring them (an
+    exec keeps an ignored signal ignored, and Python then installs no KeyboardInterrupt): a Ctrl-C
+    while its interpreter imports is no traceback there. Here they are blocked meanwhile too, so that
+    one arriving in that moment stays pending (Linux never discards a blocked signal) and reaches the
+    trainer's own handler as the block ends."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # (only the main thread sets handlers)
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    handlers = {number: signal.signal(number, signal.SIG_IGN) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 @dataclass
@@ -434,7 +517,7 @@ class RolloutWorker:
         inbox, self.inbox = context.Pipe(duplex=False)  # (the worker reads, the trainer writes)
         self.outbox, outbox = context.Pipe(duplex=False)  # (the trainer reads, the worker writes)
         self.process = context.Process(target=_work, args=(inbox, outbox, os.getpid(), preload), daemon=True)
-        with _main_not_imported():
+        with _main_not_imported(), _signals_held():
             self.process.start()
         inbox.close()
         outbox.close()
@@ -532,6 +615,7 @@ class AsyncRollout:
         self.max_staleness, self.every = spec.max_staleness, spec.weight_sync_steps
         self.timeout, self.output_dir = spec.timeout, output_dir
         self.device = spec.device  # rollout_device (None: chosen by `rollout_device`)
+        weights_dir(output_dir, create=d is None or d.is_main)  # (grpokit's own: checked, then made)
         self.count = spec.workers  # rollout_workers: step s is sampled by workers[s % count]
         self.d = d  # the trainer's distributed.Dist (None: one process)
         self.workers: list[RolloutWorker] = []
