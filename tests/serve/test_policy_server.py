@@ -11,25 +11,15 @@ import httpx2 as httpx
 import pytest
 import torch
 
-from grpokit.config.specs import EngineSpec, SamplingParams
-from grpokit.engine import PolicyEngine
+from grpokit.config.specs import SamplingParams
+from grpokit.models import tokenizer_fingerprint
 from grpokit.net.server import ServeLimits
 from grpokit.serve.policy import PolicyServer
-from tests.hub_cache import QWEN, snapshot
+from tests.hub_cache import QWEN
 
 pytestmark = pytest.mark.loopback
 NAME = "tiny-qwen"
 PROMPT = [9, 14, 21, 30, 7]  # token ids (the tiny BPE vocabulary has them)
-
-
-@pytest.fixture(scope="module")
-def engine(hub_home):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    where = snapshot(hub_home, QWEN)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(where)
-    return PolicyEngine.create(model, tokenizer, EngineSpec(decode_loop="eager"), device=torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +63,13 @@ def test_a_completion_is_openais_schema_field_by_field_and_the_engines_draw(clie
     answer = client.post("/v1/completions", json=body)
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
     got = answer.json()
-    assert set(got) == {"id", "object", "created", "model", "choices", "usage"}
+    assert set(got) == {"id", "object", "created", "model", "choices", "usage"} | {
+        "weight_version",
+        "weight_sender",
+        "tokenizer_fingerprint",
+    }  # (grpokit's: what it sampled with)
+    assert (got["weight_version"], got["weight_sender"]) == (0, None)  # the weights it started with
+    assert got["tokenizer_fingerprint"] == tokenizer_fingerprint(engine.tokenizer)
     assert got["id"].startswith("cmpl-") and got["object"] == "text_completion" and got["model"] == NAME
     assert isinstance(got["created"], int) and abs(got["created"] - time.time()) < 60
     expected, rollout = in_process(
@@ -155,7 +151,7 @@ def test_the_model_list_health_and_weight_version(client):
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [NAME]
     assert models["data"][0]["object"] == "model"
-    assert client.get("/weight_version").json() == {"version": 0}
+    assert client.get("/weight_version").json() == {"version": 0, "sender": None}
 
 
 def test_eight_concurrent_clients_get_their_own_answers_batched(client, server, engine, monkeypatch):
@@ -267,7 +263,8 @@ def test_update_weights_loads_the_trainers_file_and_says_the_version(client, ser
         answer = client.post(
             "/update_weights", json={"path": str(tmp_path / "weights-v3.safetensors"), "version": 3}
         )
-        assert answer.json() == {"version": 3} and client.get("/weight_version").json() == {"version": 3}
+        held = {"version": 3, "sender": None}
+        assert answer.json() == held and client.get("/weight_version").json() == held
         flipped = dict(engine.module.state_dict())
         assert all(torch.equal(flipped[k], -original[k]) for k in original if original[k].is_floating_point())
         after = client.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
@@ -283,7 +280,7 @@ def test_update_weights_loads_the_trainers_file_and_says_the_version(client, ser
             400,
             "path",
         )
-        assert said.startswith("cannot load") and client.get("/weight_version").json() == {"version": 3}
+        assert said.startswith("cannot load") and client.get("/weight_version").json() == held
     finally:
         engine.module.load_state_dict(original)
 

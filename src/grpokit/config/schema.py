@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..net.server import server_base_url
 from ..ops.loss_types import LOSS_TYPES, LossType
 from . import trl_names
 from .alerts import ALERT_THRESHOLDS
@@ -1105,9 +1106,9 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
                 raise ValueError(
                     f"rollout_server_urls: {url!r} is not an http(s) URL (http://HOST:PORT, where "
-                    "`grpokit serve-policy MODEL --port PORT` listens)"
+                    "`grpokit serve-policy MODEL --port PORT` listens, or the http://HOST:PORT/v1 it prints)"
                 )
-        if len(set(urls)) != len(urls):
+        if len({server_base_url(url) for url in urls}) != len(urls):  # (http://H:P/v1 is http://H:P)
             raise ValueError("rollout_server_urls names a server twice: each server once")
         refused = {
             "tools": (bool(self.tools) or self.environment is not None, "multi-turn episodes run in process"),

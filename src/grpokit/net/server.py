@@ -37,6 +37,13 @@ DEFAULT_MAX_BATCH_ROWS = 512  # a policy server: completions one decode may hold
 SHUTDOWN_GRACE = 5.0  # seconds close() lets requests in flight finish
 
 
+def server_base_url(url: str) -> str:
+    """A server's URL as its routes are joined to it: no trailing '/', nor a trailing '/v1' (the URL
+    `grpokit serve-policy` prints ends in /v1, as OpenAI clients take it). The one place a server URL
+    is normalised."""
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")
+
+
 def stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 

@@ -10,8 +10,14 @@ the RL systems built on it speak:
                                   (0: each sampled token's log-prob), return_token_ids (vLLM's)
     POST /v1/chat/completions     the same for chat models: messages through the chat template, as
                                   training applies it (add_generation_prompt); logprobs true/false
-    POST /update_weights          {"path": FILE.safetensors, "version": N}: the weights the trainer wrote
-    GET  /weight_version          {"version": N} (0 until an update)
+    POST /update_weights          {"path": FILE.safetensors, "version": N, "sender": ID}: the weights the
+                                  trainer wrote, the whole file checked before any weight changes
+    GET  /weight_version          {"version": N, "sender": ID} (0 and null until an update)
+
+Every completion answer also says what it was sampled with (grpokit's fields, which a trainer checks on
+each answer, engine/remote.py): `weight_version` and `weight_sender` (the version and the sender id of
+the last update applied before its decode; 0 and null: the weights the server started with) and
+`tokenizer_fingerprint`.
 
 Log-probs are those of the distribution each token was drawn from, after temperature, top-k, top-p
 and min-p (vLLM's `--logprobs-mode processed_logprobs`): the sampler's own. Choices come prompt by
@@ -25,8 +31,10 @@ so that its tokens are those the in-process engine draws with that seed, whoever
 Weight updates are applied between decodes, in the order they arrive.
 
 Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with a 4xx for what the
-client sent (an unknown model is 404) and one line in the log; the HTTP bounds (body size, slow and
-idle clients, connections at once, the API key) are net/server.py's.
+client sent (an unknown model is 404; an OpenAI option this server does not implement, set to anything
+but its default, is 400 naming it, never silently ignored) and one line in the log; the HTTP bounds
+(body size, slow and idle clients, connections at once, the API key) are net/server.py's, and a text
+prompt longer in characters than the model's positions could hold is refused before it is tokenized.
 """
 
 from __future__ import annotations
@@ -49,6 +57,26 @@ from ..models import tokenizer_fingerprint
 from ..net.server import DEFAULT_MAX_BATCH_ROWS, JsonServer, ServeLimits, stderr_line
 
 MAX_N = 256  # completions per prompt a request may ask for
+MAX_SENDER = 64  # characters of an update's sender id
+# OpenAI options this server does not implement, each with the values that mean "not used" (its default,
+# and null): a request setting one to anything else is refused (400, naming it), never answered as if
+# it were not set
+UNUSED_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+}
+COMPLETION_UNUSED = UNUSED_OPTIONS | {"echo": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
+CHAT_UNUSED = UNUSED_OPTIONS | {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # (without tools, "auto" chooses none)
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+}
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "Timeout",
                413: "BadRequestError", 500: "InternalServerError"}  # fmt: skip
 
@@ -100,12 +128,14 @@ class Sampling:
 
 @dataclass
 class Job:
-    """A decode of `prompts` (token ids) for one request, or a weight update (`path`, `version`)."""
+    """A decode of `prompts` (token ids) for one request, or a weight update (`path`, `version`, and the
+    `sender` id its client tags it with)."""
 
     prompts: list[list[int]] = field(default_factory=list)
     sampling: Sampling = field(default_factory=Sampling)
     path: str | None = None
     version: int = 0
+    sender: str | None = None
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -192,6 +222,104 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def refuse_unused(body: dict, options: dict[str, tuple[Any, ...]]) -> None:
+    """RequestError naming the first of `options` (OpenAI's, not implemented here) that `body` sets to
+    anything but a value that means "not used"."""
+    for name, unused in options.items():
+        if name in body and body[name] not in unused:
+            allowed = " or ".join(json.dumps(v) for v in unused)
+            raise RequestError(f"{name} is not supported by this server: leave it out (or {allowed})", name)
+
+
+def read_messages(messages: Any) -> list[Any]:
+    """Chat `messages` with each content one text: a list of OpenAI content parts
+    ([{"type": "text", "text": ...}, ...]) becomes its texts joined by newlines, as vLLM joins them; any
+    other part is refused (RequestError naming it). The rest is the chat template's to check
+    (data.render_prompt)."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content}", "messages")
+    return [
+        _joined_text(m, i) if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+        for i, m in enumerate(messages)
+    ]
+
+
+def _joined_text(message: dict, i: int) -> dict:
+    """Message `i`, its list of content parts made one text (only text parts: else RequestError)."""
+    texts = []
+    for j, part in enumerate(message["content"]):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = (
+                f"a {json.dumps(kind)[:40]} part"
+                if kind not in (None, "text")
+                else 'not a text part {"type": "text", "text": ...}'
+            )
+            raise RequestError(
+                f"messages[{i}].content[{j}] is {what}: only text parts are served", "messages"
+            )
+        texts.append(part["text"])
+    return {**message, "content": "\n".join(texts)}
+
+
+def longest_token(tokenizer: Any) -> int:
+    """The most characters one token of `tokenizer` stands for: its longest vocabulary entry (byte-level
+    BPE writes an entry a character per byte, and a character is at least one byte), so a text of more
+    than positions × this many characters cannot fit the model."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
+
+# ----------------------------------------------------------------------------- a weight update
+
+
+def checked_weights(path: str, state: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The tensors of the safetensors file at `path` that replace `state`'s (a model's state_dict), after
+    checking the whole file: the state's names (tied weights: any one of their names) and no other,
+    each shape equal, a floating dtype where the state's is floating (cast when copied; an integer file
+    is refused) and the state's own dtype elsewhere, every value finite. RequestError (the fault, in
+    words) on the first fault; `state` is not touched."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device=str(device)) as file:
+        names = set(file.keys())
+        _check_names(names, state)
+        for name in sorted(names):
+            header = file.get_slice(name)
+            _check_header(name, tuple(header.get_shape()), header.get_dtype(), state[name])
+        tensors = {name: file.get_tensor(name) for name in sorted(names)}
+    for name, tensor in tensors.items():
+        if not state[name].is_floating_point() and tensor.dtype != state[name].dtype:
+            raise RequestError(f"{name!r} is {tensor.dtype}, not the model's {state[name].dtype}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise RequestError(f"{name!r} holds values that are not finite (NaN or inf)")
+    return tensors
+
+
+def _check_names(names: set[str], state: dict[str, Any]) -> None:
+    """RequestError unless `names` are `state`'s, each tensor by one of its names at least (tied weights
+    share a tensor: safetensors writes one of their names)."""
+    extra = sorted(names - set(state))
+    if extra:
+        raise RequestError(f"it holds {len(extra)} tensor(s) the model does not have, such as {extra[0]!r}")
+    groups: dict[Any, list[str]] = {}  # the state's names by the tensor they name
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else name  # (empty: its own)
+        groups.setdefault(key, []).append(name)
+    missing = [group[0] for group in groups.values() if not names.intersection(group)]
+    if missing:
+        raise RequestError(f"it lacks {len(missing)} of the model's tensors, such as {missing[0]!r}")
+
+
+def _check_header(name: str, shape: tuple[int, ...], dtype: str, held: Any) -> None:
+    """RequestError unless tensor `name` of the file (its shape, and its safetensors dtype: F32, BF16,
+    I8, ...) can replace `held`, the model's."""
+    if shape != tuple(held.shape):
+        raise RequestError(f"{name!r} has shape {list(shape)}, not the model's {list(held.shape)}")
+    if held.is_floating_point() and not dtype.startswith(("F", "BF")):
+        raise RequestError(f"{name!r} is {dtype}, not a floating type the model's {held.dtype} can take")
+
+
 # ----------------------------------------------------------------------------- the server
 
 
@@ -220,7 +348,11 @@ class PolicyServer(JsonServer):
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         config = getattr(engine.module, "config", None)
         self.max_model_tokens = int(getattr(config, "max_position_embeddings", None) or 2**20)
+        # ids the model can draw: its output rows, more than the tokenizer's ids where they are padded
+        self.output_vocab_size = max(int(getattr(config, "vocab_size", None) or 0), self.vocab_size)
+        self.longest_token = longest_token(self.tokenizer)
         self.version, self.created = 0, int(time.time())
+        self.sender: str | None = None  # the id the last weight update came tagged with
         self.decodes = 0  # decodes run (requests batched together count once)
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         super().__init__(host, port, limits=limits, api_key=api_key, log=log)
@@ -271,12 +403,13 @@ class PolicyServer(JsonServer):
             "max_model_len": self.max_model_tokens,
             # (grpokit's: a trainer checks they are its tokenizer's)
             "vocab_size": self.vocab_size,
+            "output_vocab_size": self.output_vocab_size,
             "tokenizer_fingerprint": self.fingerprint,
         }
         return self.reply(request, 200, {"object": "list", "data": [model]})
 
     async def _weight_version(self, request: Any) -> Any:
-        return self.reply(request, 200, {"version": self.version})
+        return self.reply(request, 200, {"version": self.version, "sender": self.sender})
 
     async def _json(self, request: Any) -> dict[str, Any]:
         body = await self.body(request)
@@ -303,6 +436,7 @@ class PolicyServer(JsonServer):
         try:
             body = await self._json(request)
             self._check_model(body)
+            refuse_unused(body, COMPLETION_UNUSED)
             sampling = read_sampling(body, self.max_model_tokens)
             prompts = read_prompts(body.get("prompt"), self.vocab_size)
             logprobs = body.get("logprobs")
@@ -312,7 +446,7 @@ class PolicyServer(JsonServer):
                     "returned",
                     "logprobs",
                 )
-            ids = self._ids(prompts)
+            ids = self._ids(prompts, "prompt")
             rollout = await self._decode(ids, sampling)
         except RequestError as error:
             return self._refuse(request, error)
@@ -328,10 +462,9 @@ class PolicyServer(JsonServer):
         try:
             body = await self._json(request)
             self._check_model(body)
+            refuse_unused(body, CHAT_UNUSED)
             sampling = read_sampling(body, self.max_model_tokens)
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise RequestError("messages must be a non-empty list of {role, content}", "messages")
+            messages = read_messages(body.get("messages"))
             try:
                 text = render_prompt(messages, self.tokenizer, None, body.get("chat_template_kwargs") or {})
             except DataError as error:
@@ -343,7 +476,7 @@ class PolicyServer(JsonServer):
                 raise RequestError(
                     "top_logprobs is not supported: each sampled token's log-prob is", "top_logprobs"
                 )
-            ids = self._ids([text])
+            ids = self._ids([text], "messages")
             rollout = await self._decode(ids, sampling)
         except RequestError as error:
             return self._refuse(request, error)
@@ -368,18 +501,31 @@ class PolicyServer(JsonServer):
                 raise RequestError(
                     "version must be given: the weights' version number (steps trained)", "version"
                 )
-            job = Job(path=path, version=version)
+            sender = body.get("sender")
+            if sender is not None and not (isinstance(sender, str) and 0 < len(sender) <= MAX_SENDER):
+                raise RequestError(f"sender must be an id of 1 to {MAX_SENDER} characters, or null", "sender")
+            job = Job(path=path, version=version, sender=sender)
             self.jobs.put(job)
-            await asyncio.wrap_future(job.done)
+            version, sender = await asyncio.wrap_future(job.done)
         except RequestError as error:
             return self._refuse(request, error)
-        return self.reply(request, 200, {"version": self.version})
+        return self.reply(request, 200, {"version": version, "sender": sender})
 
     # ------------------------------------------------------------------------------------ decoding
 
-    def _ids(self, prompts: list[list[int]] | list[str]) -> list[list[int]]:
-        """Each prompt's token ids (texts tokenized as training tokenizes them: no special tokens added)."""
+    def _ids(self, prompts: list[list[int]] | list[str], param: str) -> list[list[int]]:
+        """Each prompt's token ids (texts tokenized as training tokenizes them: no special tokens added);
+        a text that cannot fit the model's positions is refused before it is tokenized (`param`: the
+        field it came in)."""
         texts = [p for p in prompts if isinstance(p, str)]
+        bound = self.max_model_tokens * self.longest_token
+        longest = max(map(len, texts), default=0)
+        if longest > bound:
+            raise RequestError(
+                f"a text prompt of {longest} characters cannot fit the model's {self.max_model_tokens} "
+                f"positions (a token here is at most {self.longest_token} characters): send a shorter one",
+                param,
+            )
         encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
         ids = [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
         if any(not p for p in ids):
@@ -462,22 +608,28 @@ class PolicyServer(JsonServer):
         start = 0
         for job in batch:
             rows = len(job.prompts) * job.sampling.n
-            job.done.set_result(_Slice(rollout, start, rows, job.sampling.n))
+            job.done.set_result(_Slice(rollout, start, rows, job.sampling.n, self.version, self.sender))
             start += rows
 
     def _load(self, job: Job) -> None:
-        from safetensors.torch import load_model
+        """Apply update `job`, once its whole file is checked (`checked_weights`); a refused file changes
+        no weight, nor the version."""
+        import torch
 
+        state = self.engine.module.state_dict()
         try:
-            load_model(self.engine.module, job.path, device=str(self.engine.device))
+            tensors = checked_weights(str(job.path), state, self.engine.device)
         except Exception as error:  # noqa: BLE001 - a file that is not these weights: one answer
-            line = " ".join(str(error).split())[:300]
-            job.done.set_exception(
-                RequestError(f"cannot load {job.path}: {type(error).__name__}: {line}", "path")
-            )
+            fault = str(error) if isinstance(error, RequestError) else f"{type(error).__name__}: {error}"
+            line = " ".join(fault.split())[:300]
+            kept = f"no weight was changed (version {self.version} kept)"
+            job.done.set_exception(RequestError(f"cannot load {job.path}: {line}; {kept}", "path"))
             return
-        self.version = job.version
-        job.done.set_result(None)
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                state[name].copy_(tensor)  # (the state's tensors are the module's: copied in place)
+        self.version, self.sender = job.version, job.sender
+        job.done.set_result((self.version, self.sender))
 
     # ------------------------------------------------------------------------------------ answers
 
@@ -495,6 +647,10 @@ class PolicyServer(JsonServer):
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             },
+            # (grpokit's: what the decode sampled with, which a trainer checks on every answer)
+            "weight_version": rollout.version,
+            "weight_sender": rollout.sender,
+            "tokenizer_fingerprint": self.fingerprint,
         }
 
     def _choice(
@@ -540,6 +696,8 @@ class _Slice:
     start: int
     rows: int
     n: int  # completions per prompt
+    version: int  # the weight version it was sampled with
+    sender: str | None  # and that version's sender id
 
     @property
     def completions(self) -> list[str]:
