@@ -174,6 +174,15 @@ def default_name(url: str) -> str:
     return f"remote:{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}"
 
 
+def _label(url: str) -> str:
+    """How errors about a RemoteReward's options begin: RemoteReward('URL'), the url redacted."""
+    return f"RemoteReward({redact_url(url)!r})"
+
+
+# What a pickled RemoteReward carries: its options (the url holds what credentials it names itself)
+_OPTIONS = ("url", "timeout", "retries", "backoff", "__name__", "api_key_env", "ca_bundle")
+
+
 class RemoteReward:
     """A reward function computed by a server at `url` (the module docstring has the contract, the
     bounds, the retries and the connection pool). `name` names it in metrics and errors (default
@@ -193,19 +202,39 @@ class RemoteReward:
         api_key_env: str | None = None,
         ca_bundle: str | None = None,
     ) -> None:
-        label = f"RemoteReward({redact_url(url)!r})"
+        label = _label(url)
         check_remote_reward(label, url, timeout, retries, name, api_key_env, ca_bundle)
         if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not 0 <= backoff <= 60:
             raise ValueError(f"{label}: backoff {backoff!r} must be a number of seconds in [0, 60]")
         self.url = url.strip()
         self.timeout, self.retries, self.backoff = float(timeout), retries, float(backoff)
         self.__name__ = name.strip() if name else default_name(self.url)
-        self._token = bearer_token(label, api_key_env) if api_key_env is not None else None
-        self._verify = ca_context(label, ca_bundle) if ca_bundle is not None else None
+        self.api_key_env, self.ca_bundle = api_key_env, ca_bundle
+        self._connect()
+
+    def _connect(self) -> None:
+        """What the client is made from, beyond the options: the token read from `api_key_env`'s
+        variable, the certificates of `ca_bundle`, the credentials hidden in errors, the lock; no
+        client yet (`client` makes it at the first call)."""
+        label = _label(self.url)
+        self._token = bearer_token(label, self.api_key_env) if self.api_key_env is not None else None
+        self._verify = ca_context(label, self.ca_bundle) if self.ca_bundle is not None else None
         secrets = [*url_secrets(self.url), *([self._token] if self._token else [])]
         self._secrets = [s for s in secrets if len(s) >= SCRUBBED_CHARS]
         self._client: Any = None
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The options alone (max_staleness sends reward functions to the rollout worker by pickling):
+        not the client, its lock or the certificates' SSL context, and never the token, which the other
+        side reads again from `api_key_env`'s variable (`__setstate__`)."""
+        return {key: self.__dict__[key] for key in _OPTIONS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """The options, then a fresh `_connect` in this process: the token from its environment (one
+        line naming the variable when it is unset here), the certificates read again, a new lock."""
+        self.__dict__.update(state)
+        self._connect()
 
     def __repr__(self) -> str:
         return f"RemoteReward({redact_url(self.url)!r}, name={self.__name__!r})"

@@ -41,12 +41,24 @@ ABOVE = {
         "the policy has moved far from the reference: rewards may be over-optimised and text degenerate. "
         "Raise beta, lower learning_rate, or sync the reference (sync_ref_model).",
     ),
-    "logp_mismatch": (
-        "sampling/sampling_logp_difference/mean",
-        "the sampler's log-probs differ from the training forward's: the update is off-policy by more "
-        "than round-off. Correct it with sampling_correction (token_truncate), or sample and train in "
-        "the same precision.",
-    ),
+}
+
+# logp_mismatch (`AlertWatch._logp_mismatch`): the sampler's log-probs against the training forward's
+MISMATCH = "sampling/sampling_logp_difference/mean"
+# logged exactly when sampling_correction weighs the step (before_update.py or update.py: ratio_metrics)
+CORRECTED = "sampling/importance_sampling_ratio/mean"
+STALENESS = "async/staleness"  # weight versions between the batch's sampler and the trained policy
+MISMATCH_ADVICE = {  # (the batch sampled by older weights, sampling_correction on) -> what it means, the fix
+    (False, False): "the sampler's log-probs differ from the training forward's: the update is off-policy "
+    "by more than round-off. Correct it with sampling_correction (token_truncate), or sample and train in "
+    "the same precision.",
+    (False, True): "the sampler's log-probs differ from the training forward's on a batch the current "
+    "weights sampled: they compute differently (precision, kernels). sampling_correction weighs the "
+    "difference already, but its bounds cut the weights of the tokens furthest apart: sample and train "
+    "in the same precision.",
+    (True, False): "the batches were sampled by older weights (async/staleness) and sampling_correction "
+    "is none, so the update is off-policy by what the policy learned since. Set sampling_correction: "
+    "token_truncate (the decoupled objective), or lower max_staleness.",
 }
 
 
@@ -121,6 +133,7 @@ class AlertWatch:
             self._entropy_collapse,
             self._length_blowup,
             self._thresholds,
+            self._logp_mismatch,
             self._zero_spread,
         ]
 
@@ -188,6 +201,18 @@ class AlertWatch:
             if value is not None and value > threshold:
                 fired += self._fire(step, name, value, threshold, advice)
         return fired
+
+    def _logp_mismatch(self, step: int, metrics: Mapping[str, Any]) -> list[Alert]:
+        """The sampler's log-probs against the training forward's (`MISMATCH`), above the threshold. On
+        a batch sampled by older weights (async/staleness > 0) that sampling_correction weighs, the
+        difference is the policy's own moves since, which the decoupled objective is there to correct:
+        not read (the run's fresh batches, step 1's, still show a sampler that computes differently).
+        The advice never names a correction the run already applies (`MISMATCH_ADVICE`)."""
+        value, threshold = _finite(metrics.get(MISMATCH)), self.threshold["logp_mismatch"]
+        stale, corrected = (_finite(metrics.get(STALENESS)) or 0.0) > 0, CORRECTED in metrics
+        if value is None or value <= threshold or (stale and corrected):
+            return []
+        return self._fire(step, "logp_mismatch", value, threshold, MISMATCH_ADVICE[stale, corrected])
 
     def _zero_spread(self, step: int, metrics: Mapping[str, Any]) -> list[Alert]:
         share, reward = _finite(metrics.get("frac_reward_zero_std")), _finite(metrics.get("reward"))

@@ -7,7 +7,9 @@
   dies, so a run killed with SIGKILL never leaves a stale lock. Under torchrun only rank 0 takes it;
   the other ranks wait for its answer and raise the same error.
 * The guard: a new run never starts where an earlier one lives unless told to (`claim_output_dir`),
-  and `overwrite=true` deletes only what a run writes (`clear_earlier_run`).
+  and `overwrite=true` deletes only what a run writes (`clear_earlier_run`). What a run that failed
+  in its first step leaves (its opening: config.yaml and the starting evaluation) is not a run: the
+  same or the corrected command starts again there.
 * Checkpoint staging: a checkpoint is written into `.tmp-checkpoint-<step>-<token>` and renamed into
   place; the token is the run's own (chosen by rank 0, the same on every rank), so two writers never
   share a staging directory.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -57,6 +60,9 @@ REPORT_DIR = "report"  # `grpokit report` writes index.html and PNG plots there,
 # What marks a directory as a checkpoint (grpokit's) or a saved model (anyone's): a run must not write there
 CHECKPOINT_FILES = ("state.pt", "manifest.json")
 MODEL_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "adapter_model.*")
+# What a run writes before its first step, beside its config.yaml (`run.begin`): the starting
+# evaluation, in metrics.jsonl and TensorBoard. A run that failed in step 1 leaves only these.
+OPENING = ("metrics.jsonl", "tensorboard")
 # the first line of the config.yaml a version before RUN_CONFIG_MARKER wrote (`applied.annotated_yaml`)
 _EARLIER_CONFIG_HEADER = "# every value is its default unless the comment above it says where it came from"
 
@@ -321,14 +327,25 @@ def claim_output_dir(output_dir: Path, *, resume: bool | None, overwrite: bool) 
     mixed with the new ones and save_total_limit would delete the new checkpoints, the older run's
     having higher step numbers), to resume a run that has no checkpoint to resume from (starting it
     again would delete its metrics and replace its checkpoint directories), and to replace a
-    config.yaml that grpokit did not write. Returns whether there is an earlier run that `overwrite`
-    asks to delete: the caller deletes it (`clear_earlier_run`) once its input is validated, so a
-    command that fails on bad input never destroys anything. Called under the lock
-    (`exclusive_output_dir`), so what it finds cannot change before the run writes. `resume`: None for a
-    command that cannot resume (`grpokit sft`): its refusal then offers only the other two ways."""
+    config.yaml that grpokit did not write. The opening of a run that failed in its first step
+    (`only_an_opening`) is no run to protect: any command replaces it, saying so in one line. Returns
+    whether there is an earlier run to delete (`overwrite`'s, or such an opening): the caller deletes
+    it (`clear_earlier_run`) once its input is validated, so a command that fails on bad input never
+    destroys anything. Called under the lock (`exclusive_output_dir`), so what it finds cannot change
+    before the run writes. `resume`: None for a command that cannot resume (`grpokit sft`): its refusal
+    then offers only the other two ways."""
     found = earlier_run(output_dir)
     refuse_replacing_user_config(output_dir, found)
     shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    if only_an_opening(output_dir, found):  # a run that failed in its first step: started again
+        logger.warning(
+            "output_dir %r holds only the opening of a run that finished no step (%s: its starting "
+            "evaluation) and saved no checkpoint%s; this run replaces it",
+            str(output_dir),
+            shown,
+            ", so resume=true has nothing to continue" if resume else "",
+        )
+        return True
     if found and resume and not list_checkpoints(output_dir):
         raise EarlierRunError(
             f"output_dir {str(output_dir)!r} holds a run ({shown}) but no checkpoint to resume from (a "
@@ -345,6 +362,36 @@ def claim_output_dir(output_dir: Path, *, resume: bool | None, overwrite: bool) 
             f"output_dir {str(output_dir)!r} already holds a run ({shown}); {then}"
             "start a new one with another output_dir=..., or replace it with overwrite=true."
         )
+    return True
+
+
+def only_an_opening(output_dir: Path, found: list[str]) -> bool:
+    """Whether the earlier run `found` in `output_dir` (`earlier_run`'s names) is only a run's opening:
+    what a run that failed or was killed in its first step leaves, its starting evaluation (metrics.jsonl
+    and TensorBoard's copy, every row of metrics.jsonl and alerts.jsonl at step 0) and no checkpoint or
+    final model. Nothing there can be resumed, and no step's figures would mix with a new run's, so the
+    same or the corrected command replaces it. A row that cannot be read, or a reward model's diagnostics
+    (written when a run ends, even with max_steps=0), keep the directory protected as any run's."""
+    if "metrics.jsonl" not in found or not set(found) <= set(OPENING):
+        return False
+    if (output_dir / "reward_diagnostics.json").exists():  # a finished reward-model run
+        return False
+    return all(_rows_at_step_0(output_dir / name) for name in ("metrics.jsonl", "alerts.jsonl"))
+
+
+def _rows_at_step_0(path: Path) -> bool:
+    """Whether every line of the JSONL file `path` (none where it is absent) is a row of step 0; read up
+    to the first that is not, so a long run's file costs one line. A line that is not a JSON row: False."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                if not isinstance(row, dict) or type(row.get("step")) is not int or row["step"] != 0:
+                    return False
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):  # (UnicodeDecodeError and json's errors are ValueErrors)
+        return False
     return True
 
 
@@ -467,7 +514,8 @@ def interrupted_line(output_dir: Path) -> str:
             f"interrupted (Ctrl-C); {str(saved[-1])!r} is the last complete checkpoint: continue with "
             f"output_dir={str(output_dir)!r} resume=true"
         )
-    if earlier_run(output_dir):
+    found = earlier_run(output_dir)
+    if found and not only_an_opening(output_dir, found):
         return (
             "interrupted (Ctrl-C) before the first checkpoint was complete: start again with "
             f"output_dir={str(output_dir)!r} overwrite=true"
