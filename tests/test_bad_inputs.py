@@ -360,6 +360,221 @@ SCENARIOS = [
         "tests.test_bad_inputs_models_data",
         "test_a_reward_that_edits_its_arguments_in_place_changes_nothing_the_next_one_sees",
     ),
+    (
+        "async: a crafted batch in flight in state.pt (a payload that runs code), manifest matched",
+        "tests.train.test_async_untrusted",
+        "test_a_crafted_batch_in_flight_runs_no_code_on_resume",
+    ),
+    (
+        "async: a batch in flight that is garbage bytes",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is a string",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is an empty list",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is a wrong step",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is a wrong weight version",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is ids past the vocabulary or negative",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is a mask of another dtype",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is fewer rows than the run's",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a batch in flight that is a sampler position past the data",
+        "tests.train.test_async_untrusted",
+        "test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes",
+    ),
+    (
+        "async: a worker failing outside its scoring thread (said at its real step)",
+        "tests.train.test_async_untrusted",
+        "test_a_worker_failing_outside_its_scoring_thread_names_its_step",
+    ),
+    (
+        "async: Ctrl-C while a rollout worker starts",
+        "tests.train.test_async_faults",
+        "test_a_ctrl_c_while_a_worker_starts_is_held_not_a_traceback",
+    ),
+    (
+        "async: a full disk while publishing weights",
+        "tests.train.test_async_faults",
+        "test_a_full_disk_while_publishing_weights_names_the_file_and_the_free_space",
+    ),
+    (
+        "async: output_dir/.rollout that is a symbolic link",
+        "tests.train.test_async_faults",
+        "test_a_rollout_directory_grpokit_did_not_make_is_refused_and_left_alone",
+    ),
+    (
+        "async: output_dir/.rollout that is a file",
+        "tests.train.test_async_faults",
+        "test_a_rollout_directory_grpokit_did_not_make_is_refused_and_left_alone",
+    ),
+    (
+        "async: output_dir/.rollout that is holding a user's file",
+        "tests.train.test_async_faults",
+        "test_a_rollout_directory_grpokit_did_not_make_is_refused_and_left_alone",
+    ),
+    (
+        "async: the trainer killed with SIGKILL while a reward hangs in the worker",
+        "tests.train.test_async_faults",
+        "test_no_worker_outlives_a_trainer_killed_while_a_reward_hangs",
+    ),
+    (
+        "async: a run that failed in its first step, then the corrected command",
+        "tests.train.test_async_faults_b",
+        "test_a_run_that_failed_in_step_1_is_started_again_by_the_corrected_command",
+    ),
+    (
+        "async: a {url: ...} reward with max_staleness",
+        "tests.train.test_async_faults_b",
+        "test_a_url_reward_scores_in_the_rollout_worker_as_in_the_trainer",
+    ),
+    (
+        "async: a stale batch under the decoupled objective (no false logp_mismatch)",
+        "tests.train.test_async_faults_b",
+        "test_a_stale_run_under_the_decoupled_objective_raises_no_logp_mismatch",
+    ),
+    (
+        "policy servers: a rollout server restarted behind its URL",
+        "tests.serve.test_server_answers_checked",
+        "test_a_server_restarted_behind_its_url_is_sent_the_weights_again",
+    ),
+    (
+        "policy servers: a restarted server whose weights file is gone",
+        "tests.serve.test_server_answers_checked",
+        "test_a_restarted_server_whose_weights_file_is_gone_ends_the_run_naming_both_versions",
+    ),
+    (
+        "policy servers: two runs sharing one rollout server",
+        "tests.serve.test_server_answers_checked",
+        "test_two_runs_sharing_a_server_are_told_apart_even_at_the_same_version",
+    ),
+    (
+        "policy servers: a server restarted with another tokenizer",
+        "tests.serve.test_server_answers_checked",
+        "test_a_server_restarted_with_another_tokenizer_is_refused_on_its_next_answer",
+    ),
+    (
+        "policy servers: the /v1 URL serve-policy prints, in rollout_server_urls",
+        "tests.serve.test_server_answers_checked",
+        "test_the_v1_url_serve_policy_prints_is_the_server",
+    ),
+    (
+        "policy servers: an answer with token ids past the vocabulary",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with negative token ids",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with float token ids",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with log-probs of another length",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with positive log-probs",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with NaN log-probs",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with a completion longer than max_tokens",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: an answer with text that the ids do not decode to",
+        "tests.serve.test_server_answers_checked",
+        "test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault",
+    ),
+    (
+        "policy servers: /update_weights with a tensor of another shape (nothing changed)",
+        "tests.serve.test_server_answers_checked",
+        "test_a_refused_update_changes_no_weight",
+    ),
+    (
+        "policy servers: /update_weights with an extra or a missing tensor (nothing changed)",
+        "tests.serve.test_server_answers_checked",
+        "test_a_refused_update_changes_no_weight",
+    ),
+    (
+        "policy servers: /update_weights with int8 weights (nothing changed)",
+        "tests.serve.test_server_answers_checked",
+        "test_a_refused_update_changes_no_weight",
+    ),
+    (
+        "policy servers: /update_weights with a NaN weight (nothing changed)",
+        "tests.serve.test_server_answers_checked",
+        "test_a_refused_update_changes_no_weight",
+    ),
+    (
+        "policy servers: a text prompt far past the model's context",
+        "tests.serve.test_server_answers_checked",
+        "test_a_text_prompt_too_long_for_the_model_is_refused_before_it_is_tokenized",
+    ),
+    (
+        "policy servers: chat content as a list of parts",
+        "tests.serve.test_server_answers_checked",
+        "test_chat_content_as_a_list_of_text_parts_is_its_texts_joined",
+    ),
+    (
+        "policy servers: echo, suffix or best_of",
+        "tests.serve.test_server_answers_checked",
+        "test_openai_options_it_does_not_implement_are_refused_not_ignored",
+    ),
+    (
+        "policy servers: eval or report --server with the server down",
+        "tests.serve.test_server_commands",
+        "test_a_server_that_is_down_is_one_line_and_exit_code_2",
+    ),
+    (
+        "policy servers: eval or report --server on a server of another tokenizer",
+        "tests.serve.test_server_commands",
+        "test_a_server_with_another_tokenizer_is_one_line_and_exit_code_2",
+    ),
+    (
+        "policy servers: eval --server with the /v1 URL",
+        "tests.serve.test_server_commands",
+        "test_eval_takes_the_v1_url_serve_policy_prints",
+    ),
 ]
 
 
@@ -379,6 +594,8 @@ def kind(expected: object) -> str:
 # a scenario's class, by how its description starts (else: checkpoints and run directories)
 SCENARIO_CLASSES = {
     "serve-reward:": "servers and remote rewards",
+    "policy servers:": "policy servers",
+    "async:": "asynchronous runs",
     "remote reward:": "servers and remote rewards",
     "report:": "report",
     "rewards:": "rewards",
