@@ -213,6 +213,15 @@ def test_the_schema_by_hand():
     assert plain_problem(item | {"batch": nan}) == "batch.sampling_logps holds NaN"
     per_token = dict(batch, advantages=torch.zeros(2, 3))  # per-token advantages: [B, T]
     assert plain_problem(item | {"batch": per_token}) is None
+    chat = [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1="}]
+    assert plain_problem(item | {"batch": dict(batch, prompts=[chat, chat])}) is None  # conversations
+    broken = [{"role": "user", "content": object()}]
+    assert plain_problem(item | {"batch": dict(batch, prompts=[chat, broken])}).startswith(
+        "batch.prompts is [[{'role': 'system'"
+    )
+    assert plain_problem(item | {"batch": dict(batch, completions=["2", ["3"]])}) == (
+        "batch.completions is ['2', ['3']], not 2 completions"
+    )
 
 
 CALLS = {"n": 0}

@@ -34,7 +34,7 @@ TENSOR_KINDS = {
     "rewards": "float",
     "completion_attention": "mask",  # (None for a single turn)
 }
-TEXTS = ("prompts", "completions")
+TEXTS = ("prompts", "completions")  # [B] each: a prompt is a text or a conversation (messages)
 TIMES = ("worker_wait_s", "weight_load_s")
 
 
@@ -180,13 +180,37 @@ def _batch_problem(batch: Any) -> str | None:
         value = batch.get(name)
         if value is not None and (B < 0 or T < 0 or tuple(value.shape) not in allowed):
             return f"batch.{name} is {shown(value)}, not [B, ...] as batch.prompt_ids and completion_ids"
-    for name in TEXTS:
+    for name, fits in (("prompts", _is_prompt), ("completions", _is_text)):
         texts = batch.get(name)
-        if not isinstance(texts, list) or len(texts) != B or not all(isinstance(t, str) for t in texts):
-            return f"batch.{name} is {shown(texts)}, not {B} texts"
+        if not isinstance(texts, list) or len(texts) != B or not all(map(fits, texts)):
+            return f"batch.{name} is {shown(texts)}, not {B} {name}"
     if bool(batch["sampling_logps"].isnan().any()):
         return "batch.sampling_logps holds NaN"
     return None
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_prompt(value: Any) -> bool:
+    """A prompt as a batch holds it: a text, or a conversation (messages: mappings of names to plain
+    values, such as {"role": "user", "content": "..."})."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, list) and all(
+        isinstance(m, dict) and all(isinstance(k, str) and _is_plain(v) for k, v in m.items()) for m in value
+    )
+
+
+def _is_plain(value: Any) -> bool:
+    """Text, a number, a flag or None, or lists and string-keyed mappings of them (a message's content
+    may be a list of parts)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, list):
+        return all(map(_is_plain, value))
+    return isinstance(value, dict) and all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
 
 
 def _of_kind(tensor: torch.Tensor, kind: str) -> bool:

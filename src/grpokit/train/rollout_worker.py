@@ -238,9 +238,10 @@ def weights_dir(output_dir: Path, create: bool) -> Path:
 
 
 def _receive(inbox: Any, parent_pid: int) -> Any:
-    """The trainer's next message (a version number, the setup file's path, or None: stop); None too
+    """The trainer's next message (the setup first, then version numbers; None: stop); None too
     when the trainer is gone (its end of the pipe closed, or it no longer is this process's parent).
-    Messages are a few bytes, written at once: a trainer killed while writing one leaves none."""
+    A trainer killed while writing one (the setup is large) closes the pipe mid-message: end of file,
+    so None, never half a message."""
     while True:
         try:
             if inbox.poll(POLL_S):
