@@ -10,6 +10,7 @@ unpickle (torch.load, pickle.load(s), marshal, dill, cloudpickle, joblib, numpy.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "grpokit"
@@ -75,6 +76,7 @@ def _findings(tree: ast.AST, module: str) -> list[str]:
     return [f for where, call in _calls(tree) if (f := _finding(module, where, call)) is not None]
 
 
+@functools.cache
 def _sources() -> list[tuple[str, ast.AST]]:
     return [
         (p.relative_to(SRC).as_posix(), ast.parse(p.read_text(), str(p))) for p in sorted(SRC.rglob("*.py"))

@@ -44,6 +44,13 @@ def server(engine, original):
         yield running
 
 
+@pytest.fixture(scope="module")
+def reading_server(engine):
+    """One server for the tests that only sample (none updates its weights)."""
+    with PolicyServer(engine, NAME, log=_quiet) as running:
+        yield running
+
+
 def _base(server: PolicyServer) -> str:
     return server.url.rstrip("/")
 
@@ -247,8 +254,9 @@ def _through_proxy(remote: RemotePolicy, tokenizer, edit) -> None:
 
 @pytest.mark.parametrize(("what", "edit", "fault"), EDITS, ids=[e[0] for e in EDITS])
 def test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_the_fault(
-    engine, server, what, edit, fault
+    engine, reading_server, what, edit, fault
 ):
+    server = reading_server
     with closing(_remote(server, engine)) as remote:
         _through_proxy(remote, engine.tokenizer, edit)
         with pytest.raises(RolloutServerError) as raised:
@@ -262,9 +270,10 @@ def test_an_edited_answer_is_refused_in_one_line_naming_the_server_the_row_and_t
 
 
 @pytest.mark.parametrize("round_off", [None, 1e-7], ids=["as answered", "a log-prob 1e-7 above 0"])
-def test_an_honest_answer_passes_every_check(engine, server, round_off):
+def test_an_honest_answer_passes_every_check(engine, reading_server, round_off):
     """The server's own answer (rows ending at EOS and at max_tokens alike) is the in-process draw; a
     log-prob a round-off above 0 (LOGP_ROUNDOFF) is let through."""
+    server = reading_server
     expected = engine.generate(PROMPTS, SAMPLED)
     with closing(_remote(server, engine)) as remote:
         if round_off is not None:

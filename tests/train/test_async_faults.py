@@ -23,6 +23,7 @@ from tests.train.helpers import ones_reward, tiny_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a rollout worker process
 def test_a_ctrl_c_while_a_worker_starts_is_held_not_a_traceback(tmp_path, capfd):
     """SIGINT sent to a worker again and again while its interpreter starts and imports (a Ctrl-C
     reaches the whole process group): it neither dies nor prints a KeyboardInterrupt traceback (it
@@ -40,6 +41,7 @@ def test_a_ctrl_c_while_a_worker_starts_is_held_not_a_traceback(tmp_path, capfd)
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-2000:]
 
 
+@pytest.mark.slow  # a rollout worker process
 def test_a_full_disk_while_publishing_weights_names_the_file_and_the_free_space(tmp_path, monkeypatch):
     """safetensors says a full disk as a SafetensorError ('os error 28'): the run ends with an OSError
     naming the weights file, which the command line says in one line with the free space; no staging

@@ -125,6 +125,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow  # the saved run: a rollout worker process
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes(saved, tmp_path, damage):
     resume, state_pt = _stopped_at_2(saved, tmp_path)
@@ -142,6 +143,7 @@ def test_a_damaged_batch_in_flight_is_one_line_and_nothing_changes(saved, tmp_pa
     assert after == before  # the refusal leaves the directory byte for byte as it was
 
 
+@pytest.mark.slow  # the saved run: a rollout worker process
 def test_a_crafted_batch_in_flight_runs_no_code_on_resume(saved, tmp_path):
     """The probe's attack: step 3's batch replaced by the torch.save bytes of an object whose unpickling
     runs code, the manifest rewritten to match: one line, and the code never ran. The same object
@@ -159,6 +161,7 @@ def test_a_crafted_batch_in_flight_runs_no_code_on_resume(saved, tmp_path):
         assert "\n" not in str(error.value) and said in str(error.value), str(error.value)
 
 
+@pytest.mark.slow  # a rollout worker process, several steps
 def test_an_intact_checkpoint_with_a_batch_in_flight_resumes_to_the_straight_run(saved, tmp_path):
     """The check passes what a run wrote: resumed from checkpoint-2 (step 3's batch in flight), the run
     ends with the straight run's rewards."""
@@ -235,6 +238,7 @@ def fails_at_its_third_batch(prompts: list[str], completions: list[str], **_: An
     return ones_reward(prompts, completions)
 
 
+@pytest.mark.slow  # a rollout worker process, several steps
 def test_a_worker_failing_outside_its_scoring_thread_names_its_step(tmp_path):
     """With the curriculum the worker scores in its sampling loop (no scoring thread): a reward that
     raises at step 3 is said as step 3's failure (it was said as step 1's)."""

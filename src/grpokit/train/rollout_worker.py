@@ -584,10 +584,13 @@ class RolloutWorker:
                 )
 
     def close(self) -> None:
-        """Stop the worker (it ends at its next look at the inbox)."""
+        """Stop the worker (it ends at its next look at the inbox; one never given its setup, still
+        importing or waiting for it, holds nothing and is ended at once: a refused resume, say)."""
+        if self.setup is None:
+            self.process.kill()
         with contextlib.suppress(OSError, ValueError):  # (a worker already gone)
             self.inbox.send(None)
-        deadline = time.monotonic() + (0 if self.hung else 5)
+        deadline = time.monotonic() + (0 if self.hung or self.setup is None else 5)
         while self.process.is_alive() and time.monotonic() < deadline:
             # a worker blocked sending a batch takes its next look at the inbox once it is read
             try:
