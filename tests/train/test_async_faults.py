@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -175,3 +176,20 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return status.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow  # a rollout worker process, stopped after its 5 s grace
+def test_a_worker_that_does_not_read_its_setup_never_blocks_the_trainer(tmp_path, monkeypatch):
+    """The setup (the whole policy) goes through the worker's pipe, which holds 64 KiB: the trainer hands
+    it to a sending thread and goes on, so a worker stuck before reading it (here: a module of the
+    policy's that takes 60 s to import) is met by `take`'s timeout, never a trainer blocked for good;
+    closing it ends it."""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    worker = RolloutWorker(tmp_path / WEIGHTS_DIR, max_staleness=1, timeout=60, preload=("slow_to_import",))
+    began = time.monotonic()
+    worker.begin(SimpleNamespace(rank=0, worker=0, policy=bytes(4 << 20)))  # a 4 MiB "policy"
+    worker.announce(0)
+    handed = time.monotonic() - began
+    worker.close()
+    assert handed < 2.0 and not worker.process.is_alive()

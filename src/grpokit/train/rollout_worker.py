@@ -10,7 +10,10 @@ the synchronous run itself, bitwise, with the sampling moved to another process.
 
 The worker holds its own copy of the policy (the same engine, backend and decode loop), the prompt
 sampler (the data cursor and curriculum) and the reward functions; it hands finished batches to the
-trainer through a pipe. Weights go the other way as files: the trainer writes version v to
+trainer through a pipe, as tensors and plain values (in_flight.py: read with weights_only=True, the
+form a checkpoint holds them in). The setup (the policy, tokenizer and reward functions: a pickle)
+goes the other way through the worker's own pipe, from the live trainer, never through a file.
+Weights go to the worker as files: the trainer writes version v to
 `output_dir/.rollout/weights-v<v>.safetensors` under a temporary name and renames it (atomic), then
 says so. Files, not shared memory: a reader can never see half an update, a dead trainer leaves
 nothing half-written, and a rollout server's `/update_weights {"path"}` takes the same form. On a
@@ -492,6 +495,36 @@ def _main_not_imported() -> Iterator[None]:
         main.__spec__ = spec
 
 
+class _Inbox:
+    """The trainer's end of the pipe to a worker: its messages (the setup, then versions, then None:
+    stop) sent in order by a thread of their own, so that the trainer never blocks on a worker that
+    does not read (a pipe holds 64 KiB, the setup the whole policy): a worker that hangs is said by
+    `take` at its timeout, as any other, and one that is gone ends the thread (said with its exit code)."""
+
+    def __init__(self, connection: Any) -> None:
+        import threading
+
+        self.connection, self.messages = connection, queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="rollout-inbox", daemon=True)
+        self.thread.start()
+
+    def send(self, message: Any) -> None:
+        self.messages.put((message,))
+
+    def _run(self) -> None:
+        while (item := self.messages.get()) is not None:
+            try:
+                self.connection.send(item[0])
+            except (OSError, ValueError):  # the worker is gone (its end closed)
+                return
+
+    def close(self) -> None:
+        """Once what was sent is written (or the worker is gone: `RolloutWorker.close` ended it)."""
+        self.messages.put(None)
+        self.thread.join(timeout=5)
+        self.connection.close()
+
+
 class RolloutWorker:
     """The trainer's side: starts the worker, publishes weights, takes batches in step order."""
 
@@ -515,7 +548,8 @@ class RolloutWorker:
         context = mp.get_context("spawn")  # (a fork would copy the trainer's threads and locks)
         # two one-way pipes, each end held by one process only: a side that dies mid-message closes its
         # end, and the other reads end-of-file instead of waiting for the rest of it (never a hang)
-        inbox, self.inbox = context.Pipe(duplex=False)  # (the worker reads, the trainer writes)
+        inbox, writing = context.Pipe(duplex=False)  # (the worker reads, the trainer writes)
+        self.inbox = _Inbox(writing)
         self.outbox, outbox = context.Pipe(duplex=False)  # (the trainer reads, the worker writes)
         self.process = context.Process(target=_work, args=(inbox, outbox, os.getpid(), preload), daemon=True)
         with _main_not_imported(), _signals_held():
@@ -531,13 +565,11 @@ class RolloutWorker:
 
         self.setup = setup
         packed = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)  # (tensors by value)
-        with contextlib.suppress(OSError):
-            self.inbox.send((loaded_files(), packed))
+        self.inbox.send((loaded_files(), packed))
 
     def announce(self, version: int) -> None:
         """Tell the worker version `version` of the weights is written (`publish_weights`)."""
-        with contextlib.suppress(OSError):  # the worker is gone: said by `take`, with its exit code
-            self.inbox.send(version)
+        self.inbox.send(version)
 
     def take(self, step: int) -> Sampled:
         """Step `step`'s batch, once the worker has it. A worker that failed, died, or sent nothing
@@ -588,8 +620,7 @@ class RolloutWorker:
         importing or waiting for it, holds nothing and is ended at once: a refused resume, say)."""
         if self.setup is None:
             self.process.kill()
-        with contextlib.suppress(OSError, ValueError):  # (a worker already gone)
-            self.inbox.send(None)
+        self.inbox.send(None)
         deadline = time.monotonic() + (0 if self.hung or self.setup is None else 5)
         while self.process.is_alive() and time.monotonic() < deadline:
             # a worker blocked sending a batch takes its next look at the inbox once it is read
