@@ -227,6 +227,42 @@ def test_the_schema_by_hand():
     )
 
 
+def test_a_batch_crosses_the_pipe_as_plain_values_and_comes_back_equal():
+    """to_plain -> bytes -> weights_only -> from_plain: the same tensors, texts and metrics; a user's
+    numpy metric comes back as the Python number of the same value (weights_only reads no numpy)."""
+    import numpy as np
+
+    from grpokit.train.batch import Batch
+    from grpokit.train.in_flight import Sampled, dumps, from_plain, loads, to_plain
+
+    batch = Batch(
+        prompt_ids=torch.tensor([[1, 2], [1, 2]]),
+        prompt_mask=torch.ones(2, 2, dtype=torch.bool),
+        completion_ids=torch.tensor([[3, 0], [4, 5]]),
+        completion_mask=torch.tensor([[True, False], [True, True]]),
+        advantages=torch.tensor([0.5, -0.5]),
+        sampling_logps=torch.tensor([[-0.25, 0.0], [-1.0, -2.0]]),
+        prompts=["1+1=", "1+1="],
+        completions=["2", "11"],
+        rewards=torch.tensor([1.0, 0.0]),
+    )
+    metrics = {"reward": torch.tensor(0.5), "env/calls": np.float32(1.5), "reward_errors": np.int64(0)}
+    item = Sampled(4, 2, batch, metrics, {"epoch": 0, "position": 2}, 0.125, 0.25, worker=1)
+    back = from_plain(loads(dumps(to_plain(item))))
+    assert (
+        back.step == 4 and back.version == 2 and back.worker == 1 and back.prompts_state == item.prompts_state
+    )
+    assert (back.worker_wait_s, back.weight_load_s) == (0.125, 0.25)
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "rewards"):
+        assert torch.equal(getattr(back.batch, name), getattr(batch, name)) and (
+            getattr(back.batch, name).dtype == getattr(batch, name).dtype
+        )
+    assert back.batch.prompts == batch.prompts and back.batch.completions == batch.completions
+    assert back.batch.completion_attention is None
+    assert back.metrics == {"reward": torch.tensor(0.5), "env/calls": 1.5, "reward_errors": 0}
+    assert type(back.metrics["env/calls"]) is float and type(back.metrics["reward_errors"]) is int
+
+
 CALLS = {"n": 0}
 
 

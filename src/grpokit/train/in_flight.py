@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -78,12 +79,22 @@ def to_plain(item: Sampled) -> dict[str, Any]:
         "step": item.step,
         "version": item.version,
         "batch": {k: (list(v) if k in TEXTS else v) for k, v in batch.items()},
-        "metrics": dict(item.metrics),
+        "metrics": {name: _number(value) for name, value in item.metrics.items()},
         "prompts_state": item.prompts_state,
         "worker_wait_s": float(item.worker_wait_s),
         "weight_load_s": float(item.weight_load_s),
         "worker": item.worker,
     }
+
+
+def _number(value: Any) -> Any:
+    """A metric as weights_only reads it back: a tensor as it is, any other number (a numpy scalar from
+    a user's environment, a flag) as a Python int or float of the same value."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if isinstance(value, numbers.Real) else value
 
 
 def from_plain(state: Any) -> Sampled:
