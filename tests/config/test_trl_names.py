@@ -44,6 +44,64 @@ def test_bf16_and_fp16_become_dtype_from_yaml_overrides_and_python_said_once(tmp
     assert "bf16" not in GRPOConfig(bf16=True).model_dump()  # the resolved config has grpokit's names
 
 
+def test_trl_options_that_change_nothing_trained_are_taken_and_said_unused(tmp_path, said):
+    """TrainingArguments' loader, eval-batch, accelerate and padding options: a TRL script that sets them
+    runs (they were refused), each said once, from Python, YAML and key=value alike; the config is the
+    one without them."""
+    given = dict(
+        per_device_eval_batch_size=16,
+        dataloader_num_workers=4,
+        dataloader_pin_memory=False,
+        dataloader_persistent_workers=True,
+        dataloader_prefetch_factor=2,
+        dataset_num_proc=8,
+        accelerator_config={"split_batches": True},
+        pad_to_multiple_of=8,
+    )
+    assert set(given) == set(trl_names.NOT_USED)
+    assert GRPOConfig(**given).model_dump() == GRPOConfig().model_dump()
+    file = tmp_path / "run.yaml"
+    file.write_text("per_device_eval_batch_size: 16\n")
+    assert (
+        load_config(GRPOConfig, file, ["pad_to_multiple_of=8"]).model_dump()
+        == load_config(GRPOConfig, None).model_dump()
+    )
+    lines = said()
+    eval_line = "per_device_eval_batch_size=16 is not used: evaluation runs in calls of micro_batch_size rows"
+    loader_line = (
+        "dataloader_num_workers=4 is not used: grpokit draws each step's prompts in process, with no "
+    )
+    assert lines.count(f"TRL option {eval_line}") == 1, lines  # three loads, one line
+    assert (
+        lines.count("TRL option pad_to_multiple_of=8 is not used: a batch is padded to its longest row") == 1
+    )
+    assert f"TRL option {loader_line}DataLoader" in lines
+    with pytest.raises(ValidationError, match="per_device_eval_batch_size is a TRL option"):
+        RewardConfig(per_device_eval_batch_size=16)  # (taken where it is said what is done instead)
+
+
+def test_disable_tqdm_and_use_liger_kernel_are_honoured(said):
+    """disable_tqdm is progress negated; use_liger_kernel=true is grpokit's own fused LM head
+    (fused_logps), false keeps it (the same log-probs); contradictions and non-flags are one line."""
+    assert GRPOConfig(disable_tqdm=True).progress is False
+    assert GRPOConfig(disable_tqdm=False).progress is True
+    assert SFTConfig(disable_tqdm=True).progress is False
+    assert GRPOConfig(use_liger_kernel=True).fused_logps is True
+    assert GRPOConfig(use_liger_kernel=False).fused_logps is True
+    assert GRPOConfig(use_liger_kernel=False, fused_logps=False).fused_logps is False
+    lines = said()
+    assert "TRL name: disable_tqdm=true -> progress=false" in lines
+    assert (
+        "TRL name: use_liger_kernel=false -> fused_logps unchanged (the same log-probs either way)" in lines
+    )
+    with pytest.raises(ValidationError, match="use_liger_kernel=true contradicts fused_logps=false"):
+        GRPOConfig(use_liger_kernel=True, fused_logps=False)
+    with pytest.raises(ValidationError, match="disable_tqdm .TRL's name. and progress are both set"):
+        GRPOConfig(disable_tqdm=True, progress=True)
+    with pytest.raises(ValidationError, match="use_liger_kernel must be true or false .got 'yes'."):
+        GRPOConfig(use_liger_kernel="yes")
+
+
 def test_mappings_are_said_on_rank_0_only(said, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert GRPOConfig(bf16=True).dtype == "bfloat16"
@@ -124,6 +182,7 @@ def test_no_trl_option_ever_gets_a_did_you_mean():
     assert set(theirs) == trl_names.TRL_NAMES
     for schema in CONFIGS:
         translated = set(trl_names.ALIASES) | (set(trl_names.BATCH_NAMES) if schema is GRPOConfig else set())
+        translated |= {name for name, taken in trl_names.NOT_USED.items() if schema.__name__ in taken}
         for name in sorted(set(theirs) - set(schema.model_fields) - translated):
             with pytest.raises(ValidationError) as error:
                 schema(**{name: 1})

@@ -75,6 +75,41 @@ def _rename(name: str, grpokit_key: str) -> Rule:
     return rule
 
 
+def _negated(name: str, grpokit_key: str) -> Rule:
+    """A TRL switch that is the opposite of a grpokit one (disable_tqdm -> progress)."""
+
+    def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+        if not isinstance(value, bool):
+            raise ConfigError(
+                f"{name} must be true or false (got {shown(value)}); grpokit's option is {grpokit_key}."
+            )
+        if data.get(grpokit_key) not in (None, not value):
+            raise ConfigError(f"{name} (TRL's name) and {grpokit_key} are both set; set only {grpokit_key}.")
+        return {
+            grpokit_key: not value
+        }, f"TRL name: {name}={str(value).lower()} -> {grpokit_key}={str(not value).lower()}"
+
+    return rule
+
+
+def _liger(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+    """TRL's use_liger_kernel: Liger's fused linear loss never holds [B,T,V] logits, as grpokit's own
+    chunked LM head (fused_logps, on by default) does not; false keeps grpokit's choice (the same
+    log-probs either way)."""
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"use_liger_kernel must be true or false (got {shown(value)}); grpokit's option is fused_logps."
+        )
+    if not value:
+        return {}, "TRL name: use_liger_kernel=false -> fused_logps unchanged (the same log-probs either way)"
+    if data.get("fused_logps") is False:
+        raise ConfigError("use_liger_kernel=true contradicts fused_logps=false; set only fused_logps.")
+    return {"fused_logps": True}, (
+        "TRL name: use_liger_kernel=true -> fused_logps=true (grpokit's own chunked LM head: log-probs "
+        "without [B,T,V] logits, as Liger's fused loss)"
+    )
+
+
 def renames(fields: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], Rule]]:
     """The plain renames a config's fields declare (`trl=` on the field), as ALIASES entries."""
     out: dict[str, tuple[tuple[str, ...], Rule]] = {}
@@ -96,6 +131,25 @@ ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
     "fp16": (("dtype",), _precision("fp16", "float16")),
     "eval_strategy": (("eval_steps",), _only_steps("eval_strategy", "eval_steps", _EVAL_ANSWER)),
     "save_strategy": (("save_steps",), _only_steps("save_strategy", "save_steps", _SAVE_ANSWER)),
+    "disable_tqdm": (("progress",), _negated("disable_tqdm", "progress")),
+    "use_liger_kernel": (("fused_logps",), _liger),
+}
+
+# TRL options (most of them transformers' TrainingArguments) that change nothing of what grpokit trains
+# nor how: taken, and said unused in one line (once per process) with what grpokit does instead.
+# name -> {config class name: why}
+_NO_LOADER = "grpokit draws each step's prompts in process, with no DataLoader"
+NOT_USED: dict[str, dict[str, str]] = {
+    "per_device_eval_batch_size": {"GRPOConfig": "evaluation runs in calls of micro_batch_size rows"},
+    "dataloader_num_workers": {"GRPOConfig": _NO_LOADER},
+    "dataloader_pin_memory": {"GRPOConfig": _NO_LOADER},
+    "dataloader_persistent_workers": {"GRPOConfig": _NO_LOADER},
+    "dataloader_prefetch_factor": {"GRPOConfig": _NO_LOADER},
+    "dataset_num_proc": {"GRPOConfig": "datasets are read in process"},
+    "accelerator_config": {
+        "GRPOConfig": "grpokit does not run through accelerate: its processes are torchrun's",
+    },
+    "pad_to_multiple_of": {"GRPOConfig": "a batch is padded to its longest row"},
 }
 
 # ------------------------------------------------------------------------ rejected: the grpokit option to use
@@ -353,6 +407,9 @@ def translate(
             updates, line = rule(value, out)
             out.update(updates)
             _say(line)
+    for name, answers in NOT_USED.items():
+        if name in out and name not in fields and schema_name in answers:
+            _say(f"TRL option {name}={shown(out.pop(name))} is not used: {answers[schema_name]}")
     if batch and takes_batch_names(fields):
         line = _batch_geometry(defaults, out)
         if line:
