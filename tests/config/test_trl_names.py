@@ -102,6 +102,29 @@ def test_disable_tqdm_and_use_liger_kernel_are_honoured(said):
         GRPOConfig(use_liger_kernel="yes")
 
 
+def test_trls_flag_forms_of_scale_rewards_and_log_completions(tmp_path, said):
+    """TRL takes scale_rewards as a flag (true: "group", false: "none") and log_completions as one (a
+    table every logging_steps steps, or none), from Python, YAML and key=value alike."""
+    assert GRPOConfig(scale_rewards=True).scale_rewards == "group"
+    assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
+    assert load_config(GRPOConfig, None, ["scale_rewards=false"]).scale_rewards == "none"
+    assert GRPOConfig(log_completions=True, logging_steps=5).log_completions_steps == 5
+    assert GRPOConfig(log_completions=True).log_completions_steps == 1  # (TRL's logging_steps default)
+    file = tmp_path / "run.yaml"
+    file.write_text("log_completions: false\nscale_rewards: true\n")
+    loaded = load_config(GRPOConfig, file)
+    assert (loaded.log_completions_steps, loaded.scale_rewards) == (0, "group")
+    lines = said()
+    assert lines.count("TRL value: scale_rewards=false -> scale_rewards=none") == 1, lines
+    assert "TRL name: log_completions=false -> log_completions_steps=0 (no table)" in lines
+    with pytest.raises(
+        ValidationError, match="log_completions .TRL's name. and log_completions_steps are both"
+    ):
+        GRPOConfig(log_completions=True, log_completions_steps=3)
+    with pytest.raises(ValidationError, match="scale_rewards"):
+        GRPOConfig(scale_rewards="yes")
+
+
 def test_mappings_are_said_on_rank_0_only(said, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert GRPOConfig(bf16=True).dtype == "bfloat16"

@@ -1012,6 +1012,16 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 )
         return value
 
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _trl_scale_rewards(cls, value: Any) -> Any:
+        """TRL 1.16 still takes scale_rewards as a flag: true is "group", false is "none" (said once)."""
+        if isinstance(value, bool):
+            mapped = "group" if value else "none"
+            trl_names.say(f"TRL value: scale_rewards={str(value).lower()} -> scale_rewards={mapped}")
+            return mapped
+        return value
+
     @field_validator("temperature", mode="before")
     @classmethod
     def _sampling_temperature(cls, value: Any) -> Any:

@@ -110,6 +110,26 @@ def _liger(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
     )
 
 
+def _log_completions(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+    """TRL's log_completions: a table of sample completions every logging_steps steps (TRL's default
+    and grpokit's: 1), or none."""
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"log_completions must be true or false (got {shown(value)}); grpokit's option is "
+            "log_completions_steps."
+        )
+    if "log_completions_steps" in data:
+        raise ConfigError(
+            "log_completions (TRL's name) and log_completions_steps are both set; set only "
+            "log_completions_steps."
+        )
+    every = data.get("logging_steps", 1) if value else 0
+    said = f"a table of sample completions every logging_steps={every} steps" if value else "no table"
+    return {"log_completions_steps": every}, (
+        f"TRL name: log_completions={str(value).lower()} -> log_completions_steps={every} ({said})"
+    )
+
+
 def renames(fields: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], Rule]]:
     """The plain renames a config's fields declare (`trl=` on the field), as ALIASES entries."""
     out: dict[str, tuple[tuple[str, ...], Rule]] = {}
@@ -132,6 +152,7 @@ ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
     "eval_strategy": (("eval_steps",), _only_steps("eval_strategy", "eval_steps", _EVAL_ANSWER)),
     "save_strategy": (("save_steps",), _only_steps("save_strategy", "save_steps", _SAVE_ANSWER)),
     "disable_tqdm": (("progress",), _negated("disable_tqdm", "progress")),
+    "log_completions": (("log_completions_steps",), _log_completions),
     "use_liger_kernel": (("fused_logps",), _liger),
 }
 
@@ -295,7 +316,7 @@ def drop_async_names(data: Any) -> Any:
     out = dict(data)
     if "vllm_server_base_url" in out and "rollout_server_urls" not in out:
         url = out.pop("vllm_server_base_url")
-        _say(
+        say(
             f"TRL's AsyncGRPOConfig option vllm_server_base_url={shown(url)} is taken as rollout_server_urls="
             f"[{shown(url)}]: a `grpokit serve-policy` server there samples (vLLM's own weight transfer is "
             "not spoken)"
@@ -303,7 +324,7 @@ def drop_async_names(data: Any) -> Any:
         out["rollout_server_urls"] = [url]
     for name, why in ASYNC_NOT_USED.items():
         if name in out:
-            _say(f"TRL's AsyncGRPOConfig option {name}={shown(out.pop(name))} is not used: {why}")
+            say(f"TRL's AsyncGRPOConfig option {name}={shown(out.pop(name))} is not used: {why}")
     return out
 
 
@@ -384,7 +405,7 @@ def _batch_geometry(fields: Mapping[str, Any], data: dict[str, Any]) -> str | No
 _said: set[str] = set()
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """The mapping of an accepted TRL name, once per process and only on rank 0."""
     if line not in _said and os.environ.get("RANK", "0") == "0":
         _said.add(line)
@@ -406,14 +427,14 @@ def translate(
             value = out.pop(name)
             updates, line = rule(value, out)
             out.update(updates)
-            _say(line)
+            say(line)
     for name, answers in NOT_USED.items():
         if name in out and name not in fields and schema_name in answers:
-            _say(f"TRL option {name}={shown(out.pop(name))} is not used: {answers[schema_name]}")
+            say(f"TRL option {name}={shown(out.pop(name))} is not used: {answers[schema_name]}")
     if batch and takes_batch_names(fields):
         line = _batch_geometry(defaults, out)
         if line:
-            _say(line)
+            say(line)
     return out
 
 
