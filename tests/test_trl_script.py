@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rewards import exact_answer, format_tags
@@ -165,8 +166,27 @@ def test_a_model_name_with_a_processing_class_is_loaded_here_and_used_with_it(tm
     trainer = GRPOTrainer(str(tmp_path / "policy"), exact_answer, None, ROWS, processing_class=tok)
     assert trainer.processing_class is tok and isinstance(trainer.model, type(model))
     assert trainer.config.model == str(tmp_path / "policy")
-    with pytest.raises(ValueError, match=r"needs its tokenizer: GRPOTrainer\(model, ..., processing_class="):
-        GRPOTrainer(model, exact_answer, None, ROWS)
+    with pytest.raises(ValueError, match=r"needs its tokenizer, and none could be loaded from where it came"):
+        GRPOTrainer(model, exact_answer, None, ROWS)  # built in memory: nowhere to load a tokenizer from
+
+
+def test_a_model_name_alone_is_loaded_here_with_its_tokenizer_as_trl_does(tmp_path, tiny_policy):
+    """TRL loads a named model in __init__ (trainer.model is the module) and, with no processing_class,
+    the tokenizer it was saved with; a model loaded from a directory gets that directory's tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.models import save_policy
+
+    model, tok = tiny_policy
+    save_policy(model, tok, tmp_path / "policy")
+    trainer = GRPOTrainer(str(tmp_path / "policy"), exact_answer, None, ROWS)
+    assert isinstance(trainer.model, type(model))
+    theirs, ours = trainer.model.state_dict(), model.state_dict()
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
+    assert trainer.processing_class.get_vocab() == tok.get_vocab()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    trainer = GRPOTrainer(loaded, exact_answer, None, ROWS)
+    assert trainer.model is loaded and trainer.processing_class.get_vocab() == tok.get_vocab()
 
 
 # ----------------------------------------------------------------------------- peft_config

@@ -44,8 +44,10 @@ class GRPOTrainer:
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., ...).train(): TRL 1.16's
     parameters in TRL's order, so that a TRL script runs with its import changed.
 
-    model: a hub id, a local model directory or "tiny", or a loaded causal LM (then pass its tokenizer
-        as processing_class; with a name, a processing_class given is used with the model loaded here).
+    model: a hub id or a local model directory (loaded here, as TRL does: `trainer.model` is the module,
+        and its tokenizer is `processing_class` unless one is given), "tiny" (built by the run over the
+        data's characters), or a loaded causal LM (its tokenizer loaded from where the model came from
+        when no processing_class is given).
     reward_funcs: a function, a built-in reward's name ("exact_answer", "math_answer", "format_tags") or
         a reference to a function ("pkg.mod.f", "pkg.mod:f", "FILE.py:f"), or a list of them;
         f(prompts, completions, **columns) -> list[float | None].
@@ -96,12 +98,13 @@ class GRPOTrainer:
         if updates:  # validated as the config itself (a hub id, the LoRA options' ranges)
             cfg = GRPOConfig.model_validate(cfg.model_dump() | updates)
         self.environment = _environment(cfg, tools, environment_factory)
-        if isinstance(model, str):
-            model = _loaded_for(cfg) if processing_class is not None and model != "tiny" else None
-        elif processing_class is None:
-            raise ValueError(
-                "a loaded model needs its tokenizer: GRPOTrainer(model, ..., processing_class=tokenizer)."
-            )
+        if isinstance(model, str) and model != "tiny":  # loaded here, as TRL does: trainer.model is it
+            model, tokenizer = _loaded_for(cfg)
+            processing_class = tokenizer if processing_class is None else processing_class
+        elif isinstance(model, str):  # the tiny Llama is built over the data's characters, by the run
+            model = None
+        elif processing_class is None:  # TRL loads the tokenizer the model was loaded from
+            processing_class = _tokenizer_of(model)
         if train_dataset is None and cfg.dataset is None:
             raise ValueError(
                 "GRPOTrainer needs train_dataset: a datasets.Dataset, a list of dicts or a file."
@@ -254,11 +257,29 @@ def _reward_functions(reward_funcs: Any, max_completion_length: int) -> list[Cal
     return out
 
 
-def _loaded_for(cfg: GRPOConfig) -> Any:
-    """The model a config names, loaded as training loads it (TRL: a name with your processing_class)."""
+def _loaded_for(cfg: GRPOConfig) -> tuple[Any, Any]:
+    """The model a config names and its tokenizer, loaded as training loads them."""
     from .train.run import policy_and_tokenizer
 
-    return policy_and_tokenizer(model_spec(cfg), None, 0)[0]
+    return policy_and_tokenizer(model_spec(cfg), None, 0)
+
+
+def _tokenizer_of(model: Any) -> Any:
+    """The tokenizer of the directory or hub id a loaded model came from (its config's name_or_path),
+    as TRL loads it when no processing_class is given; one line when there is none to load."""
+    from .models import load_tokenizer
+
+    source = getattr(getattr(model, "config", None), "_name_or_path", None) or ""
+    try:
+        if not source:
+            raise OSError("the model does not say where it was loaded from")
+        return load_tokenizer(source)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"a loaded model needs its tokenizer, and none could be loaded from where it came from "
+            f"({source or 'unknown'}: {str(error).splitlines()[0] if str(error) else type(error).__name__}): "
+            "GRPOTrainer(model, ..., processing_class=tokenizer)."
+        ) from None
 
 
 def _lora_options(peft_config: Any, model: Any, cfg: GRPOConfig) -> dict[str, Any]:
