@@ -144,10 +144,6 @@ def test_args_positionally_and_none_as_in_trl():
             "does not take callbacks (TRL's); follow the run with trainer.train(on_event",
         ),
         ({"optimizers": (object(), None)}, "does not take optimizers (TRL's); grpokit builds AdamW"),
-        (
-            {"reward_processing_classes": object()},
-            "does not take reward_processing_classes (TRL's); a reward",
-        ),
         ({"quantization_config": object()}, "does not take quantization_config"),
     ],
 )

@@ -15,8 +15,6 @@ from .train.progress import reporting
 
 # TRL's parameters that grpokit has no use for (given other than None / (None, None) / []): what to do
 _NOT_TAKEN = {
-    "reward_processing_classes": "a reward model goes in reward_funcs with its own tokenizer: "
-    "grpokit.rewards.RewardModelFunction(model, tokenizer)",
     "callbacks": "follow the run with trainer.train(on_event=f), f(kind, step, data) with each step's "
     "metrics, or read output_dir/metrics.jsonl",
     "optimizers": "grpokit builds AdamW and its schedule from the config: set learning_rate, weight_decay, "
@@ -49,14 +47,17 @@ class GRPOTrainer:
         data's characters), or a loaded causal LM (its tokenizer loaded from where the model came from
         when no processing_class is given).
     reward_funcs: a function, a built-in reward's name ("exact_answer", "math_answer", "format_tags") or
-        a reference to a function ("pkg.mod.f", "pkg.mod:f", "FILE.py:f"), or a list of them;
-        f(prompts, completions, **columns) -> list[float | None].
+        a reference to a function ("pkg.mod.f", "pkg.mod:f", "FILE.py:f"), a reward model (its hub id,
+        its directory, or a loaded sequence-classification model, scored as TRL scores one), or a list
+        of them; f(prompts, completions, **columns) -> list[float | None].
+    reward_processing_classes: the reward models' tokenizers (TRL's: one, or one per reward function,
+        None where the model's own is loaded).
     args: a GRPOConfig (or a dict of its fields; None: the defaults); its `task` is ignored: the data
         given here is used.
     train_dataset / eval_dataset: a datasets.Dataset, a list of dicts or a file path.
     peft_config: a peft LoraConfig: use_peft with its r, lora_alpha, lora_dropout and target_modules.
-    reward_processing_classes, callbacks, optimizers, quantization_config, rollout_func: TRL's, not
-        taken; given, each is one error saying what to do instead.
+    callbacks, optimizers, quantization_config, rollout_func: TRL's, not taken; given, each is one
+        error saying what to do instead.
     tools: plain functions the policy may call (multi-turn episodes, the config's tool_call_format,
         max_turns and tool_timeout); environment_factory: a class or function returning a fresh
         environment per episode (reset(row) / step(text), see grpokit.envs). TRL's names; at most one.
@@ -84,7 +85,6 @@ class GRPOTrainer:
         is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
     ) -> None:
         given = {
-            "reward_processing_classes": reward_processing_classes,
             "callbacks": callbacks,
             "optimizers": optimizers,
             "quantization_config": quantization_config,
@@ -111,7 +111,9 @@ class GRPOTrainer:
             )
         self.config = cfg.model_copy(update={"task": None})
         self.model, self.processing_class = model, processing_class
-        self.reward_funcs = _reward_functions(reward_funcs, cfg.max_completion_length)
+        self.reward_funcs = _reward_functions(
+            reward_funcs, cfg.max_completion_length, reward_processing_classes
+        )
         reading = {  # a dataset name or directory: its split of dataset_config; answers by answer_format
             "prompt_column": cfg.prompt_column,
             "dataset_config": cfg.dataset_config,
@@ -233,21 +235,26 @@ def _environment(
     return None
 
 
-def _reward_functions(reward_funcs: Any, max_completion_length: int) -> list[Callable[..., Any]]:
-    """TRL's forms: None, one, or a list; a name is a built-in reward or a reference to a function."""
+def _reward_functions(
+    reward_funcs: Any, max_completion_length: int, processing_classes: Any = None
+) -> list[Callable[..., Any]]:
+    """TRL's forms: None, one, or a list; a name is a built-in reward, a reference to a function, or a
+    reward model's hub id or directory; a loaded sequence-classification model is a reward model too,
+    scored with its tokenizer (`processing_classes`, TRL's reward_processing_classes: one, or a list
+    aligned with reward_funcs, None where the model's own is loaded) as TRL scores it."""
     import torch
 
     listed = [] if reward_funcs is None else reward_funcs
     listed = list(listed) if isinstance(listed, (list, tuple)) else [listed]
+    tokenizers = _aligned(processing_classes, len(listed))
     out = []
-    for func in listed:
-        if isinstance(func, str):
+    for func, tokenizer in zip(listed, tokenizers, strict=True):
+        if isinstance(func, str) and _names_a_model(func):
+            func = _reward_model(func, tokenizer)
+        elif isinstance(func, str):
             func = named_reward(func, max_completion_length=max_completion_length)
         elif isinstance(func, torch.nn.Module):
-            raise ValueError(
-                f"reward_funcs holds a loaded {type(func).__name__}; wrap a reward model with its tokenizer: "
-                "grpokit.rewards.RewardModelFunction(model, tokenizer)."
-            )
+            func = _reward_model(func, tokenizer)
         elif not callable(func):
             raise ValueError(
                 f"reward_funcs holds a {type(func).__name__}; give functions f(prompts, completions, "
@@ -257,6 +264,49 @@ def _reward_functions(reward_funcs: Any, max_completion_length: int) -> list[Cal
     return out
 
 
+def _aligned(processing_classes: Any, count: int) -> list[Any]:
+    """TRL's reward_processing_classes as one per reward function (None: the model's own)."""
+    if processing_classes is None:
+        return [None] * count
+    if not isinstance(processing_classes, (list, tuple)):
+        return [processing_classes] * count
+    if len(processing_classes) != count:
+        raise ValueError(
+            f"reward_processing_classes holds {len(processing_classes)} tokenizers for {count} reward "
+            "functions; give one per reward function (None where it is not a reward model)."
+        )
+    return list(processing_classes)
+
+
+def _names_a_model(name: str) -> bool:
+    """Whether a reward_funcs entry names a model (a directory holding one, or a hub id: owner/name),
+    not a built-in reward, a server's URL or a reference to a function (FILE.py:f, pkg.mod:f, pkg.mod.f)."""
+    from pathlib import Path
+
+    text = name.strip()
+    if text.startswith(("http://", "https://")) or ":" in text or text.endswith(".py"):
+        return False
+    return (Path(text) / "config.json").is_file() or (not Path(text).exists() and text.count("/") == 1)
+
+
+def _reward_model(model: Any, tokenizer: Any) -> Callable[..., Any]:
+    """A reward model (a hub id, a directory or a loaded module) as TRL's GRPOTrainer scores one: its
+    tokenizer (given, or the one it was saved with) over prompt + completion, the head's first logit."""
+    from .rewards import RewardModelFunction
+
+    if isinstance(model, str):
+        scorer = RewardModelFunction.from_path(model, eos=False)
+        if tokenizer is not None:
+            scorer = RewardModelFunction(scorer.model, tokenizer, eos=False)
+    else:
+        found = tokenizer if tokenizer is not None else _tokenizer_of(model, "reward_processing_classes")
+        scorer = RewardModelFunction(model, found, eos=False)
+    # TRL's name for it (its metrics: rewards/<name>/mean): the last part of where it was loaded from
+    where = getattr(getattr(scorer.model, "config", None), "_name_or_path", "") or type(scorer.model).__name__
+    scorer.__name__ = str(where).rstrip("/").split("/")[-1]
+    return scorer
+
+
 def _loaded_for(cfg: GRPOConfig) -> tuple[Any, Any]:
     """The model a config names and its tokenizer, loaded as training loads them."""
     from .train.run import policy_and_tokenizer
@@ -264,7 +314,7 @@ def _loaded_for(cfg: GRPOConfig) -> tuple[Any, Any]:
     return policy_and_tokenizer(model_spec(cfg), None, 0)
 
 
-def _tokenizer_of(model: Any) -> Any:
+def _tokenizer_of(model: Any, argument: str = "processing_class") -> Any:
     """The tokenizer of the directory or hub id a loaded model came from (its config's name_or_path),
     as TRL loads it when no processing_class is given; one line when there is none to load."""
     from .models import load_tokenizer
@@ -278,7 +328,7 @@ def _tokenizer_of(model: Any) -> Any:
         raise ValueError(
             f"a loaded model needs its tokenizer, and none could be loaded from where it came from "
             f"({source or 'unknown'}: {str(error).splitlines()[0] if str(error) else type(error).__name__}): "
-            "GRPOTrainer(model, ..., processing_class=tokenizer)."
+            f"GRPOTrainer(..., {argument}=tokenizer)."
         ) from None
 
 

@@ -35,11 +35,28 @@ def placement(name: str) -> torch.device:
 class RewardModelFunction:
     """f(prompts, completions, **_) -> the reward model's score of each prompt + completion."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64, name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 64,
+        name: str | None = None,
+        eos: bool = True,
+    ) -> None:
+        """`eos`: a text prompt + completion is scored with EOS appended, as grpokit's reward training
+        encodes its pairs (`encode_for_reward`); False: as TRL's GRPOTrainer scores a reward model given in
+        reward_funcs (the text prompt + completion tokenized alone, no special token added)."""
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
+        if getattr(tokenizer, "pad_token", "") is None:  # (as TRL: pads with EOS)
+            tokenizer.pad_token = tokenizer.eos_token
         self.batch_size = batch_size
+        self.eos = eos
         self.__name__ = name or "reward_model"
+        config = getattr(model, "config", None)
+        if config is not None and getattr(config, "pad_token_id", None) is None:  # (TRL sets it too)
+            config.pad_token_id = tokenizer.pad_token_id
 
     @classmethod
     def from_path(
@@ -50,6 +67,7 @@ class RewardModelFunction:
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = torch.float32,
         revision: str | None = None,
+        eos: bool = True,
     ) -> RewardModelFunction:
         """The reward model saved in `path` (a directory, or a hub id at `revision`), on `device`: a
         torch.device as it is, or a config's name (auto = CUDA when available, under torchrun
@@ -59,7 +77,11 @@ class RewardModelFunction:
             device = placement(device)
         loaded = load_reward_model(path, device=device, dtype=dtype, revision=revision)
         return cls(
-            loaded.model, loaded.tokenizer, batch_size=batch_size, name=f"reward_model:{Path(path).name}"
+            loaded.model,
+            loaded.tokenizer,
+            batch_size=batch_size,
+            name=f"reward_model:{Path(path).name}",
+            eos=eos,
         )
 
     takes_text = True  # completions as text; a conversation's prompt is rendered here (`_ids`)
@@ -69,6 +91,8 @@ class RewardModelFunction:
         assistant's turn through this model's own chat template, as its conversational training pairs
         were rendered (`data.preferences`)."""
         if not isinstance(prompt, list):
+            if not self.eos:
+                return self.tokenizer(str(prompt) + completion, add_special_tokens=False)["input_ids"]
             return encode_for_reward(self.tokenizer, str(prompt), completion)
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(
