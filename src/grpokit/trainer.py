@@ -110,6 +110,7 @@ class GRPOTrainer:
                 "GRPOTrainer needs train_dataset: a datasets.Dataset, a list of dicts or a file."
             )
         self.config = cfg.model_copy(update={"task": None})
+        self.args = self.config  # (TRL's name for the trainer's config)
         self.model, self.processing_class = model, processing_class
         self.reward_funcs = _reward_functions(
             reward_funcs, cfg.max_completion_length, reward_processing_classes
