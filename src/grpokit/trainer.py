@@ -321,15 +321,18 @@ def _tokenizer_of(model: Any, argument: str = "processing_class") -> Any:
     from .models import load_tokenizer
 
     source = getattr(getattr(model, "config", None), "_name_or_path", None) or ""
+    fix = f"GRPOTrainer(..., {argument}=tokenizer)."
+    if not source:
+        raise ValueError(
+            f"a loaded model needs its tokenizer, and it does not say where it was loaded from: {fix}"
+        )
     try:
-        if not source:
-            raise OSError("the model does not say where it was loaded from")
         return load_tokenizer(source)
     except (OSError, ValueError) as error:
+        said = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ValueError(
             f"a loaded model needs its tokenizer, and none could be loaded from where it came from "
-            f"({source or 'unknown'}: {str(error).splitlines()[0] if str(error) else type(error).__name__}): "
-            f"GRPOTrainer(..., {argument}=tokenizer)."
+            f"({source}: {said}): {fix}"
         ) from None
 
 
