@@ -10,9 +10,11 @@ resumed from a checkpoint must end where an uninterrupted 2-process run ends.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,24 @@ WORKER = Path(__file__).parent / "worker.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, *args: str, timeout: int = 300, fresh: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node NPROC ARGS`; asserts it succeeded, showing what it
+    printed. A rank killed by a signal in native code (SIGABRT or SIGSEGV from the transport, with no
+    Python error of ours: seen once in CI, a gloo pair reset, never reproduced on this machine) is
+    started again once, with a warning that carries what the first launch printed: a defect of
+    grpokit's raises a Python error (never retried) or happens again. `fresh`: a directory the command
+    creates, removed before that second start (a resumed run's directory is resumed again instead)."""
     # no GPU for the ranks: these runs are gloo on the CPU by design (float64 parity), and on a machine
-    # with one GPU two ranks must not both start NCCL on it (the commands also get device=cpu)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    # with one GPU two ranks must not both start NCCL on it (the commands also get device=cpu).
+    # PYTHONFAULTHANDLER: a rank that dies in native code prints its threads' Python stacks first.
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONFAULTHANDLER": "1",
+    }
     # --standalone: torchrun picks a free local port itself (no race between choosing and binding)
     cmd = [
         sys.executable,
@@ -39,8 +55,50 @@ def torchrun(nproc: int, *args: str, timeout: int = 300) -> subprocess.Completed
         *args,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if result.returncode != 0 and _died_in_native_code(result.stderr):
+        first = _shown(result)
+        warnings.warn(f"a rank died in native code; started again once. It printed:\n{first}", stacklevel=2)
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert result.returncode == 0, _shown(result)
     return result
+
+
+def _died_in_native_code(stderr: str) -> bool:
+    """torchrun's first observed failure is a rank ended by SIGABRT or SIGSEGV, and the only Python
+    errors the ranks raised are the transport's (the other ranks losing their connection to it)."""
+    _, found, root = stderr.rpartition("Root Cause (first observed failure)")
+    by_signal = bool(found) and re.search(r"exitcode\s*: -(6|11) ", root) is not None
+    errors = re.findall(r"^\[rank\d+\]: (\w+(?:Error|Exception).*)$", stderr, flags=re.MULTILINE)
+    return by_signal and all("gloo" in e or "Connection" in e for e in errors)
+
+
+def _shown(result: subprocess.CompletedProcess) -> str:
+    """What a failed launch printed, kept short: rank 0's first lines (the cause, when rank 0 failed
+    first, is often at the top, above the other ranks' connection errors) and the last lines."""
+    text = result.stderr
+    return text if len(text) <= 6000 else f"{text[:3000]}\n[…]\n{text[-3000:]}"
+
+
+# what torchrun printed when rank 0 died in gloo in CI (2026-11-28), cut to its telling lines
+_NATIVE = """[rank1]:   File "/usr/lib/python3.11/site-packages/torch/_ops.py", line 882, in redispatch
+[rank1]: RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:6068: Connection reset
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 26249)  (SIGABRT)
+"""
+
+
+def test_only_a_rank_dead_in_native_code_is_started_again():
+    assert _died_in_native_code(_NATIVE)
+    ours = _NATIVE.replace(
+        "[rank1]: RuntimeError", "[rank0]: ValueError: loss_type 'x' unknown\n[rank1]: RuntimeError"
+    )
+    assert not _died_in_native_code(ours)  # a Python error of ours is a failure, never retried
+    assert not _died_in_native_code(_NATIVE.replace("-6 (pid", "1 (pid"))  # an exit, not a signal
+    assert not _died_in_native_code(_NATIVE.replace("Root Cause", "Cause"))  # no root cause: not torchrun's
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +169,8 @@ def _train(nproc: int, out: Path, *overrides: str) -> None:
     tiny = tiny_run(
         "max_completion_length", device="cpu", lr_scheduler_type="constant", beta=0.04, save_steps=2
     )
-    torchrun(nproc, "-m", "grpokit", "train", f"output_dir={out}", *tiny, *overrides)
+    fresh = None if "resume=true" in overrides else out  # (a resumed run is resumed again)
+    torchrun(nproc, "-m", "grpokit", "train", f"output_dir={out}", *tiny, *overrides, fresh=fresh)
 
 
 @pytest.mark.slow
@@ -158,7 +217,16 @@ def test_reward_training_runs_under_torchrun_and_resumes(tmp_path, strategy):
         f"strategy={strategy}",
         "max_length=32",
     ]
-    torchrun(2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'a'}", "max_steps=4", *tiny)
+    torchrun(
+        2,
+        "-m",
+        "grpokit",
+        "reward",
+        f"output_dir={tmp_path / 'a'}",
+        "max_steps=4",
+        *tiny,
+        fresh=tmp_path / "a",
+    )
     _stopped_after_step_2(tmp_path / "a", tmp_path / "b")
     torchrun(
         2, "-m", "grpokit", "reward", f"output_dir={tmp_path / 'b'}", "max_steps=4", "resume=true", *tiny
