@@ -92,7 +92,8 @@ def test_a_trl_script_trains_with_only_its_import_changed(hub_offline, tmp_path,
     score_completions = draw_module.score_completions
     monkeypatch.setattr(draw_module, "score_completions", spy)
     monkeypatch.chdir(tmp_path)
-    exec(compile(GRPOKIT_SCRIPT, "trl_script.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    script = {"__name__": "__main__"}
+    exec(compile(GRPOKIT_SCRIPT, "trl_script.py", "exec"), script)  # noqa: S102
     assert scored == [(8, 2), (8, 2)]  # two steps of TRL's generation batch: 8 completions of 2 prompts
     out = tmp_path / "qwen2-chat-GRPO"
     config = (out / "config.yaml").read_text()
@@ -105,6 +106,54 @@ def test_a_trl_script_trains_with_only_its_import_changed(hub_offline, tmp_path,
         assert row["rewards/reward_len/mean"] == row["reward"] <= 0  # -|20 - len|: never above 0
         assert row["learning_rate"] <= 1e-5 and row["num_generation_batches"] == 1
     assert (out / "checkpoint-2").is_dir()
+    # what TRL's own tests read after train(): trainer.state.log_history, TRL's keys per logged step,
+    # the summary last with train_loss the mean of the steps' losses
+    history = script["trainer"].state.log_history
+    assert [entry["step"] for entry in history] == [1, 2, 2] and script["trainer"].state.global_step == 2
+    for entry, row in zip(history, steps, strict=False):
+        assert entry["loss"] == row["loss"] and entry["reward"] == row["reward"]
+        assert entry["epoch"] == row["step"] * 2 / 16  # 2 prompts a step of 16
+    assert history[-1]["train_loss"] == (steps[0]["loss"] + steps[1]["loss"]) / 2
+    assert history[-1]["rewards/reward_len/mean"] == steps[1]["rewards/reward_len/mean"]
+    assert history[-1]["train_runtime"] > 0 and "loss" not in history[-1]
+
+
+def test_train_returns_trls_train_output_through_which_grpokits_result_reads(tmp_path, tiny_policy):
+    from transformers.trainer_utils import TrainOutput
+
+    model, tok = tiny_policy
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"), max_steps=2, prompts_per_step=2, num_generations=2,
+        max_completion_length=4, progress=False, eval_steps=0, save_steps=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model, exact_answer, args, ROWS, ROWS[:2], processing_class=tok)
+    out = trainer.train()
+    assert isinstance(out, TrainOutput) and out.global_step == 2 == out[0]
+    assert out.training_loss == out.metrics["train_loss"] == trainer.state.log_history[-1]["train_loss"]
+    assert (
+        out.output_dir == tmp_path / "run" and out.steps == 2 and out.eval_after is trainer.result.eval_after
+    )
+    assert "accuracy" in out.eval_after
+    with pytest.raises(AttributeError):
+        getattr(out, "no_such_field")  # noqa: B009 - the lookup is what is tested
+
+
+def test_run_length_is_trls_when_max_steps_is_unset():
+    """TRL counts num_train_epochs (3 by default) over the training prompts when max_steps is unset
+    (-1 in TRL); grpokit's GRPOTrainer does the same, and max_steps given wins."""
+    from grpokit.train.grpo import steps_of_epochs
+
+    rows = [{"prompt": str(i)} for i in range(17)]
+    trainer = GRPOTrainer("tiny", exact_answer, GRPOConfig(prompts_per_step=1), rows)
+    assert trainer.config.num_train_epochs == 3
+    assert steps_of_epochs(trainer.config, rows, None).max_steps == 51  # 3 passes of 17 prompts
+    assert steps_of_epochs(GRPOConfig(num_train_epochs=0.5, prompts_per_step=4), rows, None).max_steps == 3
+    assert GRPOTrainer("tiny", exact_answer, GRPOConfig(max_steps=7), rows).config.num_train_epochs is None
+    unset = GRPOConfig(max_steps=-1, prompts_per_step=2)  # TRL's "count the epochs"
+    assert "max_steps" not in unset.model_fields_set
+    assert steps_of_epochs(unset.model_copy(update={"num_train_epochs": 1.0}), rows, None).max_steps == 9
+    given = GRPOConfig(max_steps=5, num_train_epochs=2.0)
+    assert steps_of_epochs(given, rows, None).max_steps == 5
 
 
 # ----------------------------------------------------------------------------- the signature

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,8 +14,11 @@ from .config.plan import display, model_spec
 from .data import load_prompts
 from .envs import EnvironmentSpec, tool_environment
 from .rewards import named_reward
+from .train.events import EventKind
 from .train.grpo import TrainResult, train_grpo
 from .train.progress import reporting
+
+TRL_EPOCHS = 3  # TrainingArguments' num_train_epochs: GRPOTrainer's run length when max_steps is unset
 
 # TRL's parameters that grpokit has no use for (given other than None / (None, None) / []): what to do
 _NOT_TAKEN = {
@@ -93,10 +100,12 @@ class GRPOTrainer:
         _refuse_not_taken(given)
         cfg = args if isinstance(args, GRPOConfig) else GRPOConfig(**(args or {}))
         updates: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
+        if "max_steps" not in cfg.model_fields_set and cfg.num_train_epochs is None:
+            updates["num_train_epochs"] = TRL_EPOCHS  # as TRL's: max_steps unset counts 3 passes
         if peft_config is not None:
             updates |= _lora_options(peft_config, model, cfg)
         if updates:  # validated as the config itself (a hub id, the LoRA options' ranges)
-            cfg = GRPOConfig.model_validate(cfg.model_dump() | updates)
+            cfg = type(cfg).model_validate(cfg.model_dump(exclude_unset=True) | updates)
         self.environment = _environment(cfg, tools, environment_factory)
         if isinstance(model, str) and model != "tiny":  # loaded here, as TRL does: trainer.model is it
             model, tokenizer = _loaded_for(cfg)
@@ -132,11 +141,28 @@ class GRPOTrainer:
             else (None if train_dataset is None else [])
         )
         self.is_correct = is_correct
+        self.state = _trainer_state()
+        self.result: TrainResult | None = None  # grpokit's own account of the last train()
 
-    def train(self, on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> TrainResult:
-        """Run; progress as on the command line when `config.progress` (unless `on_event` is given)."""
-        with reporting(display(self.config), on_event) as events:
-            return train_grpo(
+    def train(self, on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> Any:
+        """Run; progress as on the command line when `config.progress` (unless `on_event` is given).
+        -> TRL's TrainOutput (global_step, training_loss, metrics), through which grpokit's
+        TrainResult reads too (output_dir, steps, eval_before, eval_after, stopped_by; also
+        `trainer.result`). `trainer.state.log_history` holds each logged step's metrics under TRL's
+        keys, each evaluation's as eval_<key>, and last the run's summary (train_loss, train_runtime,
+        train_samples_per_second, train_steps_per_second, epoch, step) with the last step's metrics."""
+        history = _History(self.state, self._prompts_per_pass(), self.config.prompts_per_step)
+        started = time.perf_counter()
+        with reporting(display(self.config), on_event) as shown:
+
+            def events(kind: str, step: int, data: dict[str, Any]) -> None:
+                history.add(kind, step, data)
+                if shown is not None:
+                    shown(kind, step, data)
+                elif kind == EventKind.WARNING:  # as with no display: to the grpokit logger
+                    logging.getLogger("grpokit").warning("step %d: %s", step, data.get("message", ""))
+
+            result = train_grpo(
                 self.config,
                 model=self.model,
                 tokenizer=self.processing_class,
@@ -147,6 +173,82 @@ class GRPOTrainer:
                 on_event=events,
                 environment=self.environment,
             )
+        self.result = result
+        return history.finish(result, time.perf_counter() - started, self.config)
+
+    def _prompts_per_pass(self) -> int | None:
+        return None if self.train_rows is None else len(self.train_rows)
+
+
+def _trainer_state() -> Any:
+    """transformers' TrainerState, as TRL's trainer keeps it (global_step, epoch, log_history)."""
+    from transformers import TrainerState
+
+    return TrainerState()
+
+
+@functools.cache
+def train_output_type() -> type:
+    """grpokit's TrainOutput class (made on first use: transformers is imported only then)."""
+    from transformers.trainer_utils import TrainOutput as Output
+
+    class TrainOutput(Output):
+        """TRL's TrainOutput (a named tuple: global_step, training_loss, metrics) through which
+        grpokit's TrainResult's fields read too (`result.eval_after`, `result.output_dir`, ...)."""
+
+        def __getattr__(self, name: str) -> Any:  # only names the tuple does not have
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(self.__dict__["run"], name)
+
+    return TrainOutput
+
+
+class _History:
+    """TRL's log_history, filled from the run's events: a logged step's metrics (TRL's keys, with
+    step and epoch), an evaluation's as eval_<key>, and at the end the run's summary."""
+
+    def __init__(self, state: Any, prompts_per_pass: int | None, prompts_per_step: int) -> None:
+        self.state, self.prompts_per_pass, self.prompts_per_step = state, prompts_per_pass, prompts_per_step
+        self.losses: list[float] = []
+        self.last: dict[str, Any] = {}
+
+    def epoch(self, step: int) -> float:
+        if not self.prompts_per_pass or not self.prompts_per_step:
+            return 0.0
+        return step * self.prompts_per_step / self.prompts_per_pass
+
+    def add(self, kind: str, step: int, data: dict[str, Any]) -> None:
+        if kind == EventKind.STEP:
+            entry = {k: v for k, v in data.items() if k not in ("step", "time")}
+            if isinstance(entry.get("loss"), float) and math.isfinite(entry["loss"]):
+                self.losses.append(entry["loss"])
+            self.last = entry
+            self.state.global_step = step
+            self.state.epoch = self.epoch(step)
+            self.state.log_history.append({**entry, "epoch": self.state.epoch, "step": step})
+        elif kind == EventKind.EVAL and set(data) - {"step", "time", "eval/time"}:  # (no held-out data: none)
+            entry = {"eval_" + k.removeprefix("eval/"): v for k, v in data.items() if k != "step"}
+            self.state.log_history.append({**entry, "epoch": self.epoch(step), "step": step})
+
+    def finish(self, result: TrainResult, seconds: float, cfg: GRPOConfig) -> Any:
+        steps = result.steps
+        self.state.global_step, self.state.max_steps = steps, cfg.max_steps
+        self.state.epoch = self.epoch(steps)
+        completions = steps * cfg.prompts_per_step * cfg.num_generations
+        loss = sum(self.losses) / len(self.losses) if self.losses else float("nan")
+        metrics = {
+            "train_runtime": round(seconds, 4),
+            "train_samples_per_second": round(completions / seconds, 3) if seconds > 0 else 0.0,
+            "train_steps_per_second": round(steps / seconds, 3) if seconds > 0 else 0.0,
+            "train_loss": loss,
+            "epoch": self.state.epoch,
+        }
+        last = {k: v for k, v in self.last.items() if k not in ("loss", "grad_norm", "learning_rate")}
+        self.state.log_history.append({**last, **metrics, "step": steps})
+        out = train_output_type()(steps, loss, metrics)
+        out.__dict__["run"] = result
+        return out
 
 
 # TRL's AsyncGRPOTrainer parameters for its own transport (given other than None: what to do)

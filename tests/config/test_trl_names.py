@@ -167,7 +167,6 @@ def test_strategies_by_steps_are_accepted_and_others_answered(said):
     [
         (GRPOConfig, "steps_per_generation", "set prompts_per_step and num_iterations"),
         (GRPOConfig, "generation_batch_size", "set prompts_per_step and num_generations"),
-        (GRPOConfig, "num_train_epochs", "set max_steps"),
         (GRPOConfig, "logging_dir", "output_dir/tensorboard; set output_dir"),
         (GRPOConfig, "warmup_ratio", "set warmup_steps"),
         (GRPOConfig, "resume_from_checkpoint", "set resume=true"),

@@ -400,6 +400,14 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     max_steps: int = option(
         200, ge=1, description="GRPO steps (one generation batch each)", resume=MAX_STEPS_RESUME
     )
+    num_train_epochs: float | None = option(
+        None,
+        gt=0,
+        description="TRL's: passes over the training prompts, read by GRPOTrainer when max_steps is not "
+        "set (max_steps = ⌈num_train_epochs · prompts / prompts_per_step⌉; GRPOTrainer's default 3, as "
+        "TRL's); the command line counts max_steps",
+        resume=MAX_STEPS_RESUME,
+    )
     logging_steps: int = option(1, ge=1, description="write metrics every N steps", resume=APPLIED)
     save_steps: int = option(
         50, ge=0, description="checkpoint every N steps (0 = only at the end)", resume=APPLIED
@@ -1011,6 +1019,15 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                     f"alert_thresholds has no alert {name!r}; the alerts are {', '.join(ALERT_THRESHOLDS)}"
                 )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_max_steps(cls, data: Any) -> Any:
+        """TRL's max_steps=-1 ("count num_train_epochs instead") leaves max_steps unset."""
+        if isinstance(data, dict) and data.get("max_steps") == -1 and not isinstance(data["max_steps"], bool):
+            data = {k: v for k, v in data.items() if k != "max_steps"}
+            trl_names.say("TRL value: max_steps=-1 -> max_steps unset (num_train_epochs counts the steps)")
+        return data
 
     @field_validator("scale_rewards", mode="before")
     @classmethod

@@ -195,9 +195,7 @@ REJECTED: dict[str, dict[str, str]] = {
     "generation_batch_size": {
         "GRPOConfig": f"{_GRPO_STEP}; set prompts_per_step and num_generations.",
     },
-    "num_train_epochs": {
-        "GRPOConfig": "grpokit counts steps of prompts_per_step prompts; set max_steps "
-        "(one pass over N prompts is N / prompts_per_step steps).",
+    "num_train_epochs": {  # GRPOConfig: a field (GRPOTrainer counts max_steps from it)
         "RewardConfig": "grpokit counts steps of batch_size pairs; set max_steps "
         "(one pass over N pairs is N / batch_size steps).",
         "SFTConfig": "grpokit counts steps of batch_size examples; set max_steps.",

@@ -9,6 +9,7 @@ save. A run can stop at any step (SIGINT/SIGTERM) with a checkpoint, and resume 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -116,6 +117,7 @@ def train_grpo(
 
     The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
     (rundir.py): a second run into the same directory meanwhile is refused."""
+    cfg = steps_of_epochs(cfg, train_rows, on_event)
     plan = grpo_plan(cfg, preset, model_given=model is not None)  # resolved once: nothing below reads `cfg`
     given = UserInputs(model, tokenizer, train_rows, eval_rows, reward_funcs, is_correct, environment)
     values = applied(cfg, preset, model_given=model is not None).config  # what the run applies
@@ -129,6 +131,26 @@ def train_grpo(
     ):
         emit: Emit = (on_event if d.is_main else None) or (lambda kind, step, data: None)  # rank 0 reports
         return _train_grpo(plan, given, Hooks(emit, stop, threads), on_event, compare)
+
+
+def steps_of_epochs(
+    cfg: GRPOConfig, train_rows: Sequence[dict[str, Any]] | None, on_event: OnEvent | None
+) -> GRPOConfig:
+    """TRL's num_train_epochs counted as steps when max_steps is not set: ⌈epochs · prompts /
+    prompts_per_step⌉ over the training rows given (the config unchanged otherwise; without rows the
+    count is unknown before loading, so max_steps stands and a warning says so)."""
+    if cfg.num_train_epochs is None or "max_steps" in cfg.model_fields_set:
+        return cfg
+    if train_rows is None:
+        warn(
+            on_event,
+            0,
+            f"num_train_epochs is counted over a train_dataset given in Python; this run "
+            f"takes max_steps={cfg.max_steps}: set max_steps for the command line",
+        )
+        return cfg
+    steps = max(1, math.ceil(cfg.num_train_epochs * len(train_rows) / cfg.prompts_per_step))
+    return cfg.model_copy(update={"max_steps": steps})
 
 
 def _train_grpo(
