@@ -443,3 +443,55 @@ def test_an_async_trainer_is_asynchronous_whatever_its_args():
     assert AsyncGRPOTrainer("tiny", exact_answer, {"max_staleness": 3}, ROWS).config.max_staleness == 3
     assert AsyncGRPOConfig(max_staleness=0).max_staleness == 0
     assert AsyncGRPOConfig(max_staleness=None).max_staleness is None  # (the synchronous loop, if asked)
+
+
+# ----------------------------------------------------------------------------- TRL's mask methods
+
+
+def test_get_high_entropy_mask_is_torch_quantile_of_the_valid_tokens():
+    """TRL's method: keep a valid token when its entropy is ≥ torch.quantile(valid entropies, threshold),
+    checked against that definition on random entropies and ragged masks, as a bool mask."""
+    g = torch.Generator().manual_seed(3)
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # (the method reads nothing of the trainer)
+    for threshold in (0.0, 0.2, 0.5, 0.8, 1.0):
+        entropies = torch.rand(4, 7, generator=g)
+        mask = torch.arange(7)[None] < torch.tensor([7, 3, 5, 1])[:, None]
+        cut = torch.quantile(entropies[mask], threshold)
+        expected = (entropies >= cut) & mask
+        got = trainer.get_high_entropy_mask(entropies, mask.long(), threshold)
+        assert got.dtype == torch.bool and got.equal(expected), threshold
+
+
+def test_get_off_policy_mask_is_trls_rule_row_by_row():
+    g = torch.Generator().manual_seed(4)
+    logps, q = -torch.rand(6, 5, generator=g) * 3, -torch.rand(6, 5, generator=g) * 3
+    mask = (torch.arange(5)[None] < torch.tensor([5, 4, 3, 2, 1, 5])[:, None]).float()
+    advantages = torch.tensor([1.0, -1.0, -0.5, 0.0, -2.0, -1.0])[:, None]
+    got = GRPOTrainer.get_off_policy_mask(advantages, logps, q, mask, 0.3)
+    for i in range(6):
+        n = int(mask[i].sum())
+        drift = float((q[i, :n] - logps[i, :n]).mean())
+        assert got[i, 0].item() == float(advantages[i, 0] >= 0 or drift <= 0.3), i
+    assert got.shape == (6, 1) and got.dtype == torch.float32
+
+
+def test_off_policy_mask_threshold_reaches_the_loss_with_the_samplers_log_probs(
+    tmp_path, tiny_policy, monkeypatch
+):
+    from grpokit.train import update
+
+    seen = []
+    loss = update.grpo_loss
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["off_policy_mask_threshold"], kwargs["off_policy_logps"]))
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(update, "grpo_loss", spy)
+    model, tok = tiny_policy
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"), max_steps=1, prompts_per_step=2, num_generations=2,
+        max_completion_length=4, progress=False, eval_steps=0, save_steps=0, off_policy_mask_threshold=0.5,
+    )  # fmt: skip
+    GRPOTrainer(model, exact_answer, args, ROWS, ROWS[:2], processing_class=tok).train()
+    assert seen and all(t == 0.5 and q is not None and q.shape[0] == 4 for t, q in seen)  # B = 2 × 2 rows

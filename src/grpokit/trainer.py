@@ -176,6 +176,31 @@ class GRPOTrainer:
         self.result = result
         return history.finish(result, time.perf_counter() - started, self.config)
 
+    def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
+        """TRL's: [B, T] bool, True where a valid token's entropy is at or above the `threshold`
+        quantile of the valid tokens' entropies (the loss keeps the top 1 − threshold; TRL passes
+        1 − top_entropy_quantile). Linear interpolation, as torch.quantile; no valid token: none."""
+        from .ops import top_entropy_mask
+
+        return top_entropy_mask(entropies, mask, 1.0 - threshold).bool()
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: Any,
+        per_token_logps: Any,
+        sampling_per_token_logps: Any,
+        mask: Any,
+        off_policy_threshold: float,
+    ) -> Any:
+        """TRL's: DeepSeek-V3.2's off-policy sequence mask, [B, 1] in the mask's dtype, 0 for a
+        completion with a negative advantage whose mean log q − log π_θ over its valid tokens exceeds
+        the threshold (what off_policy_mask_threshold applies in the loss)."""
+        from .ops import off_policy_sequence_mask
+
+        return off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
+
     def _prompts_per_pass(self) -> int | None:
         return None if self.train_rows is None else len(self.train_rows)
 

@@ -431,3 +431,50 @@ def test_gkd_is_refused_by_the_policy_loss_and_normalised_by_the_whole_batch(gen
             loss_weight(b["mask"], loss_type="dapo", num_items_in_batch=n),
         )
     assert {v.aggregation for v in LOSS_TYPES.values()} == set(AGGREGATIONS)
+
+
+def test_top_entropy_mask_pools_valid_tokens_only():
+    """Valid entropies 0.2, 0.4, 0.6, 0.8, 1.0 (the padded 3.0 is no candidate and no pool member):
+    keeping the top q=0.4 puts the threshold at the 0.6-quantile, 0.6 + 0.4·0.2 = 0.68 (linear), so
+    0.8 and 1.0 are kept; q=1 keeps every valid token; q→0 keeps the highest only."""
+    from grpokit.ops import top_entropy_mask
+
+    h = t([[0.2, 0.4, 0.6], [0.8, 1.0, 3.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    assert top_entropy_mask(h, mask, 0.4).tolist() == [[False, False, False], [True, True, False]]
+    assert top_entropy_mask(h, mask, 1.0).equal(mask)
+    assert top_entropy_mask(h, mask, 1e-9).tolist() == [[False, False, False], [False, True, False]]
+    assert not top_entropy_mask(h, torch.zeros_like(mask), 0.5).any()  # nothing valid: nothing kept
+
+
+def test_off_policy_sequence_mask_drops_drifted_completions_with_negative_advantages():
+    """Mean log q − log π over valid tokens: row 0 drifts 1.5 with A > 0 (kept), row 1 drifts 1.5 with
+    A < 0 (dropped at δ = 1), row 2 drifts 0.5 with A < 0 (kept); row 3's NaN token (one the sampler
+    could not score) counts as no drift: (2 + 0) / 2 = 1.0 ≤ δ, kept. A pad's gap is no evidence."""
+    from grpokit.ops import off_policy_sequence_mask
+
+    logps = t([[-1.0, -2.0], [-1.0, -2.0], [-0.5, -0.5], [-2.0, -1.0]])
+    q = t([[0.0, -0.0], [0.0, -0.0], [0.0, 0.0], [0.0, float("nan")]])
+    mask = torch.tensor([[True, True], [True, True], [True, True], [True, True]])
+    adv = t([1.0, -1.0, -1.0, -1.0])
+    kept = off_policy_sequence_mask(adv, logps, q, mask, 1.0)
+    assert kept.shape == (4, 1) and kept.flatten().tolist() == [True, False, True, True]
+    padded = torch.tensor([[True, False]])
+    far = t([[-0.5, -1e4]])  # the pad's gap is no evidence
+    assert off_policy_sequence_mask(t([-1.0]), far, t([[0.0, 0.0]]), padded, 1.0).item()
+
+
+def test_grpo_loss_with_an_off_policy_mask_gives_no_gradient_to_a_dropped_completion():
+    """bnpo over 2 rows of 2 tokens: A = (+1, −1); row 1 was sampled by a policy 2 nats above π_θ per
+    token, so δ = 1 drops it: only row 0's tokens keep −A/N = −1/4; without the mask row 1 gets +1/4."""
+    old = t([[-1.0, -1.0], [0.0, 0.0]])
+    lp = t([[-1.0, -1.0], [-2.0, -2.0]]).requires_grad_()
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    out = grpo_loss(
+        lp, t([1.0, -1.0]), mask, loss_type="bnpo", off_policy_mask_threshold=1.0, off_policy_logps=old
+    )
+    out.loss.backward()
+    torch.testing.assert_close(lp.grad, t([[-0.25, -0.25], [0.0, 0.0]]))
+    lp.grad = None
+    grpo_loss(lp, t([1.0, -1.0]), mask, loss_type="bnpo", off_policy_logps=old).loss.backward()
+    torch.testing.assert_close(lp.grad, t([[-0.25, -0.25], [0.25, 0.25]]))

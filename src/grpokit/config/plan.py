@@ -145,6 +145,7 @@ class LossSpec:
     delta: float | None = None
     importance_sampling_level: str = "token"
     top_entropy_quantile: float = 1.0
+    off_policy_mask_threshold: float | None = None
     use_bias_correction_kl: bool = True
     max_completion_length: int | None = None  # None until the data is resolved
 

@@ -710,6 +710,14 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="policy loss only on tokens in the top quantile of entropy (1 = all)",
         resume=FIXED_ALGO,
     )
+    off_policy_mask_threshold: float | None = option(
+        None,
+        gt=0.0,
+        description="DeepSeek-V3.2's off-policy sequence mask (TRL's): a completion with a negative "
+        "advantage whose mean per-token log q − log π_θ (q: the policy that sampled it) exceeds this many "
+        "nats keeps no policy loss (None = off; the paper's example 0.5)",
+        resume=FIXED_ALGO,
+    )
     target_entropy: float | None = option(
         None,
         gt=0.0,
@@ -1105,6 +1113,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         surrogate = "its loss is no policy-gradient surrogate, which this shapes"
         pointless |= {
             "top_entropy_quantile": (self.top_entropy_quantile != 1.0, surrogate),
+            "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None, surrogate),
             "importance_sampling_level": (self.importance_sampling_level != "token", surrogate),
             "epsilon_high": (self.epsilon_high is not None, surrogate),
             "delta": (self.delta is not None, surrogate),

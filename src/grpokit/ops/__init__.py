@@ -51,6 +51,8 @@ from .policy_loss import (
     NegativeAdvantageClip,
     grpo_loss,
     loss_weight,
+    off_policy_sequence_mask,
+    top_entropy_mask,
 )
 from .reward_loss import bradley_terry_loss
 from .sampling_correction import SAMPLING_CORRECTIONS, SamplingCorrection, sampling_weights
@@ -89,6 +91,8 @@ __all__ = [
     "entropy_from_logits",
     "group_advantages",
     "grpo_loss",
+    "off_policy_sequence_mask",
+    "top_entropy_mask",
     "kl_penalty",
     "masked_mean",
     "masked_sum",

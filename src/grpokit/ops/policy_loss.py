@@ -14,6 +14,7 @@ Order of operations (TRL 1.16 `GRPOTrainer._compute_loss`, EasyDeL `grpo_step`):
     r        = exp(log w)                                  [B, T] or [B, 1]
     kl       = k3(logps, ref) · (r if use_bias_correction_kl)
     ℓ        = surrogate(r, A, logps)                      [B, T] or [B, 1]
+    ℓ        = ℓ · 1{A ≥ 0 or mean(log q − logps) ≤ δ_opm}  off_policy_mask_threshold δ_opm, when set
     ℓ        = ℓ · 1{H ≥ quantile(H, 1−q)}                 when top_entropy_quantile q < 1
     ℓ        = ℓ · ρ                                        sampling_weights ρ = π_old/q, when given
     ℓ        = ℓ + β·kl                                     KL on every valid token, after the entropy mask
@@ -297,17 +298,77 @@ def _sequence_extremum(x: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.
     return torch.where(torch.isinf(value), torch.full_like(value, float("nan")), value)
 
 
-def _top_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """1 where a valid token's entropy is ≥ the (1 − q) quantile of the valid tokens' entropies.
+def top_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """[B, T] in `mask`'s dtype: 1 where a valid token's entropy is ≥ the (1 − q) quantile of the valid
+    tokens' entropies (q = top_entropy_quantile: the share kept; 0 keeps the highest only).
 
-    Linear interpolation, as TRL's `get_high_entropy_mask` (torch.quantile) and EasyDeL
+    Linear interpolation, as TRL's `get_high_entropy_mask` (torch.quantile at 1 − q) and EasyDeL
     (jnp.nanquantile). No valid token -> all zeros."""
     pool = torch.where(mask > 0, entropies, torch.full_like(entropies, float("nan"))).reshape(-1)
     threshold = torch.nanquantile(pool.to(torch.float64), 1.0 - quantile).to(entropies.dtype)
     return ((entropies * mask >= threshold) & (mask > 0)).to(mask.dtype)
 
 
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's `get_off_policy_mask`): [B, 1] in the mask's
+    dtype, 0 for a completion with a negative advantage whose mean per-token KL estimate
+    log q − log π_θ over its valid tokens exceeds `threshold`, 1 otherwise.
+
+    advantages: [B] or [B, 1]; logps, sampling_logps: [B, T] (π_θ, and q the policy that sampled; a NaN
+    of q, a token the sampler could not score, counts as no drift); completion_mask: [B, T]."""
+    mask = completion_mask.to(logps.dtype)  # [B, T]
+    drift = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)  # [B, T]
+    mean_drift = (drift * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)  # [B, 1]
+    adv = advantages.reshape(-1, 1)  # [B, 1]
+    return ((adv >= 0) | (mean_drift <= threshold)).to(completion_mask.dtype)
+
+
 # ----------------------------------------------------------------------------- the loss
+
+
+@dataclass(frozen=True)
+class PolicyTermFilters:
+    """What multiplies the surrogate's per-token loss before the KL term joins it."""
+
+    off_policy_mask_threshold: float | None
+    top_entropy_quantile: float
+    sampling_weights: torch.Tensor | None
+    vespo: bool  # (which folds sampling weights in differently: refused with them)
+
+
+def _kept_and_weighted(
+    per_token_loss: torch.Tensor,
+    filters: PolicyTermFilters,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    sampler_logps: torch.Tensor,
+    entropies: torch.Tensor | None,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """The policy term [B, T] or [B, 1] with the off-policy sequence mask, the top-entropy mask and the
+    sampler's importance weights applied, each when set."""
+    if filters.off_policy_mask_threshold is not None:
+        per_token_loss = per_token_loss * off_policy_sequence_mask(
+            adv, logps, sampler_logps, mask, filters.off_policy_mask_threshold
+        )  # [B, 1] of 0/1
+    if filters.top_entropy_quantile < 1.0:
+        assert entropies is not None
+        per_token_loss = per_token_loss * top_entropy_mask(
+            entropies.detach(), mask, filters.top_entropy_quantile
+        )
+    if filters.sampling_weights is not None:
+        if filters.vespo:
+            raise ValueError(
+                "sampling_weights with loss_type='vespo' is not supported; use another loss_type."
+            )
+        per_token_loss = per_token_loss * filters.sampling_weights.detach().to(per_token_loss.dtype)
+    return per_token_loss
 
 
 def _with_entropy_bonus(
@@ -406,6 +467,8 @@ def grpo_loss(
     negative_advantage_clip: NegativeAdvantageClip = "ppo",
     kl_estimator: KLEstimator = "k3",
     entropy_coef: float = 0.0,
+    off_policy_mask_threshold: float | None = None,
+    off_policy_logps: torch.Tensor | None = None,
 ) -> LossOutput:
     """GRPO-family policy loss of one (micro-)batch. Names and defaults follow TRL 1.16's GRPOConfig.
 
@@ -437,6 +500,10 @@ def grpo_loss(
         kl_estimator: k1, k2 or k3 (k3 everywhere in the seeds and TRL).
         entropy_coef: c; an entropy bonus −c·H on every valid token, aggregated as the loss is (so its
             weight does not depend on the micro-batch split); needs differentiable `entropies`.
+        off_policy_mask_threshold: δ; drop the policy term of a completion with a negative advantage
+            whose mean log q − log π_θ exceeds δ (DeepSeek-V3.2's off-policy sequence mask, TRL's
+            name; `off_policy_sequence_mask`). None = off. off_policy_logps: [B, T] log q of the policy
+            that sampled (None = old_logps, or π_θ's own when on-policy, as TRL without vLLM).
     Returns:
         LossOutput(loss [], metrics) with TRL's metric names: `kl` (beta ≠ 0), `entropy`
         (entropies given), `clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`
@@ -449,7 +516,12 @@ def grpo_loss(
         logps,
         advantages,
         completion_mask,
-        {"old_logps": old_logps, "ref_logps": ref_logps, "entropies": entropies},
+        {
+            "old_logps": old_logps,
+            "ref_logps": ref_logps,
+            "entropies": entropies,
+            "off_policy_logps": off_policy_logps,
+        },
     )
     _check_options(beta, ref_logps, top_entropy_quantile, entropies, max_completion_length)
 
@@ -476,15 +548,17 @@ def grpo_loss(
     assert variant.surrogate is not None  # (gkd was refused above)
     surrogate = SURROGATES[variant.surrogate](SurrogateInputs(ratio, log_ratio, adv, logps, mask), params)
     per_token_loss = surrogate.per_token_loss  # [B, T] or [B, 1]
-    if top_entropy_quantile < 1.0:
-        assert entropies is not None
-        per_token_loss = per_token_loss * _top_entropy_mask(entropies.detach(), mask, top_entropy_quantile)
-    if sampling_weights is not None:
-        if loss_type == "vespo":
-            raise ValueError(
-                "sampling_weights with loss_type='vespo' is not supported; use another loss_type."
-            )
-        per_token_loss = per_token_loss * sampling_weights.detach().to(per_token_loss.dtype)
+    per_token_loss = _kept_and_weighted(
+        per_token_loss,
+        PolicyTermFilters(
+            off_policy_mask_threshold, top_entropy_quantile, sampling_weights, loss_type == "vespo"
+        ),
+        adv,
+        logps,
+        old if off_policy_logps is None else off_policy_logps,
+        entropies,
+        mask,
+    )
     per_token_kl = None
     if beta != 0.0:
         assert ref_logps is not None

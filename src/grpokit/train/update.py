@@ -149,6 +149,8 @@ def policy_loss(
         ref_logps=None if before.ref is None else before.ref[rows],
         entropies=stats.entropy if entropy_coef else stats.entropy.detach(),  # the bonus's gradient
         sampling_weights=weights,
+        # the off-policy mask's q: the sampler's own log-probs (a rollout server's, an older version's)
+        off_policy_logps=batch.sampling_logps[rows] if params.loss.off_policy_mask_threshold else None,
         num_items_in_batch=num_items,
         entropy_coef=entropy_coef,
         **asdict(params.loss),  # loss_type, beta, epsilon, ...: grpo_loss's own names
