@@ -495,3 +495,28 @@ def test_off_policy_mask_threshold_reaches_the_loss_with_the_samplers_log_probs(
     )  # fmt: skip
     GRPOTrainer(model, exact_answer, args, ROWS, ROWS[:2], processing_class=tok).train()
     assert seen and all(t == 0.5 and q is not None and q.shape[0] == 4 for t, q in seen)  # B = 2 × 2 rows
+
+
+def test_reward_functions_see_the_step_and_log_metrics_into_trls_history(tmp_path, tiny_policy):
+    """TRL's trainer_state and log_metric reach a user's reward function in a run: global_step counts
+    the steps done before the batch, and a logged value is the step's metric logged/<name> in
+    metrics.jsonl and <name> in trainer.state.log_history, as TRL logs it."""
+    steps_seen = []
+
+    def reward(prompts, completions, trainer_state, log_metric, **_):
+        steps_seen.append(trainer_state.global_step)
+        log_metric("mean_length", sum(map(len, completions)) / len(completions))
+        return [float(len(c)) for c in completions]
+
+    model, tok = tiny_policy
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"), max_steps=2, prompts_per_step=2, num_generations=2,
+        max_completion_length=4, progress=False, eval_steps=0, save_steps=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model, reward, args, ROWS, ROWS[:2], processing_class=tok)
+    trainer.train()
+    assert steps_seen == [None, 0, 1, None]  # evaluations (no step) around steps 1 and 2
+    rows = read_steps(tmp_path / "run")
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [h["mean_length"] for h in history] == [r["logged/mean_length"] for r in rows]
+    assert all(0 < r["logged/mean_length"] <= 4 * 4 for r in rows)  # characters of ≤ 4 tokens

@@ -245,7 +245,8 @@ class _History:
 
     def add(self, kind: str, step: int, data: dict[str, Any]) -> None:
         if kind == EventKind.STEP:
-            entry = {k: v for k, v in data.items() if k not in ("step", "time")}
+            # TRL's keys: what a reward function logged with log_metric under its own name
+            entry = {k.removeprefix("logged/"): v for k, v in data.items() if k not in ("step", "time")}
             if isinstance(entry.get("loss"), float) and math.isfinite(entry["loss"]):
                 self.losses.append(entry["loss"])
             self.last = entry

@@ -46,3 +46,36 @@ def test_nan_and_inf_are_still_refused_naming_the_row(value):
 def test_a_tensor_of_the_wrong_length_is_refused():
     with pytest.raises(RewardFunctionError, match="returned 2 values for 3 completions"):
         score_completions([_returning(torch.tensor([1.0, 2.0]))], ["p"] * 3, ["a", "b", "c"])
+
+
+# ----------------------------------------------------------------------------- TRL's hooks
+
+
+def test_functions_get_trls_trainer_state_log_metric_and_log_extra():
+    """As TRL passes them: trainer_state (the steps done), log_metric (each name's values averaged into
+    the step's metrics as logged/<name>) and log_extra (B values a column); a function that names none of
+    them gets none, and the data's columns stay what they were."""
+    from grpokit.rewards.scoring import RunState, score_completions
+
+    seen = {}
+
+    def logs(prompts, completions, **kwargs):
+        seen.update(kwargs)
+        kwargs["log_metric"]("accuracy", 0.5)
+        kwargs["log_metric"]("accuracy", 1.0)
+        kwargs["log_extra"]("head", [c[:1] for c in completions])
+        return [1.0] * len(completions)
+
+    def plain(prompts, completions, answer):
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    scores = score_completions(
+        [logs, plain], ["p", "q"], ["ab", "c"], columns={"answer": ["ab", "x"]}, state=RunState(global_step=4)
+    )
+    assert seen["trainer_state"].global_step == 4 and seen["answer"] == ["ab", "x"]
+    assert scores.logged == {"accuracy": 0.75} and scores.extra == {"head": ["a", "c"]}
+    assert scores.metrics()["logged/accuracy"].item() == 0.75
+    assert scores.rewards.tolist() == [2.0, 1.0]
+    seen.clear()
+    score_completions([logs], ["p"], ["a"])
+    assert seen["trainer_state"].global_step is None  # scoring outside a training step: no step

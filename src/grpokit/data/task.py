@@ -31,7 +31,9 @@ class Task:
     def reward(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float | None]:
         """The task's score of each completion: by default 1.0 if correct, else 0.0 (the TRL
         reward-function convention)."""
-        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
+        rows = [
+            {k: v[i] for k, v in columns.items() if isinstance(v, list)} for i in range(len(completions))
+        ]  # (TRL's trainer_state, log_metric: no column)
         if self.score is not None:
             return [self.score(c, row) for c, row in zip(completions, rows, strict=True)]
         return [1.0 if self.is_correct(c, row) else 0.0 for c, row in zip(completions, rows, strict=True)]

@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -57,15 +57,27 @@ class CallRules:
 
 
 @dataclass(frozen=True)
+class RunState:
+    """TRL's `trainer_state` argument of a reward function, the field it reads: how many steps the run
+    has finished (the batch being scored is step global_step + 1's); None when the scoring is no
+    training step's (a held-out evaluation, the doctor)."""
+
+    global_step: int | None
+
+
+@dataclass(frozen=True)
 class RewardScores:
     names: list[str]  # [R] reward function names
     rewards_per_func: torch.Tensor  # [B, R] float32, NaN = unscorable
     rewards: torch.Tensor  # [B] weighted NaN-aware sum (ops.combine_rewards)
     num_failed: int  # rows scored unscorable because a function raised (on_error="unscorable")
+    logged: dict[str, float] = field(default_factory=dict)  # log_metric's values, each name's mean
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # log_extra's columns, [B] each
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        """TRL's names: rewards/<name>/mean and /std (NaN-ignoring, Bessel std)."""
-        out: dict[str, torch.Tensor] = {}
+        """TRL's names: rewards/<name>/mean and /std (NaN-ignoring, Bessel std); logged/<name>: what the
+        functions logged with log_metric (TRL's key is <name>)."""
+        out: dict[str, torch.Tensor] = {f"logged/{k}": torch.tensor(v) for k, v in self.logged.items()}
         for i, name in enumerate(self.names):
             column = self.rewards_per_func[:, i]
             valid = column[~torch.isnan(column)]
@@ -399,6 +411,27 @@ def _texts_and_conversations(completions: Sequence[Any]) -> tuple[list[str], lis
     return list(last), conversations
 
 
+def _arguments(
+    prompts: Sequence[Any],
+    completions: list[Any],
+    columns: dict[str, Sequence[Any]] | None,
+    completion_ids: Sequence[Sequence[int]] | None,
+) -> dict[str, Any]:
+    """What every function is called with: the prompts, completions, token ids and the data's columns
+    (a column named as one of the others is not passed), each a list of B."""
+    size = len(completions)
+    kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions)}
+    if completion_ids is not None:
+        kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
+    for key, values in (columns or {}).items():
+        if key in kwargs:
+            continue
+        if len(values) != size:
+            raise ValueError(f"column {key!r} has {len(values)} values for {size} completions.")
+        kwargs[key] = list(values)
+    return kwargs
+
+
 def score_completions(
     reward_funcs: Sequence[Callable[..., Any]],
     prompts: Sequence[Any],
@@ -408,6 +441,7 @@ def score_completions(
     completion_ids: Sequence[Sequence[int]] | None = None,
     weights: Sequence[float] | None = None,
     rules: CallRules = CallRules(),
+    state: RunState | None = None,
 ) -> RewardScores:
     """Score B completions with R reward functions and combine them.
 
@@ -416,6 +450,9 @@ def score_completions(
     `rules` (`CallRules`: what a failure, a hang or a stop request does). `prompts` are the rows' own:
     text, or conversations (message lists); with conversations a function gets each completion as
     TRL passes it, [{"role": "assistant", "content": text}], unless it reads text (`takes_text`).
+    As TRL's, each function also gets `trainer_state` (`state`; without one, RunState(None)),
+    `log_metric(name, value)` (the step's metrics get the mean of each name's values as logged/<name>)
+    and `log_extra(column, values)` (B values beside the completions logged).
     A completion may itself be given as messages (a multi-turn episode through the chat template: the
     policy's turns and the observations); functions then get those messages, as TRL gives a
     tool-calling episode, or, reading text, the last policy turn.
@@ -433,15 +470,12 @@ def score_completions(
             f"{len(weights)} reward weights for {len(reward_funcs)} reward functions; give one each."
         )
     completions, conversations = _texts_and_conversations(completions)
-    kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions)}
-    if completion_ids is not None:
-        kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
-    for key, values in (columns or {}).items():
-        if key in kwargs:
-            continue
-        if len(values) != size:
-            raise ValueError(f"column {key!r} has {len(values)} values for {size} completions.")
-        kwargs[key] = list(values)
+    kwargs = _arguments(prompts, completions, columns, completion_ids)
+    logged: dict[str, list[float]] = {}
+    extra: dict[str, list[Any]] = {}
+    kwargs["log_metric"] = lambda name, value: logged.setdefault(str(name), []).append(float(value))
+    kwargs["log_extra"] = lambda column, values: extra.__setitem__(str(column), list(values))
+    kwargs["trainer_state"] = RunState(global_step=None) if state is None else state
     # TRL's contract: with conversational prompts, a completion is [{"role": "assistant", "content": text}]
     # (grpokit's own functions, marked `takes_text`, read the text)
     as_turns = None  # TRL's contract, below
@@ -465,4 +499,6 @@ def score_completions(
         rewards_per_func=rewards_per_func,
         rewards=combine_rewards(rewards_per_func, weights),
         num_failed=failed,
+        logged={name: math.fsum(values) / len(values) for name, values in logged.items()},
+        extra=extra,
     )

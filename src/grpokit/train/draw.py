@@ -19,6 +19,7 @@ from ..data import PromptSampler, columns_of, render_prompt
 from ..engine import PolicyEngine
 from ..ops import group_advantages
 from ..rewards import CallRules, score_completions
+from ..rewards.scoring import RunState
 from ..rollout import Rollout
 from . import distributed
 from .batch import Batch, group_invariants, merge_groups
@@ -82,7 +83,7 @@ def generate_and_score(
         drawn, rollout, took = sample_rollout(engine, prompts, params, step, d, attempt)
         sampled = time.perf_counter()
         seconds["timing/sampling"] += took
-        batch, zero, first = score_rollout(rollout, drawn, reward_funcs, spec, G, should_stop)
+        batch, zero, first = score_rollout(rollout, drawn, reward_funcs, spec, G, should_stop, step)
         if prompts.curriculum is not None:  # every batch drawn is a visit of its prompts, kept or not
             record_visits(prompts, drawn.drawn, batch.rewards, zero, G, d)
         seconds["timing/scoring"] += time.perf_counter() - sampled
@@ -130,12 +131,13 @@ def scored_batch(
     reward_funcs: Sequence[Callable[..., Any]],
     params: StepParams,
     pad_token_id: int,
+    step: int,
 ) -> tuple[Batch, dict[str, Any]]:
     """`generate_and_score`'s batch and metrics when one generation batch is the step's (no dynamic
     sampling, no curriculum: nothing about the next draw waits for these rewards), from a rollout
     sampled apart (`sample_rollout`): the rollout worker scores one batch while it samples the next."""
     began, G = time.perf_counter(), params.sampling.num_generations
-    batch, _, metrics = score_rollout(rollout, drawn, reward_funcs, params.spec, G, None)
+    batch, _, metrics = score_rollout(rollout, drawn, reward_funcs, params.spec, G, None, step)
     metrics["num_generation_batches"] = 1
     metrics |= {"timing/sampling": sampling_s, "timing/scoring": time.perf_counter() - began}
     batch = merge_groups([(batch, list(range(len(drawn.rows))))], G, pad_token_id)
@@ -149,9 +151,11 @@ def score_rollout(
     spec: StepSpec,
     G: int,
     should_stop: Callable[[], bool] | None,
+    step: int,
 ) -> tuple[Batch, torch.Tensor, dict[str, Any]]:
     """The rollout scored by the reward functions, with group-relative advantages, as a batch; which
-    rows' groups have zero spread [B] bool; and the batch's metrics (TRL's names)."""
+    rows' groups have zero spread [B] bool; and the batch's metrics (TRL's names). The functions get
+    TRL's trainer_state: step − 1 steps done."""
     repeated = drawn.repeat(spec.prompt_column, G)  # [B]: the rows' own prompts
     columns = columns_of(drawn.rows, spec.prompt_column, repeat=G)
     if rollout.env_rewards is not None:  # multi-turn: what the environment paid (None: nothing)
@@ -166,6 +170,7 @@ def score_rollout(
         ],
         weights=spec.reward_weights,
         rules=CallRules(spec.on_reward_error, spec.reward_timeout, should_stop),  # type: ignore[arg-type]
+        state=RunState(global_step=step - 1),
     )
     adv = group_advantages(scores.rewards, G, scale=spec.scale_rewards)
     batch = Batch.from_rollout(

@@ -186,7 +186,9 @@ def correctness_reward(is_correct: Callable[[str, dict[str, Any]], bool]) -> Cal
     """1.0 for a completion `is_correct` accepts, else 0.0: the reward of an evaluation without one."""
 
     def correct(prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
-        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
+        rows = [
+            {k: v[i] for k, v in columns.items() if isinstance(v, list)} for i in range(len(completions))
+        ]  # (TRL's trainer_state, log_metric: no column)
         return [1.0 if is_correct(c, row) else 0.0 for c, row in zip(completions, rows, strict=True)]
 
     correct.takes_text = True  # type: ignore[attr-defined]  # is_correct reads text, also with conversations

@@ -29,6 +29,7 @@ METRICS: dict[str, str] = {
     "reward_std": "standard deviation of the combined reward over the step's completions",
     "rewards/<name>/mean": "mean of reward function <name> over the step's completions",
     "rewards/<name>/std": "standard deviation of reward function <name>",
+    "logged/<name>": "what reward functions logged with log_metric(name, value) (TRL's), the step's mean",
     "reward_errors": "reward calls that failed and were scored None (on_reward_error: unscorable)",
     "frac_reward_zero_std": "share of groups whose G rewards all agree (zero advantages: nothing learned)",
     "num_generation_batches": "generation batches drawn for the step (dynamic_sampling draws more)",

@@ -462,7 +462,7 @@ class _Scorer:
             try:
                 setup = self.setup
                 batch, metrics = scored_batch(
-                    drawn, rollout, took, setup.reward_funcs, setup.params, self.pad_token_id
+                    drawn, rollout, took, setup.reward_funcs, setup.params, self.pad_token_id, step
                 )
                 self.outbox.put(Sampled(step, version, batch, metrics, prompts_state, *waits, setup.worker))
             except BaseException as error:  # noqa: BLE001 - told to the trainer, as the worker's own
