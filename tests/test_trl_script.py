@@ -122,10 +122,7 @@ def test_train_returns_trls_train_output_through_which_grpokits_result_reads(tmp
     from transformers.trainer_utils import TrainOutput
 
     model, tok = tiny_policy
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"), max_steps=2, prompts_per_step=2, num_generations=2,
-        max_completion_length=4, progress=False, eval_steps=0, save_steps=0,
-    )  # fmt: skip
+    args = tiny_args(tmp_path / "run", max_steps=2)
     trainer = GRPOTrainer(model, exact_answer, args, ROWS, ROWS[:2], processing_class=tok)
     out = trainer.train()
     assert isinstance(out, TrainOutput) and out.global_step == 2 == out[0]
@@ -174,6 +171,14 @@ def test_the_parameters_are_trls_in_trls_order():
 
 
 ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+
+
+def tiny_args(output_dir, **options) -> GRPOConfig:
+    """A short run of the tiny policy: 2 prompts × 2 completions of at most 4 tokens a step."""
+    return GRPOConfig(
+        output_dir=str(output_dir), prompts_per_step=2, num_generations=2, max_completion_length=4,
+        progress=False, eval_steps=0, save_steps=0, **options,
+    )  # fmt: skip
 
 
 def test_args_positionally_and_none_as_in_trl():
@@ -489,10 +494,7 @@ def test_off_policy_mask_threshold_reaches_the_loss_with_the_samplers_log_probs(
 
     monkeypatch.setattr(update, "grpo_loss", spy)
     model, tok = tiny_policy
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"), max_steps=1, prompts_per_step=2, num_generations=2,
-        max_completion_length=4, progress=False, eval_steps=0, save_steps=0, off_policy_mask_threshold=0.5,
-    )  # fmt: skip
+    args = tiny_args(tmp_path / "run", max_steps=1, off_policy_mask_threshold=0.5)
     GRPOTrainer(model, exact_answer, args, ROWS, ROWS[:2], processing_class=tok).train()
     assert seen and all(t == 0.5 and q is not None and q.shape[0] == 4 for t, q in seen)  # B = 2 × 2 rows
 
@@ -509,10 +511,7 @@ def test_reward_functions_see_the_step_and_log_metrics_into_trls_history(tmp_pat
         return [float(len(c)) for c in completions]
 
     model, tok = tiny_policy
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"), max_steps=2, prompts_per_step=2, num_generations=2,
-        max_completion_length=4, progress=False, eval_steps=0, save_steps=0,
-    )  # fmt: skip
+    args = tiny_args(tmp_path / "run", max_steps=2)
     trainer = GRPOTrainer(model, reward, args, ROWS, ROWS[:2], processing_class=tok)
     trainer.train()
     assert steps_seen == [None, 0, 1, None]  # evaluations (no step) around steps 1 and 2
