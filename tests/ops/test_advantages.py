@@ -151,3 +151,34 @@ def test_inputs_are_not_modified():
     before = rewards.clone()
     group_advantages(rewards, 2)
     assert torch.equal(torch.nan_to_num(rewards, nan=-1.0), torch.nan_to_num(before, nan=-1.0))
+
+
+def test_decoupled_advantages_are_gdpos_written_out():
+    """GDPO (TRL's normalize_then_sum), computed here with Python's statistics row by row: each function
+    normalised within each group (sample std, eps 1e-4 outside), the weighted sum, that sum normalised
+    over the batch; a row no function scored gets 0 and stays out of the batch's statistics."""
+    import statistics
+
+    from grpokit.ops import decoupled_advantages
+
+    nan = float("nan")
+    table = [[1.0, 0.0], [0.0, 0.0], [2.0, 1.0], [0.0, 3.0], [5.0, nan], [nan, nan]]  # [B=6, R=2], G=2
+    weights, G, eps = [1.0, 0.5], 2, 1e-4
+    summed = []
+    for b, row in enumerate(table):
+        group = table[b - b % G : b - b % G + G]
+        parts = []
+        for f, value in enumerate(row):
+            column = [r[f] for r in group if r[f] == r[f]]
+            if value == value:
+                std = statistics.stdev(column) if len(column) > 1 else nan
+                parts.append(weights[f] * (value - statistics.fmean(column)) / (std + eps))
+        summed.append(sum(p for p in parts if p == p) if parts else nan)
+    scored = [x for x in summed if x == x]
+    mean, std = statistics.fmean(scored), statistics.stdev(scored)
+    expected = [(x - mean) / (std + eps) if x == x else 0.0 for x in summed]
+    got = decoupled_advantages(torch.tensor(table, dtype=torch.float64), weights, G)
+    torch.testing.assert_close(
+        got.advantages, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12
+    )
+    assert got.std[0].item() == pytest.approx(std) and not got.is_std_zero.any()

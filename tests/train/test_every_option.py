@@ -138,6 +138,8 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "top_entropy_quantile": ({"top_entropy_quantile": 0.3}, differ),
     # μ = 2: the second update's π_θ has moved from the sampler's q, so a tiny δ drops negative-advantage rows
     "off_policy_mask_threshold": ({"off_policy_mask_threshold": 1e-9}, differ),
+    # GDPO: groups normalised, then the batch: other advantages than the group's own scaling
+    "multi_objective_aggregation": ({"multi_objective_aggregation": "normalize_then_sum"}, differ),
     "scale_rewards": ({"scale_rewards": "none"}, differ),
     "num_iterations": ({"num_iterations": 1}, differ),
     "mask_truncated_completions": ({"mask_truncated_completions": True}, differ),

@@ -167,6 +167,7 @@ class StepSpec:
     prompt_column: str
     chat_template_kwargs: dict[str, Any] | None
     scale_rewards: str
+    multi_objective_aggregation: str
     reward_weights: tuple[float, ...] | None
     on_reward_error: str
     reward_timeout: float | None

@@ -790,6 +790,13 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="divide advantages by the group's reward std, the batch's, or none (Dr. GRPO)",
         resume=FIXED_ALGO,
     )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = option(
+        "sum_then_normalize",
+        description="several reward functions: sum the weighted rewards, then normalise as scale_rewards "
+        "says; or normalise each function within each group, sum, then normalise the sum over the batch "
+        "(GDPO; scale_rewards unused) (TRL's)",
+        resume=FIXED_ALGO,
+    )
     num_iterations: int = option(
         1,
         ge=1,

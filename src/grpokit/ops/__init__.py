@@ -21,6 +21,7 @@ from .advantages import (
     GroupAdvantages,
     RewardScale,
     combine_rewards,
+    decoupled_advantages,
     distillation_advantages,
     group_advantages,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Divergence",
     "HeadStates",
     "distillation_advantages",
+    "decoupled_advantages",
     "loss_weight",
     "SAMPLING_CORRECTIONS",
     "SamplingCorrection",

@@ -146,6 +146,53 @@ def group_advantages(
     )
 
 
+def decoupled_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor | Sequence[float],
+    group_size: int,
+    *,
+    std_ddof: int = 1,
+    eps: float = 1e-4,
+) -> GroupAdvantages:
+    """GDPO's advantages (group reward-decoupled normalisation; TRL's
+    multi_objective_aggregation="normalize_then_sum"): each reward function normalised within each
+    group, the weighted sum, then that sum normalised over the batch.
+
+        r̂[b, f] = (r[b, f] − mean_g r[·, f]) / (std_g r[·, f] + eps)
+        S[b] = Σ_f w[f]·r̂[b, f] (a term NaN, a score alone in its group, adds 0; NaN when no
+               function scored row b)
+        A[b] = (S[b] − mean S) / (std S + eps)
+
+    Args:
+        rewards_per_func: [B, R], NaN where a function could not score a row; B = P·G.
+        weights: [R]. group_size: G. std_ddof, eps: as `group_advantages` (TRL: 1, 1e-4).
+    Returns:
+        GroupAdvantages [B]: mean and std are the batch's (of S), is_std_zero where that std is ≈ 0;
+        unscorable rows get advantage 0. Parity: TRL 1.16 `_generate_and_score_completions`.
+    """
+    if rewards_per_func.dim() != 2 or rewards_per_func.shape[0] % group_size:
+        raise ValueError(
+            f"rewards_per_func must be [B, R] with B a multiple of {group_size}, "
+            f"got shape {tuple(rewards_per_func.shape)}."
+        )
+    B, R = rewards_per_func.shape
+    grouped = rewards_per_func.reshape(-1, group_size, R)  # [P, G, R]
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)  # [P, 1, R]
+    std_k = _nan_std(grouped, 1, std_ddof, 0.0, False) if group_size > 1 else torch.zeros_like(mean_k)
+    normalised = ((grouped - mean_k) / (std_k + eps)).reshape(B, R)  # [B, R]
+    w = torch.as_tensor(weights, dtype=normalised.dtype, device=normalised.device)  # [R]
+    if w.shape != (R,):
+        raise ValueError(f"weights has shape {tuple(w.shape)} for {R} reward functions; give one each.")
+    summed = (normalised * w).nansum(dim=1)  # [B]: a score its group cannot normalise (alone) adds 0
+    summed = summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))  # unscorable
+    mean = torch.nanmean(summed).expand(B)  # [B]
+    std = (_nan_std(summed, None, std_ddof, 0.0, False) if B > 1 else torch.zeros(1)).reshape(()).expand(B)
+    adv = torch.nan_to_num((summed - mean) / (std + eps), nan=0.0)  # [B]
+    return GroupAdvantages(
+        advantages=adv, mean=mean, std=std, is_std_zero=torch.isclose(std, torch.zeros_like(std))
+    )
+
+
 def distillation_advantages(
     advantages: torch.Tensor,
     student_logps: torch.Tensor,

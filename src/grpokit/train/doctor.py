@@ -38,9 +38,9 @@ from ..models import (
     forecast_memory,
     largest_micro_batch,
 )
-from ..ops import group_advantages
 from ..rewards import CallRules, reward_names, score_completions
 from . import distributed
+from .draw import step_advantages
 from .grpo_setup import (
     Hooks,
     UserInputs,
@@ -408,7 +408,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
         rules=CallRules(on_error="unscorable", timeout=spec.reward_timeout),
     )
     scored = time.perf_counter() - began
-    advantages = group_advantages(scores.rewards, G, scale=spec.scale_rewards)
+    advantages = step_advantages(scores, G, spec)
     report.zero_spread = float(advantages.is_std_zero.float().mean())
     report.truncated = float(rollout.truncated.float().mean())
     report.mean_length = float(rollout.completion_mask.sum(-1).float().mean())

@@ -17,9 +17,9 @@ import torch
 from ..config.plan import StepSpec
 from ..data import PromptSampler, columns_of, render_prompt
 from ..engine import PolicyEngine
-from ..ops import group_advantages
+from ..ops import GroupAdvantages, decoupled_advantages, group_advantages
 from ..rewards import CallRules, score_completions
-from ..rewards.scoring import RunState
+from ..rewards.scoring import RewardScores, RunState
 from ..rollout import Rollout
 from . import distributed
 from .batch import Batch, group_invariants, merge_groups
@@ -172,7 +172,7 @@ def score_rollout(
         rules=CallRules(spec.on_reward_error, spec.reward_timeout, should_stop),  # type: ignore[arg-type]
         state=RunState(global_step=step - 1),
     )
-    adv = group_advantages(scores.rewards, G, scale=spec.scale_rewards)
+    adv = step_advantages(scores, G, spec)
     batch = Batch.from_rollout(
         rollout,
         mask_truncated=spec.mask_truncated_completions,
@@ -198,6 +198,24 @@ def score_rollout(
         | episode_metrics(rollout)
     )
     return batch, adv.is_std_zero, metrics
+
+
+# multi_objective_aggregation -> the batch's advantages [B] from its scores
+AGGREGATIONS: dict[str, Callable[[RewardScores, int, StepSpec], GroupAdvantages]] = {
+    # the weighted sum (scores.rewards), normalised as scale_rewards says
+    "sum_then_normalize": lambda scores, G, spec: group_advantages(
+        scores.rewards, G, scale=spec.scale_rewards
+    ),
+    # GDPO: each function normalised within its groups, summed, the sum normalised over the batch
+    "normalize_then_sum": lambda scores, G, spec: decoupled_advantages(
+        scores.rewards_per_func, spec.reward_weights or [1.0] * len(scores.names), G
+    ),
+}
+
+
+def step_advantages(scores: RewardScores, G: int, spec: StepSpec) -> GroupAdvantages:
+    """The batch's advantages [B], as multi_objective_aggregation says (`AGGREGATIONS`)."""
+    return AGGREGATIONS[spec.multi_objective_aggregation](scores, G, spec)
 
 
 def record_visits(
