@@ -519,3 +519,28 @@ def test_reward_functions_see_the_step_and_log_metrics_into_trls_history(tmp_pat
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert [h["mean_length"] for h in history] == [r["logged/mean_length"] for r in rows]
     assert all(0 < r["logged/mean_length"] <= 4 * 4 for r in rows)  # characters of ≤ 4 tokens
+
+
+def test_trls_entropy_options_train_as_trls(tmp_path, tiny_policy):
+    """entropy_coef: each step's loss is policy_loss − c·(mean token entropy) (one micro-batch: exactly,
+    to float32 round-off); use_adaptive_entropy with a target above any entropy: the coefficient rises by
+    entropy_coef_delta every step, and trainer.entropy_coef is where it ended, as TRL's."""
+    model, tok = tiny_policy
+    fixed = GRPOTrainer(
+        model, exact_answer, tiny_args(tmp_path / "fixed", max_steps=3, entropy_coef=0.5), ROWS, ROWS[:2],
+        processing_class=tok,
+    )  # fmt: skip
+    fixed.train()
+    steps = [entry for entry in fixed.state.log_history if "loss" in entry]
+    assert len(steps) == 3
+    for entry in steps:
+        assert entry["policy_loss"] - entry["loss"] == pytest.approx(0.5 * entry["entropy"], abs=1e-5)
+        assert entry["entropy_coef"] == 0.5
+    adaptive = tiny_args(
+        tmp_path / "adaptive", max_steps=3, entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=15.0
+    )
+    trainer = GRPOTrainer(model, exact_answer, adaptive, ROWS, ROWS[:2], processing_class=tok)
+    trainer.train()
+    assert trainer.entropy_coef == pytest.approx(0.01 + 0.005 * 3, abs=1e-12)
+    applied = [entry["entropy/coef"] for entry in trainer.state.log_history if "loss" in entry]
+    assert applied == pytest.approx([0.0, 0.015, 0.02])  # none before an entropy is measured

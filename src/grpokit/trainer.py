@@ -176,6 +176,12 @@ class GRPOTrainer:
         self.result = result
         return history.finish(result, time.perf_counter() - started, self.config)
 
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's: the entropy bonus's coefficient now (after the last step of train()), else the config's."""
+        logged = [entry["entropy_coef"] for entry in self.state.log_history if "entropy_coef" in entry]
+        return logged[-1] if logged else self.config.entropy_coef
+
     def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
         """TRL's: [B, T] bool, True where a valid token's entropy is at or above the `threshold`
         quantile of the valid tokens' entropies (the loss keeps the top 1 − threshold; TRL passes
@@ -229,6 +235,16 @@ def train_output_type() -> type:
     return TrainOutput
 
 
+def _trl_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A logged step's metrics under TRL's keys: grpokit's are TRL's where TRL has the metric; what a
+    reward function logged with log_metric is under its own name, and entropy_coef is the coefficient
+    after the step (TRL logs it after its update)."""
+    entry = {k.removeprefix("logged/"): v for k, v in data.items() if k not in ("step", "time")}
+    if "entropy/next_coef" in data:
+        entry["entropy_coef"] = data["entropy/next_coef"]
+    return entry
+
+
 class _History:
     """TRL's log_history, filled from the run's events: a logged step's metrics (TRL's keys, with
     step and epoch), an evaluation's as eval_<key>, and at the end the run's summary."""
@@ -245,8 +261,7 @@ class _History:
 
     def add(self, kind: str, step: int, data: dict[str, Any]) -> None:
         if kind == EventKind.STEP:
-            # TRL's keys: what a reward function logged with log_metric under its own name
-            entry = {k.removeprefix("logged/"): v for k, v in data.items() if k not in ("step", "time")}
+            entry = _trl_keys(data)
             if isinstance(entry.get("loss"), float) and math.isfinite(entry["loss"]):
                 self.losses.append(entry["loss"])
             self.last = entry

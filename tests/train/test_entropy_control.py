@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from grpokit.config.plan import EntropySpec
 from grpokit.ops import grpo_loss
 from grpokit.train.grpo import train_grpo
 from grpokit.train.trainee import EntropyControl
@@ -37,17 +38,59 @@ def test_the_bonus_is_minus_c_times_the_aggregated_entropy_and_its_gradient():
         grpo_loss(logps, advantages, mask, entropy_coef=0.3)
 
 
+def target(coef: float = 0.0) -> EntropyControl:
+    return EntropyControl(EntropySpec("target", 0.0, 1.5, 0.3, (0.0, float("inf")), "as_loss"), coef)
+
+
 def test_the_coefficient_follows_the_gap_and_never_goes_below_zero():
-    control = EntropyControl(target=1.5, rate=0.3)
+    control = target()
     control.update(0.5)  # 1 nat below: up by 0.3
     assert control.coef == pytest.approx(0.3, abs=1e-12)
     control.update(1.0)
     assert control.coef == pytest.approx(0.45, abs=1e-12)
     control.update(3.5)  # 2 nats above: down by 0.6, clamped at 0
     assert control.coef == 0.0
-    again = EntropyControl(target=1.5, rate=0.3)
-    again.load_state_dict(EntropyControl(1.5, 0.3, coef=0.7).state_dict())
-    assert again.coef == 0.7
+    again = target()
+    again.load_state_dict(target(coef=0.7).state_dict())
+    assert again.coef == 0.7 and again.applied == 0.7
+
+
+def test_trls_adaptive_rule_steps_within_its_bounds_and_acts_only_at_or_below_the_target():
+    """use_adaptive_entropy (Skywork-OR1, TRL 1.16): c ± delta in [min, max], up while the step's
+    entropy ≤ target; the bonus is applied only while the last measured entropy ≤ target (none before
+    the first step). entropy_coef alone is a fixed c, always applied."""
+    control = EntropyControl(EntropySpec("stepped", 0.01, 0.5, 0.005, (0.0, 0.02), "token_mean"))
+    assert control.coef == 0.01 and control.applied == 0.0  # nothing measured yet
+    control.update(0.4)  # at or below the target: up, and applied from the next step
+    assert control.coef == pytest.approx(0.015) and control.applied == pytest.approx(0.015)
+    control.update(0.5)
+    assert control.coef == pytest.approx(0.02)
+    control.update(0.2)
+    assert control.coef == pytest.approx(0.02)  # the ceiling
+    control.update(0.9)  # above: down, and not applied
+    assert control.coef == pytest.approx(0.015) and control.applied == 0.0
+    resumed = EntropyControl(control.spec)
+    resumed.load_state_dict(control.state_dict())
+    assert (resumed.coef, resumed.last_entropy, resumed.applied) == (control.coef, 0.9, 0.0)
+    fixed = EntropyControl(EntropySpec("fixed", 0.1, None, 0.0, (0.1, 0.1), "token_mean"))
+    fixed.update(3.0)
+    assert fixed.coef == 0.1 == fixed.applied
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo"])
+def test_trls_bonus_is_the_mean_token_entropy_whatever_the_loss_type(loss_type):
+    """entropy_bonus="token_mean": loss = policy_loss − c·(Σ H·m / Σ m) for every loss type (TRL's
+    documented objective; a loss that divides by num_items_in_batch divides the bonus by it too)."""
+    g = torch.Generator().manual_seed(1)
+    logps = -torch.rand(3, 4, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    entropies = torch.rand(3, 4, generator=g, dtype=torch.float64)
+    out = grpo_loss(
+        logps, torch.tensor([0.5, -1.0, 0.25], dtype=torch.float64), mask, entropies=entropies,
+        loss_type=loss_type, entropy_coef=0.5, entropy_bonus="token_mean",
+    )  # fmt: skip
+    mean_h = (entropies * mask).sum() / mask.sum()
+    assert (out.metrics["policy_loss"] - out.loss).item() == pytest.approx(0.5 * mean_h.item(), abs=1e-12)
 
 
 def _noise_run(tmp_path, name, **overrides):

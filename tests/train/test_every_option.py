@@ -272,6 +272,14 @@ ELSEWHERE = {
     "policy's device otherwise: the distillation tests)",
     "target_entropy": "test_entropy_control.py::test_a_run_that_would_collapse_is_held_near_its_target",
     "num_train_epochs": "tests/test_trl_script.py::test_run_length_is_trls_when_max_steps_is_unset",
+    "entropy_coef": "tests/test_trl_script.py::test_trls_entropy_options_train_as_trls",
+    "use_adaptive_entropy": "tests/test_trl_script.py::test_trls_entropy_options_train_as_trls",
+    "entropy_target": "tests/test_trl_script.py::test_trls_entropy_options_train_as_trls",
+    "entropy_coef_delta": "tests/test_trl_script.py::test_trls_entropy_options_train_as_trls",
+    "entropy_coef_min": "test_entropy_control.py::"
+    "test_trls_adaptive_rule_steps_within_its_bounds_and_acts_only_at_or_below_the_target",
+    "entropy_coef_max": "test_entropy_control.py::"
+    "test_trls_adaptive_rule_steps_within_its_bounds_and_acts_only_at_or_below_the_target",
     "entropy_coef_lr": "test_entropy_control.py (the controller's rule, the band, resume)",
     "strict_invariants": "test_invariants.py::test_strict_invariants_stops_the_run_with_a_checkpoint",
     "num_completions_to_print": "test_every_option.py::test_num_completions_to_print_sets_the_rows_of_the_"

@@ -15,6 +15,7 @@ engine/ re-export), built here once; train/ fills in what the data decides (the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -156,6 +157,32 @@ class LossSpec:
 
 
 @dataclass(frozen=True)
+class EntropySpec:
+    """The entropy bonus −c·H: how its coefficient c moves (`train.trainee.ENTROPY_RULES`) and how H is
+    averaged (`ops.grpo_loss`'s entropy_bonus)."""
+
+    rule: str  # "target" (target_entropy), "fixed" (TRL's entropy_coef), "stepped" (use_adaptive_entropy)
+    coef: float  # the first step's coefficient
+    target: float | None  # nats: target_entropy or entropy_target (None: fixed)
+    rate: float  # target: entropy_coef_lr; stepped: entropy_coef_delta
+    bounds: tuple[float, float]  # stepped: (entropy_coef_min, entropy_coef_max)
+    bonus: str  # "as_loss" (grpokit's target_entropy) or "token_mean" (TRL's)
+
+
+def entropy_spec(cfg: GRPOConfig) -> EntropySpec | None:
+    if cfg.target_entropy is not None:
+        return EntropySpec("target", 0.0, cfg.target_entropy, cfg.entropy_coef_lr, (0.0, math.inf), "as_loss")
+    if cfg.use_adaptive_entropy:
+        bounds = (cfg.entropy_coef_min, cfg.entropy_coef_max)
+        return EntropySpec(
+            "stepped", cfg.entropy_coef, cfg.entropy_target, cfg.entropy_coef_delta, bounds, "token_mean"
+        )
+    if cfg.entropy_coef != 0.0:
+        return EntropySpec("fixed", cfg.entropy_coef, None, 0.0, (cfg.entropy_coef,) * 2, "token_mean")
+    return None
+
+
+@dataclass(frozen=True)
 class StepSpec:
     """One GRPO step as the config sets it (`train.grpo_step.StepParams.of` adds the sampling and the
     world size)."""
@@ -182,8 +209,7 @@ class StepSpec:
     reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
     sampling_correction: str
     sampling_correction_bounds: tuple[float | None, float | None]  # (C_min, C_max)
-    target_entropy: float | None = None  # adaptive entropy bonus (train.grpo_step.EntropyControl)
-    entropy_coef_lr: float = 0.3
+    entropy: EntropySpec | None = None  # the entropy bonus and its control (train.trainee.EntropyControl)
     distill_coef: float = 1.0  # loss_type=opd: λ of the teacher's reverse KL in the advantages
     gkd_beta: float = 0.5  # loss_type=gkd: β of the generalised JSD to the teacher
     lmbda: float = 0.5  # loss_type=gkd: the share of steps on the student's own samples
@@ -421,6 +447,7 @@ def step_spec(cfg: GRPOConfig) -> StepSpec:
         StepSpec,
         cfg,
         loss=_named(LossSpec, cfg),
+        entropy=entropy_spec(cfg),
         reward_weights=_tuple(cfg.reward_weights),
         reference_sync=sync,
         sampling_correction_bounds=(cfg.sampling_correction_min, cfg.sampling_correction_max),

@@ -734,6 +734,38 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         description="target_entropy: how fast the bonus's coefficient follows the gap",
         resume=FIXED_ALGO,
     )
+    entropy_coef: float = option(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="TRL's entropy bonus −c·H with H the mean per-token entropy for every loss type "
+        "(0 = none); with use_adaptive_entropy, the first coefficient",
+        resume=FIXED_ALGO,
+    )
+    use_adaptive_entropy: bool = option(
+        False,
+        description="TRL's adaptive entropy control (Skywork-OR1): after each step the coefficient rises by "
+        "entropy_coef_delta while the entropy is at or below entropy_target and falls otherwise, within "
+        "[entropy_coef_min, entropy_coef_max]; the bonus acts only while the entropy is at or below "
+        "the target",
+        resume=FIXED_ALGO,
+    )
+    entropy_coef_min: float = option(
+        0.0, ge=0.0, description="use_adaptive_entropy: the coefficient's floor", resume=FIXED_ALGO
+    )
+    entropy_coef_max: float = option(
+        1.0, ge=0.0, description="use_adaptive_entropy: the coefficient's ceiling", resume=FIXED_ALGO
+    )
+    entropy_coef_delta: float = option(
+        0.005, gt=0.0, description="use_adaptive_entropy: the coefficient's step", resume=FIXED_ALGO
+    )
+    entropy_target: float = option(
+        0.2,
+        gt=0.0,
+        description="use_adaptive_entropy: the mean per-token entropy, nats, at or below which the bonus "
+        "acts and grows (TRL's default 0.2 nats acts only near collapse)",
+        resume=FIXED_ALGO,
+    )
     teacher_model: str | None = option(
         None,
         description="loss_type=opd or gkd: the teacher, a hub id or a model directory (a checkpoint of "
@@ -1098,6 +1130,21 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 raise ValueError(f"{name}={shown} is read only by {reader}: set it there, or drop it")
         if self.loss_type == "gkd":
             self._check_gkd()
+        self._check_entropy()
+
+    def _check_entropy(self) -> None:
+        """grpokit's target_entropy and TRL's entropy_coef / use_adaptive_entropy are two controls of one
+        bonus: one at a time."""
+        if self.target_entropy is not None and (self.entropy_coef != 0.0 or self.use_adaptive_entropy):
+            raise ValueError(
+                "target_entropy (grpokit's control) and entropy_coef / use_adaptive_entropy (TRL's) both set "
+                "the entropy bonus: keep one of them"
+            )
+        if self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(
+                f"entropy_coef_min={self.entropy_coef_min:g} is above "
+                f"entropy_coef_max={self.entropy_coef_max:g}"
+            )
 
     def _check_gkd(self) -> None:
         """What loss_type=gkd's loss (the divergence to the teacher, no rewards in it) cannot take."""
@@ -1114,6 +1161,10 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             "curriculum": (self.curriculum, "its loss does not read rewards, which the curriculum sorts by"),
             "target_entropy": (
                 self.target_entropy is not None,
+                "the divergence to the teacher already sets the student's entropy",
+            ),
+            "entropy_coef": (
+                self.entropy_coef != 0.0 or self.use_adaptive_entropy,
                 "the divergence to the teacher already sets the student's entropy",
             ),
         }

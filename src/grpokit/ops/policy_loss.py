@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import torch
@@ -48,6 +48,7 @@ from .masking import check_mask
 from .outputs import LossOutput
 
 ImportanceSamplingLevel = Literal["token", "sequence", "sequence_token"]
+EntropyBonus = Literal["as_loss", "token_mean"]
 NegativeAdvantageClip = Literal["ppo", "easydel"]
 
 
@@ -371,15 +372,23 @@ def _kept_and_weighted(
     return per_token_loss
 
 
-def _with_entropy_bonus(
-    per_token_loss: torch.Tensor, entropies: torch.Tensor | None, coef: float
-) -> torch.Tensor:
-    """ℓ − c·H on every token (an entropy bonus), or ℓ as it is when c = 0. [B, T] or [B, 1] -> [B, T]"""
+# entropy_bonus -> the aggregation that averages the bonus's H [B, T] over the valid tokens
+ENTROPY_BONUSES: dict[str, Callable[[LossVariant], str]] = {
+    "as_loss": lambda variant: variant.aggregation,  # weighted as the loss weighs its tokens
+    "token_mean": lambda variant: "global_token_mean" if variant.global_normaliser else "local_token_mean",
+}
+
+
+def _entropy_term(
+    entropies: torch.Tensor | None, coef: float, aggregation: str, a: AggregationInputs
+) -> torch.Tensor | float:
+    """The mean H the bonus −c·H multiplies (0 when c = 0): the token entropies aggregated by
+    `aggregation` over `a`'s mask (every aggregation is linear, so the loss of ℓ − c·H is this split)."""
     if coef == 0.0:
-        return per_token_loss
+        return 0.0
     if entropies is None:
         raise ValueError("entropy_coef ≠ 0 needs the token entropies: pass entropies=[B, T].")
-    return per_token_loss - coef * entropies
+    return AGGREGATIONS[aggregation](replace(a, per_token_loss=entropies))
 
 
 def _lookup(table: dict[str, object], name: str, what: str) -> None:
@@ -467,6 +476,7 @@ def grpo_loss(
     negative_advantage_clip: NegativeAdvantageClip = "ppo",
     kl_estimator: KLEstimator = "k3",
     entropy_coef: float = 0.0,
+    entropy_bonus: EntropyBonus = "as_loss",
     off_policy_mask_threshold: float | None = None,
     off_policy_logps: torch.Tensor | None = None,
 ) -> LossOutput:
@@ -498,20 +508,25 @@ def grpo_loss(
         use_bias_correction_kl: multiply the KL term by r (TRL 1.16 default: True).
         negative_advantage_clip: "ppo" (TRL, DI-engine) or "easydel" (EasyDeL, Edifice).
         kl_estimator: k1, k2 or k3 (k3 everywhere in the seeds and TRL).
-        entropy_coef: c; an entropy bonus −c·H on every valid token, aggregated as the loss is (so its
-            weight does not depend on the micro-batch split); needs differentiable `entropies`.
+        entropy_coef: c; an entropy bonus −c·H on every valid token; needs differentiable `entropies`.
+        entropy_bonus: how H is averaged (`ENTROPY_BONUSES`): "as_loss", by the loss type's own
+            aggregation (so its weight does not depend on the micro-batch split); "token_mean", TRL's,
+            the mean per-token entropy for every loss type (over num_items_in_batch with a loss that
+            divides by it, else over this micro-batch's tokens, as TRL's per micro-batch).
         off_policy_mask_threshold: δ; drop the policy term of a completion with a negative advantage
             whose mean log q − log π_θ exceeds δ (DeepSeek-V3.2's off-policy sequence mask, TRL's
             name; `off_policy_sequence_mask`). None = off. off_policy_logps: [B, T] log q of the policy
             that sampled (None = old_logps, or π_θ's own when on-policy, as TRL without vLLM).
     Returns:
         LossOutput(loss [], metrics) with TRL's metric names: `kl` (beta ≠ 0), `entropy`
-        (entropies given), `clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`
-        (clipped surrogates), `cispo_clip_ratio`, `vespo/phi_seq_mean`.
+        (entropies given), `policy_loss` (the loss without the entropy bonus, when entropy_coef ≠ 0),
+        `clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}` (clipped surrogates),
+        `cispo_clip_ratio`, `vespo/phi_seq_mean`.
     """
     _check_loss_type(loss_type)
     _lookup(IMPORTANCE_LEVELS, importance_sampling_level, "importance_sampling_level")  # type: ignore[arg-type]
     _lookup(NEGATIVE_ADVANTAGE_CLIPS, negative_advantage_clip, "negative_advantage_clip")  # type: ignore[arg-type]
+    _lookup(ENTROPY_BONUSES, entropy_bonus, "entropy_bonus")  # type: ignore[arg-type]
     _validate(
         logps,
         advantages,
@@ -566,13 +581,15 @@ def grpo_loss(
         if use_bias_correction_kl:
             per_token_kl = per_token_kl * ratio
         per_token_loss = per_token_loss + beta * per_token_kl
-    per_token_loss = _with_entropy_bonus(per_token_loss, entropies, entropy_coef)
-
-    loss = AGGREGATIONS[variant.aggregation](
+    policy = AGGREGATIONS[variant.aggregation](
         AggregationInputs(per_token_loss, mask, max_completion_length, num_items_in_batch)
     )
+    loss = policy - entropy_coef * _entropy_term(
+        entropies, entropy_coef, ENTROPY_BONUSES[entropy_bonus](variant),
+        AggregationInputs(mask, mask, max_completion_length, num_items_in_batch),
+    )  # fmt: skip
 
-    metrics: dict[str, torch.Tensor] = {}
+    metrics: dict[str, torch.Tensor] = {"policy_loss": policy} if entropy_coef != 0.0 else {}
     with torch.no_grad():
         if per_token_kl is not None:
             metrics["kl"] = _masked_metric_mean(per_token_kl, mask)
@@ -587,4 +604,5 @@ def grpo_loss(
 
 assert set(LOSS_TYPES) == set(get_args(LossType))
 assert set(IMPORTANCE_LEVELS) == set(get_args(ImportanceSamplingLevel))
+assert set(ENTROPY_BONUSES) == set(get_args(EntropyBonus))
 assert set(NEGATIVE_ADVANTAGE_CLIPS) == set(get_args(NegativeAdvantageClip))

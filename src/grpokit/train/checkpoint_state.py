@@ -50,6 +50,10 @@ def _finite(value: float) -> float:
     return value
 
 
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None else _finite(value)
+
+
 def _tensor(value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"must be a tensor, not a {type(value).__name__}")
@@ -99,9 +103,11 @@ class PromptsState(_Strict):
 
 
 class EntropyState(_Strict):
-    """target_entropy's control: the bonus coefficient (≥ 0)."""
+    """The entropy bonus's control: its coefficient (≥ 0) and the last step's mean token entropy (None
+    before a first step)."""
 
     coef: Annotated[float, Field(ge=0.0), AfterValidator(_finite)]
+    last_entropy: Annotated[float | None, Field(ge=0.0), AfterValidator(_finite_or_none)] = None
 
 
 class TrainingState(_Strict):

@@ -546,9 +546,7 @@ def build_trainee(
             seed=spec.step.seed,
             curriculum=curriculum_rule(spec.step),
         ),
-        entropy=None
-        if spec.step.target_entropy is None
-        else EntropyControl(spec.step.target_entropy, spec.step.entropy_coef_lr),
+        entropy=None if spec.step.entropy is None else EntropyControl(spec.step.entropy),
     )
 
 

@@ -76,7 +76,7 @@ def grpo_step(
     unfiltered = not truncates(s) and s.repetition_penalty == 1.0
     measured = "sampling/sampling_logp_difference/mean" in metrics  # by a pass before the update
     checks = FirstUpdateChecks(before, step, mismatch=unfiltered and not measured and drawn.on_policy)
-    coef = trainee.entropy.coef if trainee.entropy is not None else 0.0
+    coef = trainee.entropy.applied if trainee.entropy is not None else 0.0
     skipped = rolled_back = 0.0
     for iteration in range(params.spec.num_iterations):
         this = UpdateOptions(checks if iteration == 0 else None, entropy_coef=coef, progress=progress)
@@ -87,7 +87,9 @@ def grpo_step(
     if trainee.entropy is not None:  # the same coefficient on every rank: from the ranks' mean entropy
         entropy = distributed.all_reduce_sum(d, torch.as_tensor(metrics["entropy"], dtype=torch.float32))
         trainee.entropy.update(float(entropy) / d.world_size)
-        metrics |= {"entropy/coef": coef, "entropy/target": trainee.entropy.target}
+        metrics |= {"entropy/coef": coef, "entropy/next_coef": trainee.entropy.coef}
+        if trainee.entropy.spec.target is not None:
+            metrics["entropy/target"] = trainee.entropy.spec.target
     metrics["skipped_update"] = skipped  # updates of this step skipped (non-finite loss, or weights)
     metrics["update_rolled_back"] = rolled_back  # of which applied, found to destroy weights, undone
     # wall-clock seconds of each phase (a GPU is synchronised at the boundaries, so that queued work is

@@ -22,8 +22,10 @@ METRICS: dict[str, str] = {
     "update_rolled_back": "1 when an update was undone for non-finite weights",
     "kl": "mean per-token KL to the reference (beta > 0), nats",
     "entropy": "mean token entropy of the sampled completions under the policy, nats",
-    "entropy/coef": "target_entropy: the entropy bonus's adaptive coefficient",
-    "entropy/target": "target_entropy: the entropy the bonus holds the policy at, nats",
+    "policy_loss": "the loss without the entropy bonus (entropy_coef, target_entropy), summed as loss is",
+    "entropy/coef": "the entropy bonus's coefficient applied this step (entropy_coef, target_entropy)",
+    "entropy/next_coef": "the coefficient the next step starts from (TRL's entropy_coef after the step)",
+    "entropy/target": "target_entropy or entropy_target: the entropy the adaptive bonus aims at, nats",
     # ---------------------------------------------------------------- rewards
     "reward": "mean combined reward of the step's completions (reward_weights applied)",
     "reward_std": "standard deviation of the combined reward over the step's completions",

@@ -3,12 +3,14 @@ prompts in order, and the state a checkpoint carries beside the weights (target_
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from ..config.plan import LossSpec, StepSpec
+from ..config.plan import EntropySpec, LossSpec, StepSpec
 from ..data import PromptSampler
 from ..engine import PolicyEngine
 from ..rollout import SamplingParams
@@ -45,25 +47,64 @@ class Update:
     scheduler: Any
 
 
+def _towards_target(control: EntropyControl, entropy: float) -> float:
+    """target_entropy: c + rate × (target − H), at least 0 (grows below the target, shrinks above)."""
+    assert control.spec.target is not None
+    return max(0.0, control.coef + control.spec.rate * (control.spec.target - entropy))
+
+
+def _stepped(control: EntropyControl, entropy: float) -> float:
+    """TRL's use_adaptive_entropy (Skywork-OR1): c ± delta within [min, max], up while H ≤ target."""
+    assert control.spec.target is not None
+    low, high = control.spec.bounds
+    up = entropy <= control.spec.target
+    return min(control.coef + control.spec.rate, high) if up else max(control.coef - control.spec.rate, low)
+
+
+# EntropySpec.rule -> the next coefficient from this one and the step's mean token entropy
+ENTROPY_RULES: dict[str, Callable[[EntropyControl, float], float]] = {
+    "target": _towards_target,
+    "fixed": lambda control, entropy: control.coef,  # TRL's entropy_coef alone
+    "stepped": _stepped,
+}
+
+
 @dataclass
 class EntropyControl:
-    """target_entropy: the coefficient c ≥ 0 of an entropy bonus −c·H in the loss, moved after each
-    step by `rate` × (target − the step's mean token entropy): it grows while the entropy is below the
-    target and shrinks to 0 above it. Saved in every checkpoint (`state_dict`), so a resumed run goes on
-    with the same c."""
+    """The coefficient c of the entropy bonus −c·H in the loss, moved after each step by its rule
+    (`ENTROPY_RULES`) from the step's mean token entropy. Saved in every checkpoint (`state_dict`), so
+    a resumed run goes on with the same c."""
 
-    target: float
-    rate: float
-    coef: float = 0.0
+    spec: EntropySpec
+    coef: float = math.nan  # (NaN: the spec's first coefficient)
+    last_entropy: float = math.inf  # the last step's mean token entropy (none yet: above any target)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.coef):
+            self.coef = self.spec.coef
+
+    @property
+    def applied(self) -> float:
+        """The coefficient this step's loss uses: TRL's adaptive bonus acts only while the entropy is
+        at or below its target (not before a first step has measured it)."""
+        if self.spec.rule == "stepped" and not self.last_entropy <= (self.spec.target or 0.0):
+            return 0.0
+        return self.coef
 
     def update(self, entropy: float) -> None:
-        self.coef = max(0.0, self.coef + self.rate * (self.target - entropy))
+        self.coef = ENTROPY_RULES[self.spec.rule](self, entropy)
+        self.last_entropy = entropy
 
-    def state_dict(self) -> dict[str, float]:
-        return {"coef": self.coef}
+    def state_dict(self) -> dict[str, float | None]:
+        return {
+            "coef": self.coef,
+            "last_entropy": None if math.isinf(self.last_entropy) else self.last_entropy,
+        }
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.coef = float(state["coef"])
+    def load_state_dict(self, state: dict[str, float | None]) -> None:
+        self.coef = float(state["coef"])  # type: ignore[arg-type]
+        last = state.get("last_entropy")
+        self.last_entropy = math.inf if last is None else float(last)
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,7 @@ def policy_loss(
         off_policy_logps=batch.sampling_logps[rows] if params.loss.off_policy_mask_threshold else None,
         num_items_in_batch=num_items,
         entropy_coef=entropy_coef,
+        entropy_bonus="as_loss" if params.spec.entropy is None else params.spec.entropy.bonus,
         **asdict(params.loss),  # loss_type, beta, epsilon, ...: grpo_loss's own names
     )
     return out, stats.logps
@@ -194,8 +195,9 @@ def accumulate_gradients(
         share = 1.0 / n_micro  # (not `weight`: the normaliser's total weight, below)
         if divergence:
             share = batch.completion_mask[rows].sum().double() / batch.completion_mask.sum().clamp(min=1)
-        for key, value in out.metrics.items():
-            totals[key] = totals.get(key, 0.0) + value * share
+        for key, value in out.metrics.items():  # (policy_loss is a loss: summed as the loss is)
+            weighed = value * factor / scale if key == "policy_loss" else value * share
+            totals[key] = totals.get(key, 0.0) + weighed
         if checks is not None:
             checks.add(logps, batch, rows)
             weight = (
