@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import AsyncGRPOConfig, GRPOConfig
-from .config.plan import display, model_spec
+from .config import AsyncGRPOConfig, GRPOConfig, trl_names
+from .config.plan import display, loss_advice, model_spec
 from .data import load_prompts
 from .envs import EnvironmentSpec, tool_environment
 from .rewards import named_reward
@@ -106,6 +106,8 @@ class GRPOTrainer:
             updates |= _lora_options(peft_config, model, cfg)
         if updates:  # validated as the config itself (a hub id, the LoRA options' ranges)
             cfg = type(cfg).model_validate(cfg.model_dump(exclude_unset=True) | updates)
+        for line in loss_advice(cfg):  # TRL warns of these as its trainer is made
+            trl_names.say(line)
         self.environment = _environment(cfg, tools, environment_factory)
         if isinstance(model, str) and model != "tiny":  # loaded here, as TRL does: trainer.model is it
             model, tokenizer = _loaded_for(cfg)

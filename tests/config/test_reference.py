@@ -48,7 +48,9 @@ def test_the_reference_says_what_each_field_declares():
     assert rows["dtype"]["trl"] == "bf16, fp16"  # rules in config/trl_names.py
     assert rows["dataset"]["trl"] == "dataset_name"  # a plain rename, declared on the field
     assert rows["learning_rate"]["trl"] == "learning_rate"  # TRL's own name
-    assert rows["prompts_per_step"]["trl"] == "per_device_train_batch_size, gradient_accumulation_steps"
+    assert rows["prompts_per_step"]["trl"] == (
+        "per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation"
+    )
     assert rows["seed"]["resume"].startswith("fixed: ") and rows["resume"]["resume"].startswith("invocation")
     assert rows["max_steps"]["resume"] == "applied: where the run ends (and a decaying schedule reaches 0)"
     assert rows["beta"]["description"] == GRPOConfig.model_fields["beta"].description

@@ -57,6 +57,11 @@ def test_trl_options_that_change_nothing_trained_are_taken_and_said_unused(tmp_p
         dataset_num_proc=8,
         accelerator_config={"split_batches": True},
         pad_to_multiple_of=8,
+        eval_on_start=True,
+        logging_strategy="steps",
+        num_generations_eval=4,
+        log_multimodal=False,
+        use_transformers_continuous_batching=True,
     )
     assert set(given) == set(trl_names.NOT_USED)
     assert GRPOConfig(**given).model_dump() == GRPOConfig().model_dump()
@@ -165,7 +170,6 @@ def test_strategies_by_steps_are_accepted_and_others_answered(said):
 @pytest.mark.parametrize(
     ("schema", "name", "wanted"),
     [
-        (GRPOConfig, "steps_per_generation", "set prompts_per_step and num_iterations"),
         (GRPOConfig, "generation_batch_size", "set prompts_per_step and num_generations"),
         (GRPOConfig, "logging_dir", "output_dir/tensorboard; set output_dir"),
         (GRPOConfig, "warmup_ratio", "set warmup_steps"),
@@ -175,7 +179,7 @@ def test_strategies_by_steps_are_accepted_and_others_answered(said):
         (RewardConfig, "gradient_accumulation_steps", "set batch_size and micro_batch_size"),
         (RewardConfig, "num_train_epochs", "set max_steps"),
         (SFTConfig, "per_device_train_batch_size", "set batch_size"),
-        (RewardConfig, "steps_per_generation", "a TRL option that grpokit's RewardConfig does not have"),
+        (RewardConfig, "steps_per_generation", "set batch_size"),
     ],
 )
 def test_trl_names_without_a_faithful_mapping_name_the_grpokit_option(schema, name, wanted):
@@ -299,3 +303,77 @@ def test_the_config_package_never_imports_torch():
             else:
                 continue
             assert not [n for n in names if n.split(".")[0] in ("torch", "transformers")], path.name
+
+
+# ----------------------------------------------------------------------------- TRL options of issue 51
+
+
+def test_generation_kwargs_set_grpokits_sampling_options_and_say_the_rest_unused(caplog):
+    with caplog.at_level("WARNING", logger="grpokit.config"):
+        cfg = GRPOConfig(
+            generation_kwargs={"do_sample": True, "top_k": 7, "max_new_tokens": 12, "num_beams": 3}
+        )
+    assert (cfg.top_k, cfg.max_completion_length) == (7, 12)
+    assert "not used by grpokit's sampler: num_beams=3" in caplog.text
+    for bad, line in (
+        ({"generation_kwargs": {"do_sample": False}}, "GRPO learns from sampled completions"),
+        ({"generation_kwargs": {"top_p": 0.5}, "top_p": 0.9}, "set it once"),
+        ({"generation_kwargs": [1]}, "must be a mapping"),
+    ):
+        with pytest.raises(ValidationError, match=line):
+            GRPOConfig(**bad)
+
+
+def test_steps_per_generation_is_taken_when_it_is_trls_default_and_refused_otherwise():
+    cfg = GRPOConfig(
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=2,
+        num_generations=4,
+    )
+    assert (cfg.prompts_per_step, cfg.micro_batch_size) == (2, 4)  # 4 × 2 completions, groups of 4
+    with pytest.raises(
+        ValidationError, match="steps_per_generation=4 differs from gradient_accumulation_steps=2"
+    ):
+        GRPOConfig(
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            steps_per_generation=4,
+            num_generations=4,
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("eval_on_start", True, "evaluates the held-out split at the start of every run"),
+        ("logging_strategy", "steps", "logs every logging_steps steps"),
+        ("num_generations_eval", 2, "one greedy completion a prompt"),
+        ("use_transformers_continuous_batching", True, "its own batched, KV-cached decode loop"),
+    ],
+)
+def test_trl_options_that_change_nothing_trained_are_said_unused(caplog, name, value, why):
+    with caplog.at_level("WARNING", logger="grpokit.config"):
+        GRPOConfig(**{name: value})
+    assert f"TRL option {name}=" in caplog.text and why in caplog.text
+
+
+def test_trls_loss_warnings_are_said_when_the_trainer_is_made(caplog):
+    """TRL warns that a sequence-level ratio with a token-summed loss weights sequences by their length;
+    grpokit says the same line as the trainer is made (grpo, which averages per sequence, is quiet)."""
+    from grpokit import GRPOTrainer
+    from grpokit.config import trl_names
+    from grpokit.rewards import exact_answer
+
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    for loss_type, warned in (("dapo", True), ("grpo", False)):
+        trl_names._said.clear()
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            GRPOTrainer(
+                "tiny",
+                exact_answer,
+                GRPOConfig(importance_sampling_level="sequence", loss_type=loss_type),
+                rows,
+            )
+        assert ("weights each sequence by its completion length" in caplog.text) == warned, loss_type

@@ -140,6 +140,8 @@ CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "off_policy_mask_threshold": ({"off_policy_mask_threshold": 1e-9}, differ),
     # GDPO: groups normalised, then the batch: other advantages than the group's own scaling
     "multi_objective_aggregation": ({"multi_objective_aggregation": "normalize_then_sum"}, differ),
+    # the data's order instead of a shuffled one: other prompts in the first steps
+    "shuffle_dataset": ({"shuffle_dataset": False}, differ),
     "scale_rewards": ({"scale_rewards": "none"}, differ),
     "num_iterations": ({"num_iterations": 1}, differ),
     "mask_truncated_completions": ({"mask_truncated_completions": True}, differ),

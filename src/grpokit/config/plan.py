@@ -169,6 +169,30 @@ class EntropySpec:
     bonus: str  # "as_loss" (grpokit's target_entropy) or "token_mean" (TRL's)
 
 
+# TRL's loss types that sum per-token terms: under a sequence-level ratio each sequence weighs its length
+_TOKEN_SUMMED = ("bnpo", "dr_grpo", "dapo", "cispo")
+
+
+def loss_advice(cfg: GRPOConfig) -> list[str]:
+    """What TRL warns of in a loss's set-up that runs but is likely not what was meant (the same lines)."""
+    lines = []
+    level, loss = cfg.importance_sampling_level, cfg.loss_type
+    if level == "sequence" and loss in _TOKEN_SUMMED:
+        lines.append(
+            f"importance_sampling_level='sequence' with loss_type='{loss}': the loss sums per-token "
+            "contributions, which effectively weights each sequence by its completion length instead of "
+            "optimizing the per-sequence objective; loss_type='grpo' reproduces the GSPO paper's setup"
+        )
+    if loss == "luspo" and level != "sequence":
+        lines.append("loss_type='luspo' mirrors its paper with importance_sampling_level='sequence'")
+    if loss == "vespo" and level != "token":
+        lines.append(
+            "loss_type='vespo' computes sequence-level weights itself: importance_sampling_level should be "
+            "'token' (the default)"
+        )
+    return lines
+
+
 def entropy_spec(cfg: GRPOConfig) -> EntropySpec | None:
     if cfg.target_entropy is not None:
         return EntropySpec("target", 0.0, cfg.target_entropy, cfg.entropy_coef_lr, (0.0, math.inf), "as_loss")
@@ -205,6 +229,7 @@ class StepSpec:
     curriculum_patience: int
     curriculum_revisit: float
     seed: int
+    shuffle_dataset: bool
     max_grad_norm: float
     reference_sync: tuple[int, float] | None  # (every N steps, mixup alpha), or None
     sampling_correction: str

@@ -54,7 +54,10 @@ def trl_names_of(schema: Any, name: str) -> list[str]:
     out += [
         alias
         for alias, (sets, _) in trl_names.ALIASES.items()
-        if name in sets and set(sets) <= set(fields) and alias not in fields
+        if name in sets
+        and set(sets) <= set(fields)
+        and alias not in fields
+        and alias not in trl_names.CONTAINERS
     ]
     if trl_names.takes_batch_names(fields) and name in trl_names.BATCH_FIELDS:
         out += list(trl_names.BATCH_NAMES)

@@ -400,6 +400,12 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     max_steps: int = option(
         200, ge=1, description="GRPO steps (one generation batch each)", resume=MAX_STEPS_RESUME
     )
+    shuffle_dataset: bool = option(
+        True,
+        description="draw the training prompts in a new random order each pass (TRL's; false: in the "
+        "data's order)",
+        resume=Resume.fixed("the prompt order so far followed it"),
+    )
     num_train_epochs: float | None = option(
         None,
         gt=0,

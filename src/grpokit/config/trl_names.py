@@ -130,6 +130,42 @@ def _log_completions(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]
     )
 
 
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _generation_kwargs(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
+    """TRL's generation_kwargs (passed to transformers' generate): its sampling keys set grpokit's own
+    options of those names (max_new_tokens: max_completion_length); do_sample=true is what grpokit does;
+    keys grpokit's sampler does not have (num_beams, length_penalty, ...) are said unused."""
+    if value is None:
+        return {}, "TRL name: generation_kwargs=None -> nothing to apply"
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"generation_kwargs must be a mapping of generate()'s options (got {shown(value)})."
+        )
+    updates: dict[str, Any] = {}
+    unused = []
+    for key, item in value.items():
+        own = "max_completion_length" if key == "max_new_tokens" else key
+        if own in _SAMPLING_KEYS or own == "max_completion_length":
+            if own in data and data[own] != item:
+                raise ConfigError(
+                    f"generation_kwargs sets {key}={shown(item)} and {own}={shown(data[own])} is set too; "
+                    "set it once."
+                )
+            updates[own] = item
+        elif key == "do_sample" and item is False:
+            raise ConfigError("generation_kwargs do_sample=false: GRPO learns from sampled completions.")
+        elif key != "do_sample":
+            unused.append(f"{key}={shown(item)}")
+    line = "TRL name: generation_kwargs -> " + (
+        ", ".join(f"{k}={shown(v)}" for k, v in updates.items()) or "-"
+    )
+    if unused:
+        line += f"; not used by grpokit's sampler: {', '.join(unused)}"
+    return updates, line
+
+
 def renames(fields: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], Rule]]:
     """The plain renames a config's fields declare (`trl=` on the field), as ALIASES entries."""
     out: dict[str, tuple[tuple[str, ...], Rule]] = {}
@@ -154,7 +190,10 @@ ALIASES: dict[str, tuple[tuple[str, ...], Rule]] = {
     "disable_tqdm": (("progress",), _negated("disable_tqdm", "progress")),
     "log_completions": (("log_completions_steps",), _log_completions),
     "use_liger_kernel": (("fused_logps",), _liger),
+    "generation_kwargs": (_SAMPLING_KEYS + ("max_completion_length",), _generation_kwargs),
 }
+# ALIASES that carry other options' values (a mapping), not a name for any one of them
+CONTAINERS = frozenset({"generation_kwargs"})
 
 # TRL options (most of them transformers' TrainingArguments) that change nothing of what grpokit trains
 # nor how: taken, and said unused in one line (once per process) with what grpokit does instead.
@@ -171,6 +210,15 @@ NOT_USED: dict[str, dict[str, str]] = {
         "GRPOConfig": "grpokit does not run through accelerate: its processes are torchrun's",
     },
     "pad_to_multiple_of": {"GRPOConfig": "a batch is padded to its longest row"},
+    "eval_on_start": {"GRPOConfig": "grpokit evaluates the held-out split at the start of every run"},
+    "logging_strategy": {"GRPOConfig": "grpokit logs every logging_steps steps"},
+    "num_generations_eval": {
+        "GRPOConfig": "grpokit's evaluation is one greedy completion a prompt (and pass_at_k samples)"
+    },
+    "log_multimodal": {"GRPOConfig": "grpokit trains on text"},
+    "use_transformers_continuous_batching": {
+        "GRPOConfig": "grpokit samples with its own batched, KV-cached decode loop"
+    },
 }
 
 # ------------------------------------------------------------------------ rejected: the grpokit option to use
@@ -188,9 +236,8 @@ REJECTED: dict[str, dict[str, str]] = {
         "whose gradients add up to one update; set batch_size and micro_batch_size.",
         "SFTConfig": "the warm start takes one batch of batch_size examples per step; set batch_size.",
     },
-    "steps_per_generation": {
-        "GRPOConfig": "a grpokit step is one generation batch (prompts_per_step prompts) and num_iterations "
-        "optimizer steps on all of it; set prompts_per_step and num_iterations.",
+    "steps_per_generation": {  # GRPOConfig: read with the batch names (BATCH_NAMES)
+        "RewardConfig": "grpokit counts pairs: batch_size per optimizer step; set batch_size.",
     },
     "generation_batch_size": {
         "GRPOConfig": f"{_GRPO_STEP}; set prompts_per_step and num_generations.",
@@ -337,7 +384,11 @@ COMMANDS = {"GRPOConfig": "train", "RewardConfig": "reward", "SFTConfig": "sft"}
 # runs per_device_train_batch_size rows per forward/backward, and gradient_accumulation_steps of them
 # make one optimizer update: one update per generation batch (num_iterations of them with μ > 1),
 # which is a grpokit step.
-BATCH_NAMES = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+BATCH_NAMES = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "steps_per_generation": None,
+}
 BATCH_FIELDS = ("prompts_per_step", "micro_batch_size")  # what they set
 
 
@@ -374,9 +425,16 @@ def _batch_geometry(fields: Mapping[str, Any], data: dict[str, Any]) -> str | No
     given = split_batch_names(data)
     if not given:
         return None
-    per_device, accumulation = (
-        _positive_int(name, given.get(name, default)) for name, default in BATCH_NAMES.items()
-    )
+    per_device = _positive_int("per_device_train_batch_size", given.get("per_device_train_batch_size", 8))
+    accumulation = _positive_int("gradient_accumulation_steps", given.get("gradient_accumulation_steps", 1))
+    per_generation = given.get("steps_per_generation")
+    if per_generation is not None and _positive_int("steps_per_generation", per_generation) != accumulation:
+        raise ConfigError(
+            f"steps_per_generation={per_generation} differs from gradient_accumulation_steps={accumulation}: "
+            "TRL then splits one generation batch over several optimizer steps; a grpokit step is one "
+            "generation batch and num_iterations optimizer steps on all of it: leave steps_per_generation "
+            "unset (or equal), and set num_iterations for more updates per batch."
+        )
     field = fields.get("num_generations")
     generations = data.get("num_generations", getattr(field, "default", 8))
     if isinstance(generations, bool) or not isinstance(generations, int) or generations < 1:

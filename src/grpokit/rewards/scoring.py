@@ -14,8 +14,11 @@ would: they are joined at exit).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import copy
 import inspect
+import logging
 import math
 import threading
 import time
@@ -128,11 +131,24 @@ def renamed_rewards(reward_funcs: Sequence[Callable[..., Any]]) -> str | None:
 
 def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """Call with the keyword arguments the function accepts (all of them if it takes **kwargs), as the
-    scorer calls every reward function (a reward server calls its function the same way)."""
+    scorer calls every reward function (a reward server calls its function the same way). An `async`
+    function (TRL takes them) is run to its result here, on an event loop of its own."""
     params = inspect.signature(fn).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return fn(**kwargs)
+    result = fn(**kwargs)
+    return _awaited(result) if inspect.iscoroutine(result) else result
+
+
+def _awaited(coroutine: Any) -> Any:
+    """An async reward's result: on a new event loop, or, where this thread already runs one (a
+    notebook's), on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop running here: the usual case
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _preview(text: Any, limit: int = 60) -> str:
@@ -432,6 +448,23 @@ def _arguments(
     return kwargs
 
 
+def _say_unscorable(rewards_per_func: torch.Tensor, kwargs: dict[str, Any]) -> None:
+    """TRL's warning, through logging, when every function returned None for a row: the first such row's
+    arguments (the row is unscorable: it gets no reward and advantage 0)."""
+    rows = torch.isnan(rewards_per_func).all(dim=1).nonzero().flatten().tolist()
+    if not rows:
+        return
+    row = {k: v[rows[0]] for k, v in kwargs.items() if isinstance(v, list)}
+    logging.getLogger("grpokit.rewards").warning(
+        "All reward functions returned None for the following kwargs:\n%s\nPlease ensure that at least one "
+        "reward function returns a valid reward (%d of %d rows unscorable, None or a failure under "
+        "on_reward_error=unscorable: no reward, advantage 0).",
+        row,
+        len(rows),
+        rewards_per_func.shape[0],
+    )
+
+
 def score_completions(
     reward_funcs: Sequence[Callable[..., Any]],
     prompts: Sequence[Any],
@@ -494,6 +527,7 @@ def score_completions(
         table.append(scores)
         failed += n_failed
     rewards_per_func = torch.tensor(table, dtype=torch.float32).T.reshape(size, len(reward_funcs))  # [B, R]
+    _say_unscorable(rewards_per_func, kwargs)
     return RewardScores(
         names=names,
         rewards_per_func=rewards_per_func,

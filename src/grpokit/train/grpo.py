@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import GRPOConfig
+from ..config import GRPOConfig, trl_names
 from ..config.applied import Preset, applied
-from ..config.plan import GRPOPlan, grpo_plan
+from ..config.plan import GRPOPlan, grpo_plan, loss_advice
 from ..config.resume import resume_changes
 from ..data import solution_column
 from ..models import ModelShape, check_lora_targets, memory_metrics, require_peft
@@ -118,6 +118,8 @@ def train_grpo(
     The run holds `cfg.output_dir` exclusively from its first look at it until it returns or raises
     (rundir.py): a second run into the same directory meanwhile is refused."""
     cfg = steps_of_epochs(cfg, train_rows, on_event)
+    for line in loss_advice(cfg):  # TRL's warnings of a loss set-up that is likely not what was meant
+        trl_names.say(line)
     plan = grpo_plan(cfg, preset, model_given=model is not None)  # resolved once: nothing below reads `cfg`
     given = UserInputs(model, tokenizer, train_rows, eval_rows, reward_funcs, is_correct, environment)
     values = applied(cfg, preset, model_given=model is not None).config  # what the run applies

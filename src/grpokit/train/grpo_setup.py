@@ -545,6 +545,7 @@ def build_trainee(
             spec.step.prompts_per_step,
             seed=spec.step.seed,
             curriculum=curriculum_rule(spec.step),
+            shuffle=spec.step.shuffle_dataset,
         ),
         entropy=None if spec.step.entropy is None else EntropyControl(spec.step.entropy),
     )
