@@ -62,8 +62,12 @@ def test_a_loaded_reward_model_takes_reward_processing_classes_or_its_own(reward
 
     model = AutoModelForSequenceClassification.from_pretrained(reward_dir)
     tokenizer = AutoTokenizer.from_pretrained(reward_dir)
-    given = GRPOTrainer("tiny", [model], None, ROWS, reward_processing_classes=[tokenizer]).reward_funcs[0]
+    trainer = GRPOTrainer(
+        "tiny", [model, "exact_answer"], None, ROWS, reward_processing_classes=[tokenizer, None]
+    )
+    given = trainer.reward_funcs[0]
     assert given.model is model and given.tokenizer is tokenizer and not given.eos
+    assert trainer.reward_processing_classes == [tokenizer, None]  # TRL's attribute: None for a function
     own = GRPOTrainer("tiny", model, None, ROWS).reward_funcs[0]  # loaded from where the model came from
     assert own.tokenizer.get_vocab() == tokenizer.get_vocab()
     expected = _trl_scores(model, tokenizer, PROMPTS, COMPLETIONS)

@@ -544,3 +544,26 @@ def test_trls_entropy_options_train_as_trls(tmp_path, tiny_policy):
     assert trainer.entropy_coef == pytest.approx(0.01 + 0.005 * 3, abs=1e-12)
     applied = [entry["entropy/coef"] for entry in trainer.state.log_history if "loss" in entry]
     assert applied == pytest.approx([0.0, 0.015, 0.02])  # none before an entropy is measured
+
+
+def test_evaluate_reports_trls_keys_for_one_dataset_and_for_named_ones(tmp_path, tiny_policy):
+    """trainer.evaluate(): the held-out metrics of the model as it is, under eval_<key> (eval_<name>_<key>
+    for a dict of named datasets, TRL's), the same numbers as a run's own evaluation of those rows."""
+    model, tok = tiny_policy
+    named = {"small": ROWS[:2], "more": ROWS[2:6]}
+    trainer = GRPOTrainer(
+        model, exact_answer, tiny_args(tmp_path / "run", max_steps=1), ROWS, named, processing_class=tok
+    )
+    assert trainer.eval_dataset is named and trainer.eval_rows == ROWS[:6]  # a run evaluates all six
+    metrics = trainer.evaluate()
+    assert metrics["eval_small_num_prompts"] == 2 and metrics["eval_more_num_prompts"] == 4
+    one = trainer.evaluate(ROWS[:2])
+    assert one["eval_num_prompts"] == 2 and one["eval_reward"] == metrics["eval_small_reward"]
+    assert one["eval_accuracy"] == metrics["eval_small_accuracy"] and one["eval_runtime"] > 0
+    assert trainer.state.log_history[-1]["eval_num_prompts"] == 2
+    result = trainer.train()  # the run's starting evaluation of the same six rows, the same model
+    assert result.eval_before["num_prompts"] == 6
+    both = (2 * metrics["eval_small_accuracy"] + 4 * metrics["eval_more_accuracy"]) / 6
+    assert result.eval_before["accuracy"] == pytest.approx(both, abs=1e-12)
+    with pytest.raises(ValueError, match="needs a model: model='tiny' is built by train"):
+        GRPOTrainer("tiny", exact_answer, None, ROWS).evaluate(ROWS)

@@ -6,14 +6,14 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .config import AsyncGRPOConfig, GRPOConfig, trl_names
 from .config.plan import display, loss_advice, model_spec
 from .data import load_prompts
 from .envs import EnvironmentSpec, tool_environment
-from .rewards import named_reward
+from .rewards import RewardModelFunction, named_reward
 from .train.events import EventKind
 from .train.grpo import TrainResult, train_grpo
 from .train.progress import reporting
@@ -126,6 +126,12 @@ class GRPOTrainer:
         self.reward_funcs = _reward_functions(
             reward_funcs, cfg.max_completion_length, reward_processing_classes
         )
+        # TRL's: each reward model's tokenizer, None for a function
+        self.reward_processing_classes = [
+            func.tokenizer if isinstance(func, RewardModelFunction) else None for func in self.reward_funcs
+        ]
+        # TRL's: whether the model adds a router's load-balancing loss (MoE); grpokit adds none
+        self.aux_loss_enabled = False
         reading = {  # a dataset name or directory: its split of dataset_config; answers by answer_format
             "prompt_column": cfg.prompt_column,
             "dataset_config": cfg.dataset_config,
@@ -137,9 +143,14 @@ class GRPOTrainer:
             if train_dataset is None
             else load_prompts(train_dataset, split=cfg.dataset_train_split, **reading)
         )
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset  # (TRL's: as given)
+        self._reading = reading
+        # TRL's eval_dataset: one dataset, or named ones (a dict or DatasetDict): a run's held-out
+        # metrics are over all their rows; evaluate() reports each under its name
+        self.eval_sets = None if eval_dataset is None else self._eval_sets(eval_dataset)
         self.eval_rows = (  # None: the config's dataset and its held-out split, as `grpokit train`
-            load_prompts(eval_dataset, split=cfg.dataset_test_split, **reading)
-            if eval_dataset is not None
+            [row for rows in self.eval_sets.values() for row in rows]
+            if self.eval_sets is not None
             else (None if train_dataset is None else [])
         )
         self.is_correct = is_correct
@@ -177,6 +188,52 @@ class GRPOTrainer:
             )
         self.result = result
         return history.finish(result, time.perf_counter() - started, self.config)
+
+    def _eval_sets(self, dataset: Any) -> dict[str, list[dict[str, Any]]]:
+        """{name: rows} of an eval dataset: one dataset is {"": rows}; a mapping (TRL's dict of named
+        eval datasets, a DatasetDict among them) names each."""
+        split = self.config.dataset_test_split
+        if isinstance(dataset, Mapping):
+            return {
+                str(name): load_prompts(part, split=split, **self._reading) for name, part in dataset.items()
+            }
+        return {"": load_prompts(dataset, split=split, **self._reading)}
+
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """TRL's: the held-out metrics of the model as it is now, on `eval_dataset` (else the trainer's),
+        under `<prefix>_<key>` (a named dataset's under `<prefix>_<name>_<key>`), also appended to
+        trainer.state.log_history. grpokit's held-out metrics: greedy accuracy (an answer column or
+        is_correct), the reward functions' mean reward, pass@k, and the seconds it took (runtime); no
+        eval loss (grpokit does not sample groups to evaluate). ignore_keys: TRL's, not used."""
+        from .config.plan import grpo_plan
+        from .train.eval_run import evaluate_given
+        from .train.grpo_setup import UserInputs
+
+        if self.model is None:
+            raise ValueError(
+                "evaluate() needs a model: model='tiny' is built by train(), over the data; train first, "
+                "or give a model."
+            )
+        sets = self._eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        if not sets:
+            raise ValueError("evaluate() needs an eval_dataset: give one here or to GRPOTrainer.")
+        plan = grpo_plan(self.config.model_copy(update={"sft_steps": 0}), model_given=True)
+        metrics: dict[str, float] = {}
+        for name, rows in sets.items():
+            prefix = f"{metric_key_prefix}_{name}_" if name else f"{metric_key_prefix}_"
+            began = time.perf_counter()
+            given = UserInputs(
+                self.model, self.processing_class, self.train_rows, rows, self.reward_funcs, self.is_correct,
+                self.environment,
+            )  # fmt: skip
+            held = evaluate_given(plan, given)
+            metrics |= {prefix + k: v for k, v in held.items()} | {
+                prefix + "runtime": time.perf_counter() - began
+            }
+        self.state.log_history.append({**metrics, "step": self.state.global_step})
+        return metrics
 
     @property
     def entropy_coef(self) -> float:

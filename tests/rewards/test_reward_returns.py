@@ -55,7 +55,7 @@ def test_functions_get_trls_trainer_state_log_metric_and_log_extra():
     """As TRL passes them: trainer_state (the steps done), log_metric (each name's values averaged into
     the step's metrics as logged/<name>) and log_extra (B values a column); a function that names none of
     them gets none, and the data's columns stay what they were."""
-    from grpokit.rewards.scoring import RunState, score_completions
+    from grpokit.rewards.scoring import CallRules, RunState, score_completions
 
     seen = {}
 
@@ -70,7 +70,11 @@ def test_functions_get_trls_trainer_state_log_metric_and_log_extra():
         return [float(c == a) for c, a in zip(completions, answer, strict=True)]
 
     scores = score_completions(
-        [logs, plain], ["p", "q"], ["ab", "c"], columns={"answer": ["ab", "x"]}, state=RunState(global_step=4)
+        [logs, plain],
+        ["p", "q"],
+        ["ab", "c"],
+        columns={"answer": ["ab", "x"]},
+        rules=CallRules(state=RunState(global_step=4)),
     )
     assert seen["trainer_state"].global_step == 4 and seen["answer"] == ["ab", "x"]
     assert scores.logged == {"accuracy": 0.75} and scores.extra == {"head": ["a", "c"]}

@@ -45,6 +45,15 @@ WAIT_SLICE = 0.1  # seconds between looks at `should_stop` while a reward functi
 
 
 @dataclass(frozen=True)
+class RunState:
+    """TRL's `trainer_state` argument of a reward function, the field it reads: how many steps the run
+    has finished (the batch being scored is step global_step + 1's); None when the scoring is no
+    training step's (a held-out evaluation, the doctor)."""
+
+    global_step: int | None
+
+
+@dataclass(frozen=True)
 class CallRules:
     """The rules reward calls run under. on_error="raise" stops at the first failure with a message
     naming the function and the row; "unscorable" scores the rows a function raised on as None (NaN)
@@ -52,20 +61,13 @@ class CallRules:
     included); past it, a RewardFunctionError naming the function, or with "unscorable" all its rows
     NaN (counted). should_stop: looked at every WAIT_SLICE seconds while a function runs; True raises
     ScoringStopped. With a timeout or should_stop, functions run on a daemon worker thread (see the
-    module docstring); without, on the caller's."""
+    module docstring); without, on the caller's. state: what functions get as TRL's trainer_state
+    (None: RunState(None), scoring outside a training step)."""
 
     on_error: Literal["raise", "unscorable"] = "raise"
     timeout: float | None = None
     should_stop: Callable[[], bool] | None = None
-
-
-@dataclass(frozen=True)
-class RunState:
-    """TRL's `trainer_state` argument of a reward function, the field it reads: how many steps the run
-    has finished (the batch being scored is step global_step + 1's); None when the scoring is no
-    training step's (a held-out evaluation, the doctor)."""
-
-    global_step: int | None
+    state: RunState | None = None
 
 
 @dataclass(frozen=True)
@@ -474,7 +476,6 @@ def score_completions(
     completion_ids: Sequence[Sequence[int]] | None = None,
     weights: Sequence[float] | None = None,
     rules: CallRules = CallRules(),
-    state: RunState | None = None,
 ) -> RewardScores:
     """Score B completions with R reward functions and combine them.
 
@@ -483,7 +484,7 @@ def score_completions(
     `rules` (`CallRules`: what a failure, a hang or a stop request does). `prompts` are the rows' own:
     text, or conversations (message lists); with conversations a function gets each completion as
     TRL passes it, [{"role": "assistant", "content": text}], unless it reads text (`takes_text`).
-    As TRL's, each function also gets `trainer_state` (`state`; without one, RunState(None)),
+    As TRL's, each function also gets `trainer_state` (`rules.state`; without one, RunState(None)),
     `log_metric(name, value)` (the step's metrics get the mean of each name's values as logged/<name>)
     and `log_extra(column, values)` (B values beside the completions logged).
     A completion may itself be given as messages (a multi-turn episode through the chat template: the
@@ -508,7 +509,7 @@ def score_completions(
     extra: dict[str, list[Any]] = {}
     kwargs["log_metric"] = lambda name, value: logged.setdefault(str(name), []).append(float(value))
     kwargs["log_extra"] = lambda column, values: extra.__setitem__(str(column), list(values))
-    kwargs["trainer_state"] = RunState(global_step=None) if state is None else state
+    kwargs["trainer_state"] = RunState(global_step=None) if rules.state is None else rules.state
     # TRL's contract: with conversational prompts, a completion is [{"role": "assistant", "content": text}]
     # (grpokit's own functions, marked `takes_text`, read the text)
     as_turns = None  # TRL's contract, below

@@ -169,8 +169,12 @@ def score_rollout(
             ids[m].tolist() for ids, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True)
         ],
         weights=spec.reward_weights,
-        rules=CallRules(spec.on_reward_error, spec.reward_timeout, should_stop),  # type: ignore[arg-type]
-        state=RunState(global_step=step - 1),
+        rules=CallRules(
+            spec.on_reward_error,  # type: ignore[arg-type]
+            spec.reward_timeout,
+            should_stop,
+            RunState(global_step=step - 1),  # TRL's trainer_state
+        ),
     )
     adv = step_advantages(scores, G, spec)
     batch = Batch.from_rollout(

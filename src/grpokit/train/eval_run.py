@@ -10,7 +10,15 @@ from ..config.plan import GRPOPlan
 from ..engine import PolicyEngine
 from ..models import enable_fast_matmul, place, resolve_device
 from .evaluation import EvalTask, greedy_completions
-from .grpo_setup import RunData, held_out_metrics, precision_of, probe_engine, resolve_data, tiny_context
+from .grpo_setup import (
+    RunData,
+    UserInputs,
+    held_out_metrics,
+    precision_of,
+    probe_engine,
+    resolve_data,
+    tiny_context,
+)
 from .run import check_known_characters, policy_and_tokenizer, policy_tokenizer
 
 
@@ -81,6 +89,21 @@ def _on_server(plan: GRPOPlan, server: str) -> tuple[Any, RunData]:
     tokenizer = policy_tokenizer(plan.model, data.alphabet)
     timeout = plan.rollout.request_timeout if plan.rollout is not None else 600.0
     return RemotePolicy((server,), tokenizer, timeout, os.environ.get(API_KEY_ENV) or None), data
+
+
+def evaluate_given(plan: GRPOPlan, given: UserInputs) -> dict[str, float]:
+    """The held-out metrics of a policy given in Python (`GRPOTrainer.evaluate`): `given.model` with
+    its tokenizer on `given.eval_rows`, scored by `given.reward_funcs`, sampled as training samples. The
+    model is moved to the plan's device and precision, as a run moves it."""
+    data = resolve_data(
+        plan.data, plan.episodes, plan.rewards, given, require_rewards=False, evaluate_only=True
+    )
+    device = resolve_device(plan.trainee.placement.device)
+    settings = plan.trainee.engine
+    model = place(given.model, device, precision_of(settings))
+    return held_out_metrics(
+        probe_engine(settings, model, given.tokenizer, data, device), data, plan.evaluation
+    )
 
 
 def policy_engine(plan: GRPOPlan) -> tuple[PolicyEngine, RunData]:
