@@ -567,3 +567,28 @@ def test_evaluate_reports_trls_keys_for_one_dataset_and_for_named_ones(tmp_path,
     assert result.eval_before["accuracy"] == pytest.approx(both, abs=1e-12)
     with pytest.raises(ValueError, match="needs a model: model='tiny' is built by train"):
         GRPOTrainer("tiny", exact_answer, None, ROWS).evaluate(ROWS)
+
+
+def test_a_peft_config_wraps_the_model_in_init_and_trains_only_its_adapters(hub_offline, tmp_path):
+    """As TRL's: with peft_config, trainer.model is the PeftModel from __init__ on; a run trains the
+    adapters of that very module (each changes) and leaves the base weights as they were."""
+    peft = pytest.importorskip("peft")
+    from tests.hub_cache import QWEN
+
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    args = tiny_args(tmp_path / "run", max_steps=2, learning_rate=0.1)
+    trainer = GRPOTrainer(
+        QWEN,
+        lambda completions, **_: [float(len(c)) for c in completions],
+        args,
+        ROWS,
+        ROWS[:2],
+        peft_config=lora,
+    )
+    assert isinstance(trainer.model, peft.PeftModel)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    adapters = [n for n in before if "lora_" in n]
+    assert adapters and all(not torch.equal(before[n], after[n]) for n in adapters)
+    assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)

@@ -120,6 +120,8 @@ class GRPOTrainer:
             raise ValueError(
                 "GRPOTrainer needs train_dataset: a datasets.Dataset, a list of dicts or a file."
             )
+        if peft_config is not None and model is not None and cfg.sft_steps == 0:
+            model = _with_adapters(model, cfg)  # as TRL's: trainer.model is the PeftModel
         self.config = cfg.model_copy(update={"task": None})
         self.args = self.config  # (TRL's name for the trainer's config)
         self.model, self.processing_class = model, processing_class
@@ -407,6 +409,16 @@ class AsyncGRPOTrainer(GRPOTrainer):
             tools=tools,
             environment_factory=environment_factory,
         )
+
+
+def _with_adapters(model: Any, cfg: GRPOConfig) -> Any:
+    """The model with the config's LoRA adapters (the run trains them; a warm start, which trains the
+    whole model first, adds them itself after it)."""
+    from .config.plan import grpo_plan
+    from .train.run import add_lora
+
+    lora = grpo_plan(cfg, model_given=True).lora
+    return model if lora is None else add_lora(model, lora)
 
 
 def _refuse_not_taken(given: dict[str, Any]) -> None:

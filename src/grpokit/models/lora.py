@@ -113,7 +113,9 @@ def save_lora(model: Any, directory: Path) -> None:
     in `lora_adapter/`, the base weights as a plain model in `lora_adapter/base/`."""
     base = model.get_base_model()
     base.save_pretrained(directory, safe_serialization=True, state_dict=merged_state_dict(model))
-    model.save_pretrained(directory / ADAPTER_DIR, safe_serialization=True)
+    # save_embedding_layers: the adapters wrap linear layers only (the embeddings are the base's, saved
+    # beside them); "auto" would look the base model up on the hub and warn when offline
+    model.save_pretrained(directory / ADAPTER_DIR, safe_serialization=True, save_embedding_layers=False)
     base.save_pretrained(
         directory / ADAPTER_DIR / BASE_DIR, safe_serialization=True, state_dict=base_state_dict(model)
     )

@@ -22,7 +22,7 @@ from ..config.applied import Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan, loss_advice
 from ..config.resume import resume_changes
 from ..data import solution_column
-from ..models import ModelShape, check_lora_targets, memory_metrics, require_peft
+from ..models import ModelShape, check_lora_targets, is_lora, memory_metrics, require_peft
 from ..rewards.scoring import ScoringStopped
 from . import distributed
 from .checkpoint import SaveTo, list_checkpoints
@@ -240,8 +240,8 @@ def _prepare_policy_and_run(
         warmed = warm_start(plan.warm_start, probe, data, d, hooks, output_dir)
         if warmed.stopped:
             return _stopped_early(emit, stop, output_dir, "warm start")
-    if plan.lora is not None:  # LoRA on the warm-started weights: only the adapters train (reference: off)
-        model = add_lora(model, plan.lora)
+    if plan.lora is not None and not is_lora(model):  # LoRA on the warm-started weights: only the adapters
+        model = add_lora(model, plan.lora)  # train (reference: off); a model given with them keeps its own
     if rollout is not None:  # the worker's copy of the policy, before wrapping (FSDP2 shards in place)
         rollout.keep_policy(model)
     trainee = build_trainee(spec, model, inputs.tokenizer, data, d)  # engine (reference, wrapping), optimizer
