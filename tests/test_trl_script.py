@@ -175,10 +175,8 @@ ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
 
 def tiny_args(output_dir, **options) -> GRPOConfig:
     """A short run of the tiny policy: 2 prompts × 2 completions of at most 4 tokens a step."""
-    return GRPOConfig(
-        output_dir=str(output_dir), prompts_per_step=2, num_generations=2, max_completion_length=4,
-        progress=False, eval_steps=0, save_steps=0, **options,
-    )  # fmt: skip
+    short = dict(prompts_per_step=2, num_generations=2, max_completion_length=4, progress=False)
+    return GRPOConfig(output_dir=str(output_dir), **(short | dict(eval_steps=0, save_steps=0) | options))
 
 
 def test_args_positionally_and_none_as_in_trl():
@@ -592,3 +590,34 @@ def test_a_peft_config_wraps_the_model_in_init_and_trains_only_its_adapters(hub_
     adapters = [n for n in before if "lora_" in n]
     assert adapters and all(not torch.equal(before[n], after[n]) for n in adapters)
     assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)
+
+
+def test_evaluates_eval_loss_is_the_steps_loss_on_held_out_groups(tmp_path, tiny_policy, monkeypatch):
+    """TRL's eval_loss: G completions of each held-out prompt, their group advantages, and the step's
+    loss on the policy as it is (on-policy: ratio 1). dapo's is −Σ A·L / Σ L over the completions of
+    lengths L, written out here from the batch the evaluation scored."""
+    from grpokit.train import eval_run
+
+    scored = []
+
+    def spy(*args, **kwargs):
+        out = score_rollout(*args, **kwargs)
+        scored.append(out[0])
+        return out
+
+    score_rollout = eval_run.score_rollout
+    monkeypatch.setattr(eval_run, "score_rollout", spy)
+    model, tok = tiny_policy
+
+    def reward(completions, **_):
+        return [float(len(c)) for c in completions]
+
+    args = tiny_args(
+        tmp_path / "run", max_steps=1, loss_type="dapo", num_generations=4, max_completion_length=6
+    )
+    metrics = GRPOTrainer(model, reward, args, ROWS, ROWS[:3], processing_class=tok).evaluate()
+    (batch,) = scored
+    lengths = batch.completion_mask.sum(-1).double()
+    expected = -(batch.advantages.double() * lengths).sum() / lengths.sum()
+    assert batch.advantages.shape == (12,) and batch.advantages.abs().sum() > 0  # 3 prompts × 4
+    assert metrics["eval_loss"] == pytest.approx(expected.item(), abs=1e-6)

@@ -3,12 +3,18 @@ training run resolves them (train/grpo_setup.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import torch
+
 from ..config.plan import GRPOPlan
+from ..data import render_prompt
 from ..engine import PolicyEngine
 from ..models import enable_fast_matmul, place, resolve_device
+from ..ops import grpo_loss
+from .batch import merge_groups
+from .draw import StepPrompts, score_rollout
 from .evaluation import EvalTask, greedy_completions
 from .grpo_setup import (
     RunData,
@@ -17,9 +23,11 @@ from .grpo_setup import (
     precision_of,
     probe_engine,
     resolve_data,
+    sampling_params,
     tiny_context,
 )
 from .run import check_known_characters, policy_and_tokenizer, policy_tokenizer
+from .trainee import StepParams
 
 
 def evaluate_policy(plan: GRPOPlan, server: str | None = None) -> dict[str, float]:
@@ -101,9 +109,43 @@ def evaluate_given(plan: GRPOPlan, given: UserInputs) -> dict[str, float]:
     device = resolve_device(plan.trainee.placement.device)
     settings = plan.trainee.engine
     model = place(given.model, device, precision_of(settings))
-    return held_out_metrics(
-        probe_engine(settings, model, given.tokenizer, data, device), data, plan.evaluation
-    )
+    engine = probe_engine(settings, model, given.tokenizer, data, device)
+    return held_out_metrics(engine, data, plan.evaluation) | {"loss": held_out_loss(engine, data, plan)}
+
+
+def held_out_loss(engine: PolicyEngine, data: RunData, plan: GRPOPlan) -> float:
+    """The loss a training step would take on the held-out prompts (TRL's eval loss): G completions
+    of each, sampled as training samples, scored by the run's reward functions into group advantages,
+    and the step's loss (no reference: its KL term is absent) on the policy as it is, with no
+    gradient. Rows a micro-batch at a time, each micro-batch's loss weighted as a step weighs it."""
+    spec = plan.trainee.step
+    params = StepParams.of(spec, sampling_params(plan.trainee.sampling, data))
+    G = params.sampling.num_generations
+    rows = list(data.eval_rows)
+    texts = [
+        render_prompt(r[spec.prompt_column], engine.tokenizer, None, spec.chat_template_kwargs) for r in rows
+    ]
+    drawn = StepPrompts(rows=rows, texts=texts, drawn=list(range(len(rows))))
+    rollout = engine.generate(texts, replace(params.sampling, seed=spec.seed), rows=rows)
+    batch, _, _ = score_rollout(rollout, drawn, data.reward_funcs, spec, G, None, 0)
+    pad = engine.tokenizer.pad_token_id
+    batch = merge_groups([(batch, list(range(len(rows))))], G, pad).to(engine.device)
+    loss = replace(params.loss, beta=0.0)  # (no reference here)
+    micro, B = spec.micro_batch_size, batch.completion_ids.shape[0]
+    weight = 1.0 if loss.variant.global_normaliser else 1.0 / -(-B // micro)  # as a step weighs them
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, B, micro):
+            part = slice(start, start + micro)
+            out = grpo_loss(
+                engine.logps(batch, part, entropy=False).logps,
+                batch.advantages[part],
+                batch.completion_mask[part],
+                num_items_in_batch=batch.completion_mask.sum(),
+                **asdict(loss),
+            )
+            total += float(out.loss) * weight
+    return total
 
 
 def policy_engine(plan: GRPOPlan) -> tuple[PolicyEngine, RunData]:
