@@ -39,27 +39,28 @@ TEST_FILES = ("test_grpo_trainer.py",)
 SUPPORT = ("testing_utils.py", "conftest.py")
 IMPORT = "from trl import GRPOConfig, GRPOTrainer"
 
-# the Zen of Python, split as a prompt and what completes it
-ZEN_LINES = [
-    ("Beautiful is better than", "ugly"),
-    ("Explicit is better than", "implicit"),
-    ("Simple is better than", "complex"),
-    ("Complex is better than", "complicated"),
-    ("Flat is better than", "nested"),
-    ("Sparse is better than", "dense"),
-    ("Readability", "counts"),
-    ("Special cases aren't special enough", "to break the rules"),
-    ("Although practicality", "beats purity"),
-    ("Errors should never", "pass silently"),
-    ("Unless explicitly", "silenced"),
-    ("In the face of ambiguity, refuse", "the temptation to guess"),
-    ("There should be one-- and preferably only one --", "obvious way to do it"),
-    ("Although that way may not be obvious at first", "unless you're Dutch"),
-    ("Now is better than", "never"),
-    ("Although never is often better than", "*right* now"),
-    ("If the implementation is hard to explain,", "it's a bad idea"),
-    ("If the implementation is easy to explain,", "it may be a good idea"),
-    ("Namespaces are one", "honking great idea -- let's do more of those!"),
+# the Zen of Python cut into prompts, as TRL's zen dataset cuts it (its first twelve are the ones TRL's
+# own tests name; the rest are cut alike): 17 training and 2 test rows
+ZEN_PROMPTS = [
+    "Beautiful is better than",
+    "Explicit is",
+    "Simple is better",
+    "Complex",
+    "Flat is better than",
+    "Sparse is better",
+    "Readability",
+    "Special cases aren't special",
+    "Although practicality beats",
+    "Errors should never",
+    "Unless explicitly",
+    "In the face of ambiguity, refuse",
+    "There should be one-- and preferably",
+    "Although that way may not be",
+    "Now is better than",
+    "Although never is often better than",
+    "If the implementation is hard to explain,",
+    "If the implementation is easy",
+    "Namespaces are one honking",
 ]
 
 
@@ -85,9 +86,9 @@ def build_fixture(hf_home: Path) -> None:
         if "token" in name or name in {"vocab.json", "merges.txt", "chat_template.jinja"}:
             shutil.copy(causal / name, where / name)
 
-    standard = [{"prompt": p} for p, _ in ZEN_LINES]
+    standard = [{"prompt": p} for p in ZEN_PROMPTS]
     conversational = [
-        {"prompt": [{"role": "user", "content": f"What comes after '{p}'?"}]} for p, _ in ZEN_LINES
+        {"prompt": [{"role": "user", "content": f"What comes after '{p}'?"}]} for p in ZEN_PROMPTS
     ]
     for name, rows in (("standard_prompt_only", standard), ("conversational_prompt_only", conversational)):
         cached_dataset(hf_home, ZEN, name, {"train": rows[:17], "test": rows[17:]})
@@ -122,7 +123,7 @@ def cached_dataset(hf_home: Path, repo: str, config: str, splits: dict[str, list
 
 
 def stage(trl_tests: Path, scratch: Path, against: str) -> Path:
-    """TRL's test files (and their support files) in scratch/<against>/tests, the import changed for grpokit."""
+    """TRL's test files and their support files in scratch/<against>/tests."""
     where = scratch / against / "tests"
     where.mkdir(parents=True)
     (where / "__init__.py").write_text("")
@@ -156,7 +157,9 @@ def _older_test_helpers(text: str) -> str:
     return "\n".join(shim) + "\n" + text
 
 
-def run(directory: Path, hf_home: Path, select: str | None, workers: str) -> dict[str, dict[str, str]]:
+def run(
+    directory: Path, hf_home: Path, select: str | None, workers: str, src: Path | None = None
+) -> dict[str, dict[str, str]]:
     """pytest over the staged files; each test's outcome (passed, failed, skipped) and first error line."""
     report = directory / "junit.xml"
     env = os.environ | {
@@ -165,7 +168,7 @@ def run(directory: Path, hf_home: Path, select: str | None, workers: str) -> dic
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONPATH": str(directory),
+        "PYTHONPATH": os.pathsep.join([*([str(src.resolve())] if src else []), str(directory)]),
     }
     command = [
         sys.executable,
@@ -201,6 +204,9 @@ def main() -> None:
     parser.add_argument("--against", choices=("trl", "grpokit", "both"), default="both")
     parser.add_argument("-k", dest="select", help="pytest's -k, to run some of the tests")
     parser.add_argument("-n", dest="workers", default="2", help="pytest-xdist workers (0: none)")
+    parser.add_argument(
+        "--grpokit-src", type=Path, help="import grpokit from this src/ (a snapshot), not the installed one"
+    )
     args = parser.parse_args()
     if ROOT in args.scratch.resolve().parents or args.scratch.resolve() == ROOT:
         raise SystemExit("--scratch must lie outside the project: TRL's tests are never copied into it")
@@ -213,7 +219,9 @@ def main() -> None:
     for against in ("trl", "grpokit") if args.against == "both" else (args.against,):
         shutil.rmtree(args.scratch / against, ignore_errors=True)
         directory = stage(args.trl_tests, args.scratch, against)
-        results[against] = results.get(against, {}) | run(directory, hf_home, args.select, args.workers)
+        results[against] = results.get(against, {}) | run(
+            directory, hf_home, args.select, args.workers, args.grpokit_src
+        )
     (args.scratch / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
     summarise(results)
 

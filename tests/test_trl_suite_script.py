@@ -40,7 +40,8 @@ causal = AutoModelForCausalLM.from_pretrained("{suite.CAUSAL}")
 scorer = AutoModelForSequenceClassification.from_pretrained("{suite.CLASSIFIER}")
 tok = AutoTokenizer.from_pretrained("{suite.CLASSIFIER}")
 assert scorer.config.num_labels == 1 and scorer.config.pad_token_id == tok.pad_token_id
-assert tok.apply_chat_template([{{"role": "user", "content": "hi"}}], add_generation_prompt=True, tokenize=False)
+chat = [{{"role": "user", "content": "hi"}}]
+assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False).endswith("assistant\\n")
 assert causal(**tok("Readability", return_tensors="pt")).logits.shape[-1] >= len(tok)
 print("ok")
 """

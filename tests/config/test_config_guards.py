@@ -366,6 +366,7 @@ def test_a_value_in_a_message_is_short_and_quick():
     assert time.process_time() - began < 1.0  # no timing tolerance: a full repr would not return at all
 
 
+@pytest.mark.slow  # (waits out timeouts or builds a large payload, 1-2 s: the full suite runs it)
 def test_billion_laughs_returns_at_once(tmp_path):
     """The bomb in a fresh interpreter with 2 GiB of address space: before the guard it never returned
     (the error message expanded it), and would have eaten the machine's memory."""

@@ -385,6 +385,7 @@ def gzip_bomb(inflated: int) -> bytes:
     return b"".join([*(packer.compress(block) for _ in range(inflated // len(block))), packer.flush()])
 
 
+@pytest.mark.slow  # (waits out timeouts or builds a large payload, 1-2 s: the full suite runs it)
 @loopback
 def test_an_answer_past_16_mib_is_one_line_and_not_tried_again(peer):
     """A gzip answer of 256 KiB that inflates to 256 MiB, and an answer that goes on (chunked: 64 MiB,
@@ -425,6 +426,7 @@ def test_a_compressed_answer_within_the_bound_is_read(peer):
         RemoteReward(weird.url)(["a", "b"], ["1", "2"])
 
 
+@pytest.mark.slow  # (waits out timeouts or builds a large payload, 1-2 s: the full suite runs it)
 @loopback
 def test_a_server_answering_a_byte_at_a_time_is_cut_off_at_the_timeout(peer):
     """Each wait is short (a byte every 50 ms), the whole answer would take 100 s: each try ends at

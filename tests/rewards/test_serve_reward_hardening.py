@@ -150,6 +150,7 @@ def test_a_client_that_sends_headers_and_no_body_gets_408_within_the_bound(serve
     assert answers_a_good_request(server)
 
 
+@pytest.mark.slow  # (waits out timeouts or builds a large payload, 1-2 s: the full suite runs it)
 @loopback
 def test_idle_and_trickling_clients_are_closed_within_the_bound(serve):
     """A connection that sends nothing, and one that sends its headers a byte at a time (each byte

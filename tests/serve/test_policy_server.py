@@ -233,6 +233,7 @@ def test_malformed_json_and_a_100_mb_body_are_refused_and_a_good_client_is_serve
     assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow  # (waits out timeouts or builds a large payload, 1-2 s: the full suite runs it)
 def test_200_idle_connections_are_cut_while_a_good_client_is_served(client, server):
     host, port = server.socket.getsockname()[:2]
     idle = [socket.create_connection((host, port), timeout=10) for _ in range(200)]
