@@ -54,6 +54,34 @@ def config_page() -> str:
     return config_reference()
 
 
+def modules_page() -> str:
+    """Every module of src/grpokit, folder by folder, with its docstring's first sentence: the part of
+    the maintainers' map that cannot go stale (a module added, moved or renamed changes it)."""
+    import ast
+
+    src = ROOT / "src" / "grpokit"
+    lines = [
+        "# Every module",
+        "",
+        "Generated from the code (`python3 scripts/docs_reference.py`): each module of `src/grpokit` with",
+        "the first sentence of its docstring, folder by folder. The [maintainers' map](../maintainers.md)",
+        "says how the layers fit together.",
+    ]
+    folders: dict[str, list[Path]] = {}
+    for path in sorted(src.rglob("*.py")):
+        folders.setdefault(str(path.parent.relative_to(src.parent)), []).append(path)
+    for folder, paths in folders.items():
+        lines += ["", f"## `{folder}/`", "", "| module | what it holds |", "|---|---|"]
+        for path in paths:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            first = " ".join(doc.split("\n\n")[0].split())
+            first = first.split(". ")[0]
+            first += "" if not first or first[-1] in ".?!:" else "."
+            cell = first.replace("|", "\\|")
+            lines.append(f"| `{path.name}` | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
 def pages() -> dict[Path, str]:
     from grpokit.train.metric_names import metrics_reference
 
@@ -61,6 +89,7 @@ def pages() -> dict[Path, str]:
         DOCS / "cli.md": cli_page(),
         DOCS / "config.md": config_page(),
         DOCS / "metrics.md": metrics_reference(),
+        DOCS / "modules.md": modules_page(),
     }
 
 

@@ -1,3 +1,5 @@
+"""`python3 -m grpokit`: the command line (cli.py)."""
+
 import sys
 
 from .cli import main

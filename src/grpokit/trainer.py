@@ -164,7 +164,8 @@ class GRPOTrainer:
         -> TRL's TrainOutput (global_step, training_loss, metrics), through which grpokit's
         TrainResult reads too (output_dir, steps, eval_before, eval_after, stopped_by; also
         `trainer.result`). `trainer.state.log_history` holds each logged step's metrics under TRL's
-        keys, each evaluation's as eval_<key>, and last the run's summary (train_loss, train_runtime,
+        keys, each evaluation's as eval_<key>, and last the run's summary (train_loss: the mean of the
+        logged steps' losses; train_runtime,
         train_samples_per_second, train_steps_per_second, epoch, step) with the last step's metrics."""
         history = _History(self.state, self._prompts_per_pass(), self.config.prompts_per_step)
         started = time.perf_counter()

@@ -1,0 +1,1 @@
+"""The built-in presets: YAML configs shipped with the package (addition, gsm8k, tool_addition, ...)."""

@@ -122,8 +122,10 @@ def held_out_loss(engine: PolicyEngine, data: RunData, plan: GRPOPlan) -> float:
     params = StepParams.of(spec, sampling_params(plan.trainee.sampling, data))
     G = params.sampling.num_generations
     rows = list(data.eval_rows)
+    schemas = engine.environment.tool_schemas if engine.environment is not None else None  # as training
     texts = [
-        render_prompt(r[spec.prompt_column], engine.tokenizer, None, spec.chat_template_kwargs) for r in rows
+        render_prompt(r[spec.prompt_column], engine.tokenizer, schemas, spec.chat_template_kwargs)
+        for r in rows
     ]
     drawn = StepPrompts(rows=rows, texts=texts, drawn=list(range(len(rows))))
     rollout = engine.generate(texts, replace(params.sampling, seed=spec.seed), rows=rows)

@@ -1,5 +1,5 @@
 """What the GRPO loop trains with: the step's parameters, the policy engine and what updates it, the
-prompts in order, and the state a checkpoint carries beside the weights (target_entropy's control)."""
+prompts in order, and the state a checkpoint carries beside the weights (the entropy bonus's control)."""
 
 from __future__ import annotations
 
