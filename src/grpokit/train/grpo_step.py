@@ -35,7 +35,7 @@ from .before_update import logps_before_update
 from .checkpoint import rng_state, set_rng_state
 from .distill import draw_distillation_batch
 from .draw import generate_and_score
-from .trainee import DrawnBatch, StepProgress, Trainee
+from .trainee import DrawnBatch, Phase, StepProgress, Trainee
 from .update import FirstUpdateChecks, UpdateOptions, optimizer_step
 
 
@@ -65,13 +65,13 @@ def grpo_step(
         progress.drawn = draw_batch(trainee, reward_funcs, step, d, should_stop)
     drawn, metrics = progress.drawn, dict(progress.drawn.metrics)
     # 2. what the loss compares the policy with: old policy, reference, sampler weights, teacher
-    began, progress.phase = time.perf_counter(), "reference"
+    began, progress.phase = time.perf_counter(), Phase.REFERENCE
     batch = drawn.batch.to(engine.device)
     before, before_metrics = logps_before_update(engine, batch, params, trainee.teacher)
     metrics |= before_metrics
     before_done = synced_clock(engine.device)
     # 3. μ optimizer steps on the batch; the first proves what it can about itself
-    progress.phase = "update"
+    progress.phase = Phase.UPDATE
     s = params.sampling
     unfiltered = not truncates(s) and s.repetition_penalty == 1.0
     measured = "sampling/sampling_logp_difference/mean" in metrics  # by a pass before the update
@@ -139,7 +139,7 @@ def synced_clock(device: torch.device) -> float:
 
 class OutOfDeviceMemory(RuntimeError):  # noqa: N818 - named as torch's OutOfMemoryError
     """The device ran out of memory during a step (torch.OutOfMemoryError), and how far the step got
-    (`progress`: the phase, "sampling", "reference" for the passes before the update or "update"; the
+    (`progress`: the `Phase`, sampling, the passes before the update (reference) or the update; the
     optimizer updates applied, 0 meaning the weights and optimizer are as after the step before; the
     scored batch once drawn, from which the step can be redone without sampling again)."""
 
@@ -148,7 +148,7 @@ class OutOfDeviceMemory(RuntimeError):  # noqa: N818 - named as torch's OutOfMem
         self.progress = progress
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> Phase:
         return self.progress.phase
 
     @property
@@ -177,8 +177,8 @@ def run_step(
     except torch.OutOfMemoryError as error:  # (raised below, once the frames holding tensors are gone)
         message = first_line(error)
     trainee.update.optimizer.zero_grad(set_to_none=True)  # the micro-batches' partial gradients
-    if progress.phase == "optimizer":  # inside the optimizer's step the weights may be half updated
-        progress.phase, progress.updates = "update", progress.updates + 1
+    if progress.phase == Phase.OPTIMIZER:  # inside the optimizer's step the weights may be half updated
+        progress.phase, progress.updates = Phase.UPDATE, progress.updates + 1
     raise OutOfDeviceMemory(message, progress)
 
 

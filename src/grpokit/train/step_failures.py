@@ -21,7 +21,7 @@ from .metrics import warn
 from .optim import weights_finite
 from .run import Run, TooManySkips
 from .rundir import CHECKPOINT_PREFIX
-from .trainee import StepParams, StepProgress, Trainee
+from .trainee import Phase, StepParams, StepProgress, Trainee
 
 
 def forget_starting_evaluation(output_dir: Path, d: distributed.Dist) -> None:
@@ -59,7 +59,7 @@ def step_within_memory(
         if not (
             isinstance(abandoned, OutOfDeviceMemory)
             and control.auto_find_batch_size
-            and abandoned.phase != "sampling"
+            and abandoned.phase != Phase.SAMPLING
             and abandoned.updates == 0
             and d.world_size == 1
             and smaller < spec.micro_batch_size
@@ -101,7 +101,7 @@ def out_of_memory(
     setting that needs less memory redoes step `step`. -> the error to raise: one line naming the
     phase, what to change and where the run stands."""
     output_dir, d = Path(run.output_dir), run.d
-    if oom.phase == "sampling":  # every row's KV cache and the decode step's [B, V] buffers
+    if oom.phase == Phase.SAMPLING:  # every row's KV cache and the decode step's [B, V] buffers
         rows = params.spec.prompts_per_step * params.sampling.num_generations
         change = (
             f"sampling holds all {rows} rows at once (prompts_per_step × num_generations) with "
@@ -136,7 +136,7 @@ def out_of_memory(
         if output_dir / f"{CHECKPOINT_PREFIX}{step - 1}" not in saved:
             checkpoint(step - 1)
         where = f"{CHECKPOINT_PREFIX}{step - 1} holds the run up to step {step - 1}: resume=true continues it"
-    phase = {"sampling": "sampling", "reference": "the reference pass", "update": "the update"}[oom.phase]
+    phase = oom.phase.said
     return OutOfDeviceMemory(
         f"out of device memory in {phase} of step {step} ({oom}); set {change}. {where}. "
         "`grpokit doctor` forecasts a step's peak memory for a device (--gpu-memory).",
@@ -166,5 +166,5 @@ def evaluation_out_of_memory(step: int, error: str) -> OutOfDeviceMemory:
         f"out of device memory in the evaluation after step {step} ({error}); "
         f"{CHECKPOINT_PREFIX}{step} holds the run: resume=true with a smaller micro_batch_size "
         "(evaluation samples that many rows a call) continues it",
-        StepProgress(phase="evaluation"),
+        StepProgress(phase=Phase.EVALUATION),
     )

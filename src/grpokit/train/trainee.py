@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any
 
 import torch
@@ -133,13 +134,29 @@ class DrawnBatch:
     rng: dict[str, Any]
 
 
+class Phase(str, Enum):
+    """Where a step is: what the failure path reads (step_failures.py) to say what ran out of memory,
+    whether the step can be redone with a smaller micro-batch, and whether the weights may be half
+    updated."""
+
+    SAMPLING = "sampling"  # drawing and scoring the batch
+    REFERENCE = "reference"  # the passes before the update (old policy, reference, teacher)
+    UPDATE = "update"  # forward and backward of the update's micro-batches
+    OPTIMIZER = "optimizer"  # the optimizer applying an update: the weights may be half updated
+    EVALUATION = "evaluation"  # the held-out evaluation after a step
+
+    @property
+    def said(self) -> str:
+        """How a message names it: "out of device memory in {said} of step N"."""
+        return {"reference": "the reference pass", "update": "the update"}.get(self.value, self.value)
+
+
 @dataclass
 class StepProgress:
-    """How far a step got: its phase ("sampling"; "reference" for the passes before the update;
-    "update"; "optimizer" while the optimizer applies an update, which may then be half done), the
-    optimizer updates applied (0: the weights and optimizer are as after the step before), and the
-    batch once drawn, from which the step can be redone without sampling again."""
+    """How far a step got: its `Phase`, the optimizer updates applied (0: the weights and optimizer
+    are as after the step before), and the batch once drawn, from which the step can be redone without
+    sampling again."""
 
-    phase: str = "sampling"
+    phase: Phase = Phase.SAMPLING
     updates: int = 0
     drawn: DrawnBatch | None = None

@@ -15,7 +15,7 @@ from . import distributed, optim
 from .batch import Batch, pad_cat
 from .before_update import LogpsBeforeUpdate, bounded_weights, mismatch_metrics, ratio_metrics
 from .distill import gkd_loss
-from .trainee import StepParams, StepProgress, Update
+from .trainee import Phase, StepParams, StepProgress, Update
 
 
 class FirstUpdateChecks:
@@ -100,18 +100,18 @@ def optimizer_step(
 ) -> dict[str, Any]:
     """One optimizer step over the whole batch: gradients zeroed, accumulated over micro-batches
     (`accumulate_gradients`), then applied (`optim.apply_update`: clipping, the finite checks, the
-    schedule). While the optimizer applies them, the step's progress says so (phase "optimizer"): an
+    schedule). While the optimizer applies them, the step's progress says so (`Phase.OPTIMIZER`): an
     error there may leave the weights half updated."""
     update.optimizer.zero_grad(set_to_none=True)
     totals = accumulate_gradients(engine, batch, before, params, d, this)
     progress = this.progress if this is not None else None
     if progress is not None:
-        progress.phase = "optimizer"
+        progress.phase = Phase.OPTIMIZER
     totals |= optim.apply_update(
         engine.train_module, update.optimizer, update.scheduler, totals["loss"], params.spec.max_grad_norm, d
     )
     if progress is not None:
-        progress.phase, progress.updates = "update", progress.updates + 1
+        progress.phase, progress.updates = Phase.UPDATE, progress.updates + 1
     return totals
 
 
