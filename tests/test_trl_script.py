@@ -621,3 +621,34 @@ def test_evaluates_eval_loss_is_the_steps_loss_on_held_out_groups(tmp_path, tiny
     expected = -(batch.advantages.double() * lengths).sum() / lengths.sum()
     assert batch.advantages.shape == (12,) and batch.advantages.abs().sum() > 0  # 3 prompts × 4
     assert metrics["eval_loss"] == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_save_model_writes_what_from_pretrained_loads_and_push_to_hub_is_answered(tmp_path, hub_offline):
+    """TRL's closing lines, `trainer.save_model(output_dir)` and `trainer.push_to_hub()`: the trained
+    model and its tokenizer as from_pretrained loads them (a PeftModel: its adapters, as TRL saves
+    them); push_to_hub without push_to_hub=true is one line saying how."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.hub_cache import QWEN
+
+    trainer = GRPOTrainer(
+        QWEN, exact_answer, tiny_args(tmp_path / "run", max_steps=1, learning_rate=0.1), ROWS, ROWS[:2]
+    )
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    trained = trainer.model.state_dict()
+    assert all(torch.equal(tensor, trained[name]) for name, tensor in loaded.state_dict().items())
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "saved").get_vocab() == trainer.processing_class.get_vocab()
+    )
+    adapters = GRPOTrainer(
+        QWEN, exact_answer, tiny_args(tmp_path / "lora"), ROWS, peft_config=peft.LoraConfig(r=2)
+    )
+    adapters.save_model(str(tmp_path / "adapters"))
+    assert (tmp_path / "adapters" / "adapter_model.safetensors").is_file()
+    with pytest.raises(ValueError, match="set push_to_hub=true and hub_model_id=ORG/NAME"):
+        trainer.push_to_hub()
+    with pytest.raises(ValueError, match="model='tiny' is built inside the run"):
+        GRPOTrainer("tiny", exact_answer, None, ROWS).save_model()

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .config import AsyncGRPOConfig, GRPOConfig, trl_names
@@ -237,6 +238,42 @@ class GRPOTrainer:
             }
         self.state.log_history.append({**metrics, "step": self.state.global_step})
         return metrics
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """TRL's: the model as it is now (trained, after train()) with its tokenizer, through
+        save_pretrained, into `output_dir` (default: args.output_dir), which `from_pretrained` then
+        loads; a PeftModel saves its adapters, as TRL's. The run's checkpoints and its `final/` model
+        are in output_dir already. `_internal_call`: TRL's, not used."""
+        from .models import is_lora, save_policy
+
+        if self.model is None:
+            raise ValueError(
+                "save_model() has no model to save: model='tiny' is built inside the run; its final model "
+                f"is {self.config.output_dir}/final after train()."
+            )
+        where = Path(self.config.output_dir if output_dir is None else output_dir)
+        if is_lora(self.model):  # the adapters (peft's own format), as TRL saves a PeftModel
+            where.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(where, safe_serialization=True, save_embedding_layers=False)
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(where)
+            return
+        save_policy(self.model, self.processing_class, where)
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        """TRL's, answered: a grpokit run uploads its final model itself when push_to_hub=true (with
+        hub_model_id), at its end; without that, this says how in one line."""
+        if self.config.push_to_hub:
+            logging.getLogger("grpokit").warning(
+                "push_to_hub(): the run uploaded its final model at its end (push_to_hub=true, "
+                "hub_model_id=%s)",
+                self.config.hub_model_id,
+            )
+            return
+        raise ValueError(
+            "grpokit's GRPOTrainer uploads at the end of train(): set push_to_hub=true and "
+            "hub_model_id=ORG/NAME in its args (a login: `hf auth login` or HF_TOKEN)."
+        )
 
     @property
     def entropy_coef(self) -> float:

@@ -1079,7 +1079,10 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         """TRL's max_steps=-1 ("count num_train_epochs instead") leaves max_steps unset."""
         if isinstance(data, dict) and data.get("max_steps") == -1 and not isinstance(data["max_steps"], bool):
             data = {k: v for k, v in data.items() if k != "max_steps"}
-            trl_names.say("TRL value: max_steps=-1 -> max_steps unset (num_train_epochs counts the steps)")
+            trl_names.say(
+                "TRL value: max_steps=-1 -> max_steps unset (GRPOTrainer counts num_train_epochs passes over "
+                "its train_dataset; otherwise max_steps keeps its default)"
+            )
         return data
 
     @field_validator("scale_rewards", mode="before")
