@@ -83,3 +83,18 @@ def test_functions_get_trls_trainer_state_log_metric_and_log_extra():
     seen.clear()
     score_completions([logs], ["p"], ["a"])
     assert seen["trainer_state"].global_step is None  # scoring outside a training step: no step
+
+
+def test_a_row_no_function_scores_is_trls_warning_once_per_set_of_functions(caplog):
+    from grpokit.rewards import scoring
+
+    def nothing(prompts, completions, **_):
+        return [None, 1.0]
+
+    scoring._UNSCORABLE_SAID.clear()
+    with caplog.at_level("WARNING", logger="grpokit.rewards"):
+        first = score_completions([nothing], ["p", "q"], ["a", "b"])
+        score_completions([nothing], ["p", "q"], ["a", "b"])
+    said = [r.getMessage() for r in caplog.records if "All reward functions returned None" in r.getMessage()]
+    assert len(said) == 1 and "'completions': 'a'" in said[0] and "1 of 2 rows unscorable" in said[0]
+    assert torch.isnan(first.rewards[0]) and first.rewards[1].item() == 1.0

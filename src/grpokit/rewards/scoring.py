@@ -450,12 +450,17 @@ def _arguments(
     return kwargs
 
 
-def _say_unscorable(rewards_per_func: torch.Tensor, kwargs: dict[str, Any]) -> None:
+_UNSCORABLE_SAID: set[tuple[str, ...]] = set()  # the reward functions warned about, in this process
+
+
+def _say_unscorable(rewards_per_func: torch.Tensor, kwargs: dict[str, Any], names: list[str]) -> None:
     """TRL's warning, through logging, when every function returned None for a row: the first such row's
-    arguments (the row is unscorable: it gets no reward and advantage 0)."""
+    arguments (the row is unscorable: it gets no reward and advantage 0). Once per process for a set of
+    functions (TRL's says it every batch; a run whose environment often pays nothing would repeat it)."""
     rows = torch.isnan(rewards_per_func).all(dim=1).nonzero().flatten().tolist()
-    if not rows:
+    if not rows or tuple(names) in _UNSCORABLE_SAID:
         return
+    _UNSCORABLE_SAID.add(tuple(names))
     row = {k: v[rows[0]] for k, v in kwargs.items() if isinstance(v, list)}
     logging.getLogger("grpokit.rewards").warning(
         "All reward functions returned None for the following kwargs:\n%s\nPlease ensure that at least one "
@@ -528,7 +533,7 @@ def score_completions(
         table.append(scores)
         failed += n_failed
     rewards_per_func = torch.tensor(table, dtype=torch.float32).T.reshape(size, len(reward_funcs))  # [B, R]
-    _say_unscorable(rewards_per_func, kwargs)
+    _say_unscorable(rewards_per_func, kwargs, names)
     return RewardScores(
         names=names,
         rewards_per_func=rewards_per_func,
