@@ -101,8 +101,12 @@ class GRPOTrainer:
         _refuse_not_taken(given)
         cfg = args if isinstance(args, GRPOConfig) else GRPOConfig(**(args or {}))
         updates: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
-        if "max_steps" not in cfg.model_fields_set and cfg.num_train_epochs is None:
-            updates["num_train_epochs"] = TRL_EPOCHS  # as TRL's: max_steps unset counts 3 passes
+        if (
+            "max_steps" not in cfg.model_fields_set
+            and cfg.num_train_epochs is None
+            and train_dataset is not None
+        ):
+            updates["num_train_epochs"] = TRL_EPOCHS  # as TRL's: max_steps unset counts 3 passes over it
         if peft_config is not None:
             updates |= _lora_options(peft_config, model, cfg)
         if updates:  # validated as the config itself (a hub id, the LoRA options' ranges)
