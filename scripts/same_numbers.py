@@ -2,7 +2,8 @@
 and with the current working tree, give the same numbers bit for bit.
 
     python3 scripts/same_numbers.py [--base REV] [--steps 20]
-        [--paths main,tool_addition,rlhf_addition,opd,gkd] [--current REV] [--threads 1] [--keep]
+        [--paths main,tool_addition,rlhf_addition,opd,gkd,async_k0,async_k1,async_k2,server]
+        [--current REV] [--threads 1] [--keep]
 
 The base revision (default b614b97) is checked out once as a detached git worktree in the temporary
 directory ($TMPDIR or /tmp: grpokit-base-<sha>, reused while it is a clean checkout of that commit);
@@ -33,6 +34,10 @@ The paths (STEPS = --steps; every run: progress=false overwrite=true device=cpu 
   opd, gkd       `train addition loss_type=opd|gkd teacher_model=T`, T the base side's main run (its
                  final checkpoint; made for the purpose when main is not among --paths), sft_steps=0,
                  16 prompts a step (gkd: lmbda 0.5, on- and off-policy steps both)
+  async_k0/1/2   `train addition max_staleness=k` (a rollout worker samples and scores), from the teacher
+                 T, sft_steps=0, 16 prompts a step (the async/*_s waits measure the machine: excluded)
+  server         the same with max_staleness=1 and rollout_server_urls: a `grpokit serve-policy T`
+                 process of each side's own code samples
 The fixtures (tool warm start, reward model, teacher) come from the base code and are the same files
 on both sides, so that each path's comparison isolates that path's own code.
 
@@ -47,6 +52,7 @@ first time. Measured against b614b97 with other work on the same two cores (load
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -57,17 +63,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "b614b97"
-PATHS = ("main", "tool_addition", "rlhf_addition", "opd", "gkd")
+PATHS = ("main", "tool_addition", "rlhf_addition", "opd", "gkd", "async_k0", "async_k1", "async_k2", "server")
 REWARD_MODEL_STEPS = 10
 
 # fields that measure the machine, not the computation: wall-clock timestamps and durations, throughput,
 # and the GPU's memory (logged on a GPU only). cpu_threads stays compared: num_threads pins it.
 EXCLUDED_KEYS = ("time", "step_time", "tokens_per_second")
+# (asynchronous runs: the seconds each side waited for the other and for the weights)
+EXCLUDED_KEYS += ("async/queue_wait_s", "async/worker_wait_s", "async/weight_sync_s")
 EXCLUDED_PREFIXES = ("timing/", "memory/")
 # alerts.jsonl's prose (its numbers, step, name, value and threshold, are compared)
 EXCLUDED_TEXT = ("advice",)
@@ -189,6 +198,27 @@ class Harness:
             raise RunFailed(f"{out.name} exited {done.returncode} (log {log}):\n{tail}")
         return out
 
+    @contextlib.contextmanager
+    def server(self, side: Side, model: Path) -> Iterator[str]:
+        """`grpokit serve-policy MODEL` with `side`'s code on a free port, for as long as the block
+        runs; its http://HOST:PORT."""
+        where = self.work / f"server-{side.name}.where"
+        args = ["serve-policy", str(model), "--port", "0", "device=cpu", f"num_threads={self.threads}"]
+        command = [sys.executable, "-c", BOOT, str(side.src), str(where), *args]
+        process = subprocess.Popen(
+            command, env=child_env(side.src, self.threads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            assert process.stdout is not None
+            first = process.stdout.readline().decode(errors="replace")
+            found = re.search(r"at (http://\S+)/v1 ", first)
+            if found is None:
+                raise RunFailed(f"serve-policy ({side.name}) did not start: {first.strip()}")
+            yield found.group(1)
+        finally:
+            process.kill()
+            process.wait(timeout=30)
+
     def both(self, name: str, args: list[str]) -> tuple[Path, Path]:
         """The same command with the base's code, then with the current code."""
         base = self.run(self.base, name, args)
@@ -260,12 +290,34 @@ def distillation(h: Harness, loss_type: str) -> list[tuple[str, Path, Path]]:
     return [("", *h.both(loss_type, args))]
 
 
+def path_async(h: Harness, k: int) -> list[tuple[str, Path, Path]]:
+    """`train addition max_staleness=k` from the main run's policy: the rollout worker samples and
+    scores, the trainer trains the batch of each step with exactly version max(0, s − 1 − k)."""
+    args = ["train", "addition", *h.short(), f"model={h.teacher()}", "sft_steps=0", "prompts_per_step=16"]
+    return [("", *h.both(f"async_k{k}", [*args, f"max_staleness={k}"]))]
+
+
+def path_server(h: Harness) -> list[tuple[str, Path, Path]]:
+    """max_staleness=1 sampling on a `grpokit serve-policy` server of each side's own code."""
+    model = h.teacher()
+    args = ["train", "addition", *h.short(), f"model={model}", "sft_steps=0", "prompts_per_step=16"]
+    runs = []
+    for side in (h.base, h.current):
+        with h.server(side, model) as url:
+            runs.append(h.run(side, "server", [*args, "max_staleness=1", f"rollout_server_urls=[{url}]"]))
+    return [("", *runs)]
+
+
 RUNNERS = {
     "main": path_main,
     "tool_addition": path_tool_addition,
     "rlhf_addition": path_rlhf_addition,
     "opd": lambda h: distillation(h, "opd"),
     "gkd": lambda h: distillation(h, "gkd"),
+    "async_k0": lambda h: path_async(h, 0),
+    "async_k1": lambda h: path_async(h, 1),
+    "async_k2": lambda h: path_async(h, 2),
+    "server": path_server,
 }
 
 

@@ -42,6 +42,18 @@ LAYERS = {
     "serve": 5,
 }
 TOP_LAYER = 5
+# train/'s own order, lower first: a step's parts <- the step (and where its batch comes from) <- the
+# run scaffold around steps <- the commands. A train module not named here is a finding too.
+TRAIN_GROUPS = {
+    "parts": (
+        "alerts batch checkpoint checkpoint_state distributed evaluation events hub_push in_flight inputs "
+        "memory_check metric_names metrics optim progress reward_diagnostics run_files rundir threads trainee"
+    ),
+    "step": "async_rollout batch_source before_update distill draw grpo_step rollout_worker sft update",
+    "run scaffold": "run step_failures step_watch",
+    "commands": "__init__ doctor eval_run grpo grpo_setup reward sft_run toy_demo",
+}
+TRAIN_LAYERS = {name: rank for rank, names in enumerate(TRAIN_GROUPS.values()) for name in names.split()}
 MAX_PARAMETERS = 7
 CONFIG_TYPES = ("GRPOConfig", "SFTConfig", "RewardConfig")
 CONFIG_NAMES = ("cfg",)
@@ -64,6 +76,8 @@ class Structure:
     module_circles: list[list[str]]
     layer_circles: list[list[str]]
     arrows_back_up: list[tuple[str, str]]
+    train_arrows_back_up: list[tuple[str, str]] = field(default_factory=list)  # within train/ (TRAIN_GROUPS)
+    train_unplaced: list[str] = field(default_factory=list)  # train modules TRAIN_GROUPS does not name
     private_imports: list[Finding] = field(default_factory=list)
     long_functions: list[Finding] = field(default_factory=list)
     config_functions: list[Finding] = field(default_factory=list)
@@ -75,6 +89,7 @@ class Structure:
             "module circles": len(self.module_circles),
             "layer circles": len(self.layer_circles),
             "arrows back up": len(self.arrows_back_up),
+            "train/ arrows back up": len(self.train_arrows_back_up) + len(self.train_unplaced),
             "private names across modules": len(self.private_imports),
             f"functions over {MAX_PARAMETERS} parameters": len(self.long_functions),
             "functions taking the whole config": len(self.config_functions),
@@ -259,6 +274,26 @@ def _layer_edges(edges: set[tuple[str, str]]) -> tuple[set[tuple[str, str]], set
     return layer_edges, back_up
 
 
+def train_rank(module: str) -> int | None:
+    """A train module's rank in TRAIN_GROUPS (the package itself is "__init__"); None: not named."""
+    parts = module.split(".")
+    if parts[:2] != [PACKAGE, "train"]:
+        return None
+    return TRAIN_LAYERS.get(parts[2] if len(parts) > 2 else "__init__")
+
+
+def _train_findings(files: dict[str, Path], edges: set[tuple[str, str]]) -> tuple[list, list[str]]:
+    """(arrows within train/ from a lower group to a higher one, train modules in no group)."""
+    train = [m for m in files if m.split(".")[:2] == [PACKAGE, "train"]]
+    unplaced = sorted(m for m in train if train_rank(m) is None)
+    back_up = set()
+    for a, b in edges:
+        ra, rb = train_rank(a), train_rank(b)
+        if ra is not None and rb is not None and ra < rb:
+            back_up.add((a, b))
+    return sorted(back_up), unplaced
+
+
 def _private_findings(imports: list[_Import], files: dict[str, Path], where: Where) -> list[Finding]:
     found = set()
     for i in imports:
@@ -288,12 +323,15 @@ def analyse(root: Path = ROOT) -> Structure:
         config_functions += config
     edges = {(i.source, i.target) for i in imports if i.source != i.target}
     layer_edges, back_up = _layer_edges(edges)
+    train_back_up, unplaced = _train_findings(files, edges)
     return Structure(
         rooms=sorted(files),
         arrows=sorted(edges),
         module_circles=circles(sorted(files), edges),
         layer_circles=circles(sorted({layer_of(m)[0] for m in files}), layer_edges),
         arrows_back_up=sorted(back_up),
+        train_arrows_back_up=train_back_up,
+        train_unplaced=unplaced,
         private_imports=_private_findings(imports, files, where),
         long_functions=long_functions,
         config_functions=config_functions,
@@ -321,6 +359,11 @@ def render(s: Structure, listing: bool = False) -> str:
                 f"{_short(a)} ({layer_of(a)[1]}) -> {_short(b)} ({layer_of(b)[1]})"
                 for a, b in s.arrows_back_up
             ],
+        ),
+        (
+            "train/ arrows back up (TRAIN_GROUPS)",
+            [f"{_short(a)} -> {_short(b)}" for a, b in s.train_arrows_back_up]
+            + [f"{_short(m)}: in no group of TRAIN_GROUPS" for m in s.train_unplaced],
         ),
         ("private names across modules", [f"{f.where}  {f.name}" for f in s.private_imports]),
         (

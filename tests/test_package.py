@@ -156,6 +156,7 @@ def test_the_structure_script_finds_what_it_says(tmp_path):
     assert s.arrows_back_up == [("grpokit.ops.math", "grpokit.train.loop")]
     assert [f.name for f in s.private_imports] == ["grpokit.ops.math: _hidden"]
     assert [(f.name, f.detail) for f in s.long_functions] == [("step", "8 parameters")]
+    assert s.train_unplaced == ["grpokit.train.loop"]  # (in no group of TRAIN_GROUPS)
 
 
 def test_no_circle_among_layers(structure):
@@ -167,6 +168,13 @@ def test_no_arrow_back_up(structure):
     """ops, config < models, envs, data, rewards < rollout < engine < train < the top-level modules."""
     _, s = structure
     assert s.arrows_back_up == []
+
+
+def test_train_files_keep_their_order(structure):
+    """Within train/: a step's parts < the step and its batch sources < the run scaffold < the commands
+    (scripts/structure.py TRAIN_GROUPS); a new train module must be placed in a group."""
+    _, s = structure
+    assert s.train_arrows_back_up == [] and s.train_unplaced == []
 
 
 def test_no_circle_among_modules(structure):

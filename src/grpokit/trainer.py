@@ -217,7 +217,7 @@ class GRPOTrainer:
         eval loss (grpokit does not sample groups to evaluate). ignore_keys: TRL's, not used."""
         from .config.plan import grpo_plan
         from .train.eval_run import evaluate_given
-        from .train.grpo_setup import UserInputs
+        from .train.inputs import UserInputs
 
         if self.model is None:
             raise ValueError(
@@ -400,7 +400,7 @@ _ASYNC_NOT_TAKEN = {
     "rollout_worker": "grpokit's rollout worker is a process of its own, built from the config "
     "(max_staleness, weight_sync_steps, weight_sync_timeout, rollout_workers)",
     "weight_transfer": "grpokit publishes each weight version as a safetensors file the worker loads "
-    "(train/rollout_worker.py)",
+    "(train/async_rollout.py)",
 }
 
 
@@ -408,7 +408,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
     """AsyncGRPOTrainer(model, reward_funcs, args=AsyncGRPOConfig(...), train_dataset=...).train(): TRL's
     asynchronous trainer (trl.experimental.async_grpo, TRL 1.16) in TRL's parameter order, on grpokit's
     rollout worker: sampling and scoring in a process of its own, overlapped with the update, each
-    batch exactly `max_staleness` weight versions old (train/rollout_worker.py). `args`: an
+    batch exactly `max_staleness` weight versions old (train/async_rollout.py). `args`: an
     AsyncGRPOConfig (max_staleness 1 by default), or a GRPOConfig or dict, whose max_staleness unset
     becomes 1. rollout_worker and weight_transfer (TRL's transports) are not taken: one line each.
     Reward functions and environments must be importable by the worker (module-level functions, not

@@ -16,7 +16,7 @@ from grpokit.cli import main
 from grpokit.config import GRPOConfig, load_config
 from grpokit.config.applied import CHOSEN, applied, preset_values
 from grpokit.config.plan import grpo_plan
-from grpokit.train.grpo_setup import RunData, check_context, fitting_lengths, tiny_context
+from grpokit.train.inputs import RunData, check_context, fitting_lengths, tiny_context
 from tests.helpers import read_metrics, tiny_run
 
 # the tiny run, with the steps, the learning rate and the warm start left to model=tiny and the defaults

@@ -170,7 +170,7 @@ def test_the_builtin_names_are_the_rewards_there_are():
     from grpokit.config.plan import RewardSpec, grpo_plan
     from grpokit.rewards import BUILTIN_REWARDS as FUNCTIONS
     from grpokit.rewards.builtin import LENGTH_REWARDS
-    from grpokit.train.grpo_setup import configured_rewards
+    from grpokit.train.inputs import configured_rewards
 
     assert set(BUILTIN_REWARDS) == {*FUNCTIONS, *LENGTH_REWARDS, "task"}
     cfg = load_config(GRPOConfig, None, ["reward_funcs=[exact_answer, math_answer]"])

@@ -14,7 +14,7 @@ from grpokit.cli import main
 from grpokit.config import GRPOConfig
 from grpokit.config.plan import grpo_plan
 from grpokit.data import ANSWER_FORMATS, DataError, apply_answer_format, gsm8k_answer, load_prompts
-from grpokit.train.grpo_setup import resolve_data
+from grpokit.train.inputs import resolve_data
 from tests.helpers import TINY_MODEL
 from tests.hub_cache import dataset_snapshot
 

@@ -22,8 +22,10 @@ from grpokit.models import build_policy, build_reward_model, char_tokenizer
 from grpokit.ops import HeadStates
 from grpokit.train import distributed
 from grpokit.train.batch import Batch
+from grpokit.train.batch_source import InProcess
 from grpokit.train.before_update import LogpsBeforeUpdate
-from grpokit.train.grpo_setup import RunData, build_trainee
+from grpokit.train.grpo_setup import build_trainee
+from grpokit.train.inputs import RunData
 from grpokit.train.reward import reward_step
 from grpokit.train.update import optimizer_step
 
@@ -101,7 +103,7 @@ def grpo_case(d: distributed.Dist, loss_type: str, strategy: str, out: str, offl
         intermediate_size=32,
     ).double()
     data = RunData([], [], [lambda *a, **k: []], None, None, None, T)
-    trainee = build_trainee(grpo_plan(cfg).trainee, model, TOK, data, d)  # float64: not placed
+    trainee = build_trainee(grpo_plan(cfg).trainee, model, TOK, data, InProcess(), d)  # float64: not placed
     batch, ref = fixed_batch()
     per_rank = B // d.world_size
     rows = slice(d.rank * per_rank, (d.rank + 1) * per_rank)

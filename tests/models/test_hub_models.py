@@ -220,7 +220,8 @@ def test_a_teacher_and_a_reward_model_load_by_hub_id_at_a_revision(hub_offline):
     from grpokit.config.plan import EngineSpec, grpo_plan
     from grpokit.rewards import RewardModelFunction
     from grpokit.train.distributed import Dist
-    from grpokit.train.grpo_setup import configured_rewards, load_teacher, teacher_shape
+    from grpokit.train.grpo_setup import load_teacher, teacher_shape
+    from grpokit.train.inputs import configured_rewards
 
     def plan(revision):
         cfg = GRPOConfig(model=QWEN, loss_type="opd", teacher_model=LLAMA, teacher_model_revision=revision)

@@ -80,7 +80,7 @@ def test_the_correctness_reward_reads_text_with_conversational_prompts():
     """Evaluation without a reward of its own scores with `correctness_reward(is_correct)`: is_correct
     takes the completion's text, also when the prompts are conversations (TRL would pass messages)."""
     from grpokit.rewards import score_completions
-    from grpokit.train.grpo_setup import correctness_reward
+    from grpokit.train.inputs import correctness_reward
 
     right = correctness_reward(lambda completion, row: completion.strip() == row["answer"])
     prompts = [[{"role": "user", "content": "3+4?"}]] * 2

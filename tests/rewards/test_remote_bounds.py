@@ -578,7 +578,7 @@ def test_https_with_its_own_certificate_fails_at_once_without_ca_bundle_and_scor
     assert RemoteReward(server.url, ca_bundle=str(cert))(["a", "b"], ["1", "x"]) == [1.0, 0.0]
     cfg = load_config(GRPOConfig, None, [f"reward_funcs=[{{url: '{server.url}', ca_bundle: {cert}}}]"])
     from grpokit.config.plan import RewardSpec
-    from grpokit.train.grpo_setup import configured_rewards
+    from grpokit.train.inputs import configured_rewards
 
     (configured,) = configured_rewards(RewardSpec(funcs=tuple(cfg.reward_funcs)), task=None)
     assert configured(["a"], ["11"]) == [1.0]

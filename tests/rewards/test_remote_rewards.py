@@ -393,7 +393,7 @@ def test_url_entries_and_the_python_api_take_the_same_options():
         {"url": "http://127.0.0.1:8000/b", "timeout": 2.5, "retries": 0, "name": "mine"},
     ]
     from grpokit.config.plan import RewardSpec
-    from grpokit.train.grpo_setup import configured_rewards
+    from grpokit.train.inputs import configured_rewards
 
     first, second = configured_rewards(RewardSpec(funcs=tuple(cfg.reward_funcs)), task=None)
     assert (first.url, first.timeout, first.retries, first.__name__) == (

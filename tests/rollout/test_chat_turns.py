@@ -222,7 +222,7 @@ def test_an_environment_class_names_its_observations_role():
     """`observation_role` on the class, as the CLI's `environment:` and GRPOTrainer's environment_factory
     take it: "tool" as given, None kept as plain text with chat prompts, "user" without the attribute."""
     from grpokit.config.plan import EpisodeSpec
-    from grpokit.train.grpo_setup import resolve_environment
+    from grpokit.train.inputs import resolve_environment
     from grpokit.trainer import _environment
 
     ref = "tests.rollout.test_chat_turns:{}"

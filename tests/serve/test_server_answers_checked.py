@@ -60,7 +60,7 @@ def _remote(server: PolicyServer, engine) -> RemotePolicy:
 
 
 def _unique_state(engine) -> dict[str, torch.Tensor]:
-    """The engine's weights as the trainer writes them (rollout_worker.publish_weights): tied weights
+    """The engine's weights as the trainer writes them (async_rollout.publish_weights): tied weights
     once, under their first name."""
     seen: set[int] = set()
     unique = {}

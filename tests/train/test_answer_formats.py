@@ -16,7 +16,7 @@ from grpokit.data import ANSWER_FORMATS, demonstration, sft_rows, solution_colum
 from grpokit.engine import EngineSpec, PolicyEngine
 from grpokit.models import build_policy, char_tokenizer
 from grpokit.rewards import BUILTIN_REWARDS
-from grpokit.train.grpo_setup import held_out_metrics, resolve_data
+from grpokit.train.inputs import held_out_metrics, resolve_data
 
 ROWS = [
     {"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"},

@@ -1,5 +1,5 @@
 """Asynchronous GRPO (max_staleness): a rollout worker process samples and scores, with an exact
-staleness (train/rollout_worker.py)."""
+staleness (train/async_rollout.py)."""
 
 from __future__ import annotations
 
@@ -196,15 +196,16 @@ def test_what_ranks_agree_on_through_collectives_is_refused_under_torchrun(optio
     from types import SimpleNamespace
 
     from grpokit.config.plan import grpo_plan
-    from grpokit.train.rollout_worker import check_rollout
+    from grpokit.train.async_rollout import check_rollout
 
-    step = grpo_plan(GRPOConfig(max_staleness=1, **{option: True})).trainee.step
+    plan = grpo_plan(GRPOConfig(max_staleness=1, **{option: True}))
+    step = plan.trainee.step
     data = SimpleNamespace(reward_funcs=[ones_reward], environment=None)  # (what it reads of RunData)
-    check_rollout(data, 1, step)  # one process: taken
+    check_rollout(data, 1, plan.rollout, step)  # one process: taken
     with pytest.raises(
         ValueError, match=rf"^{option} with max_staleness under torchrun is not supported yet"
     ):
-        check_rollout(data, 2, step)
+        check_rollout(data, 2, plan.rollout, step)
 
 
 def test_the_tasks_own_tools_with_rollout_servers_are_refused_before_any_work():
@@ -212,14 +213,16 @@ def test_the_tasks_own_tools_with_rollout_servers_are_refused_before_any_work():
     from types import SimpleNamespace
 
     from grpokit.config.plan import grpo_plan
-    from grpokit.train.rollout_worker import check_rollout
+    from grpokit.train.async_rollout import check_rollout
 
     plan = grpo_plan(GRPOConfig(max_staleness=1, rollout_server_urls=["http://127.0.0.1:9"]))
     data = SimpleNamespace(reward_funcs=[ones_reward], environment=object())  # (the task's tools)
-    with pytest.raises(ValueError, match=r"^rollout_server_urls with multi-turn episodes .* set tools=\[\]$"):
-        check_rollout(data, 1, plan.trainee.step, plan.rollout)
+    with pytest.raises(
+        ValueError, match=r"^tools with rollout_server_urls is not supported: .* set tools=\[\]$"
+    ):
+        check_rollout(data, 1, plan.rollout, plan.trainee.step)
     check_rollout(
-        SimpleNamespace(reward_funcs=[ones_reward], environment=None), 1, plan.trainee.step, plan.rollout
+        SimpleNamespace(reward_funcs=[ones_reward], environment=None), 1, plan.rollout, plan.trainee.step
     )
 
 
@@ -231,7 +234,7 @@ def test_the_rollout_device_by_hand(monkeypatch):
 
     from grpokit.config.plan import grpo_plan
     from grpokit.train import distributed
-    from grpokit.train.rollout_worker import check_rollout, rollout_device
+    from grpokit.train.async_rollout import check_rollout, rollout_device
 
     cpu, gpu0 = torch.device("cpu"), torch.device("cuda", 0)
     assert rollout_device(None, cpu) == cpu and rollout_device("cpu", gpu0) == cpu
@@ -248,7 +251,7 @@ def test_the_rollout_device_by_hand(monkeypatch):
     plan = grpo_plan(GRPOConfig(max_staleness=1, rollout_device="cuda:1"))
     data = SimpleNamespace(reward_funcs=[ones_reward], environment=None)
     with pytest.raises(ValueError, match=r"^rollout_device=cuda:1: this machine has 0 CUDA GPU\(s\)"):
-        check_rollout(data, 1, plan.trainee.step, plan.rollout)
+        check_rollout(data, 1, plan.rollout, plan.trainee.step)
 
 
 def raises_on_eval(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
@@ -292,7 +295,7 @@ def test_a_run_that_fails_before_step_1_leaves_no_worker_behind(tmp_path, monkey
         ),
         (
             {"max_staleness": 1, "rollout_server_urls": ["http://a:1"], "tools": ["calc"]},
-            "tools with rollout_server_urls is not supported: multi-turn episodes run in process",
+            "tools with rollout_server_urls is not supported: multi-turn episodes .* run in process",
         ),
         ({"max_staleness": 1, "request_timeout": 0}, "request_timeout"),
         ({"max_staleness": 1, "rollout_workers": 0}, "rollout_workers"),

@@ -1,6 +1,6 @@
 """Faults around an asynchronous run's rollout worker, each one line or handled: a Ctrl-C while a worker
 starts, a full disk while weights are published, a `.rollout` that grpokit did not make, and a trainer
-killed while a reward hangs in the worker (train/rollout_worker.py)."""
+killed while a reward hangs in the worker (train/rollout_worker.py, train/async_rollout.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from grpokit.train.async_rollout import WEIGHTS_DIR
 from grpokit.train.grpo import train_grpo
-from grpokit.train.rollout_worker import WEIGHTS_DIR, RolloutWorker
+from grpokit.train.rollout_worker import RolloutWorker
 from grpokit.user_errors import environment_error
 from tests.train.helpers import ones_reward, tiny_config
 

@@ -272,8 +272,10 @@ def test_an_update_reports_token_means_when_the_last_micro_batch_is_shorter():
     from grpokit.config.plan import grpo_plan
     from grpokit.ops import HeadStates
     from grpokit.train import distributed
+    from grpokit.train.batch_source import InProcess
     from grpokit.train.before_update import LogpsBeforeUpdate
-    from grpokit.train.grpo_setup import RunData, build_trainee
+    from grpokit.train.grpo_setup import build_trainee
+    from grpokit.train.inputs import RunData
     from grpokit.train.update import optimizer_step
 
     cfg = GRPOConfig(
@@ -291,7 +293,7 @@ def test_an_update_reports_token_means_when_the_last_micro_batch_is_shorter():
         hidden_size=32, num_layers=2, num_heads=4, vocab_size=40, seed=1, dropout=0.0
     ).double()
     data = RunData([], [], [lambda *a, **k: []], None, None, None, 4)
-    trainee = build_trainee(grpo_plan(cfg).trainee, model, TOKENIZER, data, distributed.Dist())
+    trainee = build_trainee(grpo_plan(cfg).trainee, model, TOKENIZER, data, InProcess(), distributed.Dist())
     batch = _batch(40)  # 6 rows: micro-batches of 4 and 2, one row ending early
     mask = batch.completion_mask
     teacher = torch.randn(6, 4, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64)

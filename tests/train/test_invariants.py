@@ -155,13 +155,13 @@ def test_a_top_k_sampler_taken_for_the_policy_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_sampler_that_differs_from_the_training_forward_is_measured_and_alerted(tmp_path, monkeypatch):
-    original = draw_module.PolicyEngine.generate
+    original = PolicyEngine.generate
 
     def off(self, *args, **kwargs):  # a sampler whose log-probs are 0.3 nats off the forward's
         rollout = original(self, *args, **kwargs)
         return dataclasses.replace(rollout, sampling_logps=rollout.sampling_logps + 0.3)
 
-    monkeypatch.setattr(draw_module.PolicyEngine, "generate", off)
+    monkeypatch.setattr(PolicyEngine, "generate", off)
     rows, warnings = _run(tmp_path)
     for row in rows:
         assert abs(row["sampling/sampling_logp_difference/mean"] - 0.3) <= 1e-4

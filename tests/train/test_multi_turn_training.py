@@ -188,7 +188,7 @@ def test_the_episode_options_reach_the_environment(tmp_path):
     """tools (built-in and by reference), tool_call_format, tool_timeout and max_turns make the spec
     episodes run in; a task's own format cannot be swapped."""
     from grpokit.config.plan import episode_spec
-    from grpokit.train.grpo_setup import resolve_environment
+    from grpokit.train.inputs import resolve_environment
 
     (tmp_path / "naps.py").write_text(SLOW_TOOL)
     cfg = GRPOConfig(
@@ -218,7 +218,7 @@ def test_the_episode_options_reach_the_environment(tmp_path):
 
 def test_accuracy_on_your_rows_judges_the_final_answer_after_the_tools():
     from grpokit.config.plan import grpo_plan
-    from grpokit.train.grpo_setup import UserInputs, resolve_data
+    from grpokit.train.inputs import UserInputs, resolve_data
 
     rows = [{"prompt": "2*21=", "answer": "42"}]
     plan = grpo_plan(GRPOConfig(task=None, tools=["calc"], tool_call_format="brackets", model="tiny"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import grpokit.train.batch_source as batch_source_module
 import grpokit.train.grpo_step as grpo_step_module
 import grpokit.train.run as run_module
 import grpokit.train.sft as sft_module
@@ -85,7 +86,7 @@ def test_a_smaller_micro_batch_applies_on_resume(tmp_path, monkeypatch):
 
 
 def test_sampling_out_of_memory_names_the_rollouts_settings(tmp_path, monkeypatch):
-    _failing(monkeypatch, grpo_step_module, "generate_and_score", at_call=2)
+    _failing(monkeypatch, batch_source_module, "generate_and_score", at_call=2)
     with pytest.raises(OutOfDeviceMemory, match=r"in sampling of step 2 .*all 16 rows at once.*"
                        r"max_completion_length.*checkpoint-1 holds the run up to step 1"):  # fmt: skip
         _train(tmp_path, max_steps=3)
@@ -173,7 +174,7 @@ def test_auto_find_batch_size_redoes_the_step_from_its_completions_with_half_the
         return original(engine, update, batch, frozen, params, d, look)
 
     monkeypatch.setattr(grpo_step_module, "optimizer_step", update)
-    draws = _failing(monkeypatch, grpo_step_module, "generate_and_score", at_call=0)  # counts only
+    draws = _failing(monkeypatch, batch_source_module, "generate_and_score", at_call=0)  # counts only
     events = []
     fitted = train_grpo(
         tiny_config(tmp_path / "b", max_steps=3, micro_batch_size=8, auto_find_batch_size=True),
@@ -195,6 +196,6 @@ def test_auto_find_batch_size_redoes_the_step_from_its_completions_with_half_the
 
 
 def test_auto_find_batch_size_does_not_redo_sampling(tmp_path, monkeypatch):
-    _failing(monkeypatch, grpo_step_module, "generate_and_score", at_call=2)
+    _failing(monkeypatch, batch_source_module, "generate_and_score", at_call=2)
     with pytest.raises(OutOfDeviceMemory, match="in sampling of step 2"):
         _train(tmp_path, max_steps=3, auto_find_batch_size=True)

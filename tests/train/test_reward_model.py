@@ -249,7 +249,7 @@ def test_grpo_reward_funcs_from_the_config(tmp_path):
     from grpokit.config.plan import reward_spec
     from grpokit.models import save_policy
     from grpokit.train.grpo import train_grpo
-    from grpokit.train.grpo_setup import configured_rewards
+    from grpokit.train.inputs import configured_rewards
     from tests.train.helpers import tiny_config
 
     save_policy(tiny_rm(), TOK, tmp_path / "rm")

@@ -199,7 +199,8 @@ def test_sigterm_during_the_warm_start_exits_with_a_message(tmp_path):
 
 
 def test_warm_start_target_needs_an_exact_accuracy(tmp_path):
-    from grpokit.train.grpo_setup import RunData, warm_start_goal
+    from grpokit.train.grpo_setup import warm_start_goal
+    from grpokit.train.inputs import RunData
 
     cfg = tiny_config(tmp_path, sft_steps=5, sft_target_accuracy=0.5)
     data = RunData([], [], [ones_reward], None, None, None, 4)  # no is_correct

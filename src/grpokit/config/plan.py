@@ -83,7 +83,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where the prompts come from and how they are read (`train.grpo_setup.resolve_data`)."""
+    """Where the prompts come from and how they are read (`train.inputs.resolve_data`)."""
 
     task: str | None
     seed: int  # a task's generator
@@ -358,13 +358,14 @@ class TeacherSpec:
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """Asynchronous GRPO (max_staleness set): a rollout worker samples and scores step s's batch with
-    the weights after step `train.rollout_worker.sampling_version(s, ...)`."""
+    """Where a step's batch comes from (`train.batch_source.open_batch_source`): drawn in process
+    (max_staleness None), or asynchronous GRPO: a rollout worker samples and scores step s's batch with
+    the weights after step `train.in_flight.sampling_version(s, ...)`."""
 
-    max_staleness: int
-    weight_sync_steps: int
-    timeout: float  # weight_sync_timeout
-    device: str | None = None  # rollout_device (None: `train.rollout_worker.rollout_device` chooses)
+    max_staleness: int | None = None  # None: the synchronous loop
+    weight_sync_steps: int = 1
+    timeout: float = 600.0  # weight_sync_timeout
+    device: str | None = None  # rollout_device (None: `train.async_rollout.rollout_device` chooses)
     workers: int = 1  # rollout_workers: step s is sampled by worker s mod workers
     servers: tuple[str, ...] = ()  # rollout_server_urls (engine/remote.py); empty: in the worker
     request_timeout: float = 600.0  # seconds a rollout server may take to answer
@@ -386,7 +387,7 @@ class GRPOPlan:
     evaluation: Evaluation
     display: Display
     teacher: TeacherSpec | None = None  # loss_type=opd or gkd
-    rollout: RolloutSpec | None = None  # None: the synchronous loop
+    rollout: RolloutSpec = RolloutSpec()  # (max_staleness None: the synchronous loop)
 
 
 def _tuple(values: Any) -> tuple[Any, ...] | None:
@@ -496,18 +497,14 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         teacher = TeacherSpec(
             model=replace(model_spec(teacher_cfg), gradient_checkpointing=False), device=cfg.teacher_device
         )
-    rollout = (
-        None
-        if cfg.max_staleness is None
-        else RolloutSpec(
-            cfg.max_staleness,
-            cfg.weight_sync_steps,
-            cfg.weight_sync_timeout,
-            cfg.rollout_device,
-            cfg.rollout_workers,
-            tuple(cfg.rollout_server_urls or ()),
-            cfg.request_timeout,
-        )
+    rollout = RolloutSpec(
+        cfg.max_staleness,
+        cfg.weight_sync_steps,
+        cfg.weight_sync_timeout,
+        cfg.rollout_device,
+        cfg.rollout_workers,
+        tuple(cfg.rollout_server_urls or ()),
+        cfg.request_timeout,
     )
     return GRPOPlan(
         rollout=rollout,

@@ -25,9 +25,10 @@ from pydantic import (
 )
 
 from ..net.server import server_base_url
-from ..ops.loss_types import LOSS_TYPES, LossType
+from ..ops.loss_types import LossType
 from . import trl_names
 from .alerts import ALERT_THRESHOLDS
+from .async_rules import AsyncFacts, async_refusal
 from .load import shown
 from .options import Resume, option, undeclared
 from .remote_reward import REMOTE_OPTIONS, check_remote_reward, redacted_entries
@@ -956,7 +957,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         ge=0,
         le=64,
         description="sample and score in a rollout worker process, overlapped with the update: step s's "
-        "batch is sampled with the weights after step max(0, s-1-k), exactly (train/rollout_worker.py); "
+        "batch is sampled with the weights after step max(0, s-1-k), exactly (train/async_rollout.py); "
         "None: the synchronous loop; 0: the synchronous run's numbers, sampled in another process",
         resume=STALENESS_RESUME,
     )
@@ -1213,51 +1214,31 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 )
         if len({server_base_url(url) for url in urls}) != len(urls):  # (http://H:P/v1 is http://H:P)
             raise ValueError("rollout_server_urls names a server twice: each server once")
-        refused = {
-            "tools": (bool(self.tools) or self.environment is not None, "multi-turn episodes run in process"),
-            "rollout_workers": (self.rollout_workers > 1, "one worker updates the servers' weights"),
-        }
-        for name, (bad, why) in refused.items():
-            if bad:
-                raise ValueError(f"{name} with rollout_server_urls is not supported: {why}; drop one of them")
 
     def _check_async(self) -> None:
         """weight_sync_* are read only with max_staleness, and what the rollout worker does not take
-        yet is refused in one line each."""
+        yet is refused in one line (config/async_rules.py)."""
         if self.max_staleness is None:
-            for name, default in (
-                ("weight_sync_steps", 1),
-                ("weight_sync_timeout", 600.0),
-                ("rollout_workers", 1),
-                ("rollout_device", None),
-                ("rollout_server_urls", None),
-                ("request_timeout", 600.0),
-            ):
-                if getattr(self, name) != default:
+            names = "weight_sync_steps weight_sync_timeout rollout_workers rollout_device rollout_server_urls"
+            for name in [*names.split(), "request_timeout"]:
+                if getattr(self, name) != type(self).model_fields[name].default:
                     raise ValueError(f"{name} is read only with max_staleness (asynchronous GRPO): set both")
             return
-        refused = {
-            "use_peft": (self.use_peft, "the worker loads whole published weights, not LoRA adapters"),
-            "loss_type": (
-                LOSS_TYPES[self.loss_type].demonstrations,
-                f"{self.loss_type} also learns from dataset answers, which the worker does not draw",
-            ),
-        }
-        for name, (bad, why) in refused.items():
-            if bad:
-                raise ValueError(
-                    f"{name} with max_staleness is not supported yet: {why}; drop max_staleness (the "
-                    "synchronous loop takes it)"
-                )
         if self.rollout_server_urls is not None:
             self._check_servers()
-        for name in ("dynamic_sampling", "curriculum"):
-            if self.rollout_workers > 1 and getattr(self, name):
-                raise ValueError(
-                    f"{name} with rollout_workers={self.rollout_workers} is refused: which prompts a step "
-                    "draws depends on the last step's rewards, so the workers cannot take steps in turn; "
-                    "set rollout_workers=1"
-                )
+        refusal = async_refusal(
+            AsyncFacts(
+                loss_type=self.loss_type,
+                lora=self.use_peft,
+                servers=self.rollout_server_urls is not None,
+                episodes=bool(self.tools) or self.environment is not None,
+                workers=self.rollout_workers,
+                dynamic_sampling=self.dynamic_sampling,
+                curriculum=self.curriculum,
+            )
+        )
+        if refusal is not None:
+            raise ValueError(refusal)
 
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOConfig:

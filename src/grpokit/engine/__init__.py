@@ -2,6 +2,16 @@
 `rollout/` (the decode loop) and joins them; training, evaluation, the warm-start probe, `grpokit
 eval` and the Python API all go through it."""
 
-from .engine import EngineSpec, PolicyEngine, Replayed, Sequences, Wrapping, truncates
+from .engine import EngineSpec, PolicyEngine, Replayed, Sampler, Sequences, Wrapping, truncates
+from .weights import WeightsFileError
 
-__all__ = ["EngineSpec", "PolicyEngine", "Replayed", "Sequences", "Wrapping", "truncates"]
+__all__ = [
+    "EngineSpec",
+    "PolicyEngine",
+    "Replayed",
+    "Sampler",
+    "Sequences",
+    "WeightsFileError",
+    "Wrapping",
+    "truncates",
+]

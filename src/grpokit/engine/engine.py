@@ -40,6 +40,7 @@ from ..models.device import Precision, model_device
 from ..models.lora import reference_model
 from ..ops import HeadStates, TokenLogps, linear_logps, token_logps, token_logps_and_entropy
 from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, process_logits, resolve_decode_loop
+from .weights import load_weights_file
 
 
 class Sequences(Protocol):
@@ -51,6 +52,25 @@ class Sequences(Protocol):
     completion_mask: torch.Tensor  # [B, T] bool: the tokens that carry loss
     # [B, T] bool: the tokens attended to (policy and environment); None: completion_mask (one turn)
     completion_attention: torch.Tensor | None
+
+
+class Sampler(Protocol):
+    """What draws a step's completions and takes each weight version the trainer publishes:
+    `PolicyEngine` in process, `engine.remote.RemotePolicy` on rollout servers. train/draw.py samples
+    through either."""
+
+    tokenizer: Any
+    device: torch.device
+    environment: Any  # an envs.EnvironmentSpec (multi-turn episodes), or None
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams,
+        rows: list[dict[str, Any]] | None,
+    ) -> Rollout: ...
+
+    def update_weights(self, path: str, version: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -203,6 +223,11 @@ class PolicyEngine:
         environment, G episodes of each prompt, started from its row of `rows`."""
         with self.autocast():
             return self.decoder.sample(prompts, params, rows)
+
+    def update_weights(self, path: str, version: int) -> None:
+        """The policy's weights replaced by version `version`'s file at `path` (`engine/weights.py`: the
+        whole file checked first; a refused file raises WeightsFileError and changes nothing)."""
+        load_weights_file(self.module, path, self.device)
 
     # ------------------------------------------------------------------ log-probs
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -85,12 +86,13 @@ class RemotePolicy:
         import httpx2 as httpx
 
         from ..models import tokenizer_fingerprint
-        from ..net.server import server_base_url
+        from ..net.server import API_KEY_ENV, server_base_url
 
         self.urls = tuple(server_base_url(u) for u in urls)
         self.tokenizer, self.timeout = tokenizer, timeout
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         self.sender = uuid.uuid4().hex[:16]  # tags this client's updates: another client's are told apart
+        api_key = api_key or os.environ.get(API_KEY_ENV)  # (None: the servers' own variable, if set)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(timeout=timeout, headers=headers)
         self.pad_token_id = tokenizer.pad_token_id

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.specs import SamplingParams
+from ..engine.weights import WeightsFileError
 from ..models import tokenizer_fingerprint
 from ..net.server import DEFAULT_MAX_BATCH_ROWS, JsonServer, ServeLimits, stderr_line
 
@@ -270,54 +271,6 @@ def longest_token(tokenizer: Any) -> int:
 
 
 # ----------------------------------------------------------------------------- a weight update
-
-
-def checked_weights(path: str, state: dict[str, Any], device: Any) -> dict[str, Any]:
-    """The tensors of the safetensors file at `path` that replace `state`'s (a model's state_dict), after
-    checking the whole file: the state's names (tied weights: any one of their names) and no other,
-    each shape equal, a floating dtype where the state's is floating (cast when copied; an integer file
-    is refused) and the state's own dtype elsewhere, every value finite. RequestError (the fault, in
-    words) on the first fault; `state` is not touched."""
-    import torch
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt", device=str(device)) as file:
-        names = set(file.keys())
-        _check_names(names, state)
-        for name in sorted(names):
-            header = file.get_slice(name)
-            _check_header(name, tuple(header.get_shape()), header.get_dtype(), state[name])
-        tensors = {name: file.get_tensor(name) for name in sorted(names)}
-    for name, tensor in tensors.items():
-        if not state[name].is_floating_point() and tensor.dtype != state[name].dtype:
-            raise RequestError(f"{name!r} is {tensor.dtype}, not the model's {state[name].dtype}")
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise RequestError(f"{name!r} holds values that are not finite (NaN or inf)")
-    return tensors
-
-
-def _check_names(names: set[str], state: dict[str, Any]) -> None:
-    """RequestError unless `names` are `state`'s, each tensor by one of its names at least (tied weights
-    share a tensor: safetensors writes one of their names)."""
-    extra = sorted(names - set(state))
-    if extra:
-        raise RequestError(f"it holds {len(extra)} tensor(s) the model does not have, such as {extra[0]!r}")
-    groups: dict[Any, list[str]] = {}  # the state's names by the tensor they name
-    for name, tensor in state.items():
-        key = (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else name  # (empty: its own)
-        groups.setdefault(key, []).append(name)
-    missing = [group[0] for group in groups.values() if not names.intersection(group)]
-    if missing:
-        raise RequestError(f"it lacks {len(missing)} of the model's tensors, such as {missing[0]!r}")
-
-
-def _check_header(name: str, shape: tuple[int, ...], dtype: str, held: Any) -> None:
-    """RequestError unless tensor `name` of the file (its shape, and its safetensors dtype: F32, BF16,
-    I8, ...) can replace `held`, the model's."""
-    if shape != tuple(held.shape):
-        raise RequestError(f"{name!r} has shape {list(shape)}, not the model's {list(held.shape)}")
-    if held.is_floating_point() and not dtype.startswith(("F", "BF")):
-        raise RequestError(f"{name!r} is {dtype}, not a floating type the model's {held.dtype} can take")
 
 
 # ----------------------------------------------------------------------------- the server
@@ -612,22 +565,16 @@ class PolicyServer(JsonServer):
             start += rows
 
     def _load(self, job: Job) -> None:
-        """Apply update `job`, once its whole file is checked (`checked_weights`); a refused file changes
-        no weight, nor the version."""
-        import torch
-
-        state = self.engine.module.state_dict()
+        """Apply update `job` (`PolicyEngine.update_weights`: the whole file checked first); a refused
+        file changes no weight, nor the version."""
         try:
-            tensors = checked_weights(str(job.path), state, self.engine.device)
+            self.engine.update_weights(str(job.path), job.version)
         except Exception as error:  # noqa: BLE001 - a file that is not these weights: one answer
-            fault = str(error) if isinstance(error, RequestError) else f"{type(error).__name__}: {error}"
+            fault = str(error) if isinstance(error, WeightsFileError) else f"{type(error).__name__}: {error}"
             line = " ".join(fault.split())[:300]
             kept = f"no weight was changed (version {self.version} kept)"
             job.done.set_exception(RequestError(f"cannot load {job.path}: {line}; {kept}", "path"))
             return
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                state[name].copy_(tensor)  # (the state's tensors are the module's: copied in place)
         self.version, self.sender = job.version, job.sender
         job.done.set_result((self.version, self.sender))
 

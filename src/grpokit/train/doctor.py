@@ -31,32 +31,24 @@ import torch
 from ..config import GRPOConfig
 from ..config.applied import ASYNC, CHOSEN, Preset, applied
 from ..config.plan import GRPOPlan, grpo_plan
-from ..data import columns_of, demonstration, render_prompt
-from ..models import (
-    ModelShape,
-    StepShape,
-    forecast_memory,
-    largest_micro_batch,
-)
+from ..data import PromptSampler, columns_of, demonstration, render_prompt
+from ..models import ModelShape, StepShape, forecast_memory, largest_micro_batch
 from ..rewards import CallRules, reward_names, score_completions
 from . import distributed
-from .draw import step_advantages
-from .grpo_setup import (
-    Hooks,
+from .draw import sample_rollout, score_rollout
+from .grpo_setup import Hooks, sampling_params, teacher_refusal, teacher_shape, warm_start
+from .inputs import (
     UserInputs,
     check_context,
     place_policy,
     precision_of,
     probe_engine,
     resolve_data,
-    sampling_params,
-    teacher_refusal,
-    teacher_shape,
     tiny_context,
-    warm_start,
 )
 from .memory_check import step_memory_refusal
 from .run import StopSignals, policy_and_tokenizer, seed_everything
+from .trainee import StepParams
 
 Level = Literal["ok", "warn", "fatal"]
 SLOW_REWARD_SECONDS = 1.0  # per batch of a step's completions: above it, the reward is flagged slow
@@ -160,7 +152,7 @@ def checkup(
         return report
     _data_section(report, plan, data, tokenizer)
     _rewards_section(report, plan, data)
-    if plan.rollout is not None and plan.rollout.servers:
+    if plan.rollout.servers:  # (sampled there: each server answers, with this tokenizer)
         _servers_section(report, plan.rollout.servers, plan.rollout.request_timeout, tokenizer)
     check_context(plan.data.prompt_column, model, tokenizer, data)
     d = distributed.init(plan.trainee.placement.device)
@@ -286,9 +278,8 @@ def _servers_section(report: Checkup, urls: tuple[str, ...], timeout: float, tok
     """rollout_server_urls: each server reachable and sampling with the trainer's tokenizer (else
     fatal, the one line a run would stop with), its weight version and round-trip time."""
     from ..engine.remote import RemotePolicy, RolloutServerError
-    from ..net.server import API_KEY_ENV
 
-    client = RemotePolicy((), tokenizer, min(timeout, 30.0), os.environ.get(API_KEY_ENV) or None)
+    client = RemotePolicy((), tokenizer, min(timeout, 30.0))
     try:
         for url in urls:
             try:
@@ -383,33 +374,22 @@ def _episodes_finding(report: Checkup, rollout: Any, warmed: bool) -> None:
 
 
 def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, groups: int | None) -> None:
-    P, spec = plan.trainee.step.prompts_per_step, plan.trainee.step
+    """K groups of the first K training rows, sampled and scored as a step draws them (draw.py's
+    `sample_rollout` and `score_rollout`; a reward that raises leaves its rows unscored here)."""
+    P = plan.trainee.step.prompts_per_step
     K = min(groups or min(P, 64), len(data.train_rows))
-    params = replace(sampling_params(plan.trainee.sampling, data), seed=plan.seed)
-    G = params.num_generations
-    rows = data.train_rows[:K]
-    tools = engine.environment.tool_schemas if engine.environment is not None else None
-    texts = [
-        render_prompt(r[spec.prompt_column], engine.tokenizer, tools, spec.chat_template_kwargs) for r in rows
-    ]
-    engine.generate(texts[:1], replace(params, num_generations=1, max_completion_length=2), rows=rows[:1])
-    began = time.perf_counter()  # (after a warm-up: the first call pays one-time costs)
-    rollout = engine.generate(texts, params, rows=rows)
-    sampled = time.perf_counter() - began
-    repeated = [r[spec.prompt_column] for r in rows for _ in range(G)]
-    columns = columns_of(rows, spec.prompt_column, repeat=G)
+    spec = replace(plan.trainee.step, prompts_per_step=K, on_reward_error="unscorable")
+    params = StepParams.of(spec, sampling_params(plan.trainee.sampling, data))
+    G, d = params.sampling.num_generations, distributed.Dist(device=engine.device)
+    first = PromptSampler(data.train_rows[:1], 1, shuffle=False)  # a warm-up: one-time costs
+    short = replace(params.sampling, max_completion_length=2)
+    sample_rollout(engine, first, StepParams.of(replace(spec, prompts_per_step=1), short), 1, d, 0)
+    prompts = PromptSampler(data.train_rows[:K], K, shuffle=False)
+    drawn, rollout, sampled = sample_rollout(engine, prompts, params, 1, d, 0)
     began = time.perf_counter()
-    scores = score_completions(
-        data.reward_funcs,
-        repeated,
-        rollout.messages or rollout.completions,
-        columns=columns,
-        weights=spec.reward_weights,
-        rules=CallRules(on_error="unscorable", timeout=spec.reward_timeout),
-    )
+    _, zero, metrics = score_rollout(rollout, drawn, data.reward_funcs, spec, G, None, 1)
     scored = time.perf_counter() - began
-    advantages = step_advantages(scores, G, spec)
-    report.zero_spread = float(advantages.is_std_zero.float().mean())
+    report.zero_spread = float(zero.float().mean())
     report.truncated = float(rollout.truncated.float().mean())
     report.mean_length = float(rollout.completion_mask.sum(-1).float().mean())
     level: Level = "warn" if report.zero_spread > 0.5 else "ok"
@@ -425,7 +405,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
     cut = report.truncated > 0.2
     report.add(
         "sampling",
-        f"cut at max_completion_length={params.max_completion_length}",
+        f"cut at max_completion_length={params.sampling.max_completion_length}",
         f"{100 * report.truncated:.0f}%",
         "warn" if cut else "ok",
         "raise max_completion_length, or mask_truncated_completions=true" if cut else "",
@@ -433,7 +413,7 @@ def _sampling_section(report: Checkup, plan: GRPOPlan, data: Any, engine: Any, g
     report.add(
         "sampling",
         "mean completion length",
-        f"{report.mean_length:.1f} tokens (reward {float(torch.nanmean(scores.rewards)):.3g})",
+        f"{report.mean_length:.1f} tokens (reward {float(metrics['reward']):.3g})",
     )
     if rollout.num_turns is not None:
         _episodes_finding(report, rollout, warmed=bool(plan.warm_start.schedule.steps))
@@ -464,7 +444,7 @@ def _async_finding(report: Checkup, plan: GRPOPlan, drawing: float, update: floa
     shared = " if each kept its speed (on a CPU the two share the cores and each runs slower)" * (
         torch.device(device).type == "cpu"
     )
-    k = plan.rollout.max_staleness if plan.rollout is not None else None
+    k = plan.rollout.max_staleness  # (None: synchronous; the forecast says what async would change)
     if k is None:
         report.add(
             "time",
@@ -481,7 +461,7 @@ def _async_finding(report: Checkup, plan: GRPOPlan, drawing: float, update: floa
             f"another process): about {drawing + update:.2f} s a step; max_staleness=1 overlaps them",
         )
     else:  # up to min(rollout_workers, k + 1) batches sampled at once, each worker on hardware of its own
-        at_once = min(plan.rollout.workers, k + 1) if plan.rollout is not None else 1
+        at_once = min(plan.rollout.workers, k + 1)
         workers = f" by {at_once} workers at once" if at_once > 1 else ""
         report.add(
             "time",

@@ -16,7 +16,7 @@ import torch
 
 from ..config.plan import StepSpec
 from ..data import PromptSampler, columns_of, render_prompt
-from ..engine import PolicyEngine
+from ..engine import Sampler
 from ..ops import GroupAdvantages, decoupled_advantages, group_advantages
 from ..rewards import CallRules, score_completions
 from ..rewards.scoring import RewardScores, RunState
@@ -47,7 +47,7 @@ class StepPrompts:
 
 
 def step_prompts(
-    prompts: PromptSampler, P: int, d: distributed.Dist, engine: PolicyEngine, spec: StepSpec, tools: bool
+    prompts: PromptSampler, P: int, d: distributed.Dist, engine: Sampler, spec: StepSpec, tools: bool
 ) -> StepPrompts:
     """The sampler's next batch (every rank reads the same order), this rank's share of it, rendered
     (with the environment's tool schemas when `tools`)."""
@@ -61,7 +61,7 @@ def step_prompts(
 
 
 def generate_and_score(
-    engine: PolicyEngine,
+    engine: Sampler,
     prompts: PromptSampler,
     reward_funcs: Sequence[Callable[..., Any]],
     params: StepParams,
@@ -108,7 +108,7 @@ def generate_and_score(
 
 
 def sample_rollout(
-    engine: PolicyEngine,
+    engine: Sampler,
     prompts: PromptSampler,
     params: StepParams,
     step: int,

@@ -1,5 +1,5 @@
 """`grpokit eval`: a policy's held-out metrics, its data, rewards, model and engine resolved as a
-training run resolves them (train/grpo_setup.py)."""
+training run resolves them (train/inputs.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from ..ops import grpo_loss
 from .batch import merge_groups
 from .draw import StepPrompts, score_rollout
 from .evaluation import EvalTask, greedy_completions
-from .grpo_setup import (
+from .grpo_setup import sampling_params
+from .inputs import (
     RunData,
     UserInputs,
     held_out_metrics,
     precision_of,
     probe_engine,
     resolve_data,
-    sampling_params,
     tiny_context,
 )
 from .run import check_known_characters, policy_and_tokenizer, policy_tokenizer
@@ -83,10 +83,7 @@ def server_samples(plan: GRPOPlan, server: str, count: int) -> ServerSamples:
 
 def _on_server(plan: GRPOPlan, server: str) -> tuple[Any, RunData]:
     """A RemotePolicy on `server` with the plan's tokenizer (checked against the server's), and the data."""
-    import os
-
     from ..engine.remote import RemotePolicy
-    from ..net.server import API_KEY_ENV
 
     data = resolve_data(plan.data, plan.episodes, plan.rewards, require_rewards=False, evaluate_only=True)
     if data.environment is not None:
@@ -95,8 +92,7 @@ def _on_server(plan: GRPOPlan, server: str) -> tuple[Any, RunData]:
             "supported: they run in process; leave out --server"
         )
     tokenizer = policy_tokenizer(plan.model, data.alphabet)
-    timeout = plan.rollout.request_timeout if plan.rollout is not None else 600.0
-    return RemotePolicy((server,), tokenizer, timeout, os.environ.get(API_KEY_ENV) or None), data
+    return RemotePolicy((server,), tokenizer, plan.rollout.request_timeout), data
 
 
 def evaluate_given(plan: GRPOPlan, given: UserInputs) -> dict[str, float]:

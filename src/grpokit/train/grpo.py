@@ -1,9 +1,10 @@
 """The GRPO training loop, top to bottom.
 
-Set-up (train/grpo_setup.py): resolve the data, load or build the policy on its device, an optional
-supervised warm start, then the policy engine, optimizer and step parameters. Then, every step
-(train/grpo_step.py): sample G completions for each of P prompts -> score -> group-relative
-advantages -> old and reference log-probs -> μ optimizer steps; and here: report, warn, evaluate,
+Set-up: resolve the data and load or build the policy on its device (train/inputs.py), open the
+batch source (train/batch_source.py: in process, or the asynchronous rollout), an optional supervised
+warm start, then the policy engine, optimizer and step parameters (train/grpo_setup.py). Then, every
+step (train/grpo_step.py): the batch (G completions for each of P prompts, scored, group-relative
+advantages) -> old and reference log-probs -> μ optimizer steps; and here: report, warn, evaluate,
 save. A run can stop at any step (SIGINT/SIGTERM) with a checkpoint, and resume exactly.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,35 +26,37 @@ from ..data import solution_column
 from ..models import ModelShape, check_lora_targets, is_lora, memory_metrics, require_peft
 from ..rewards.scoring import ScoringStopped
 from . import distributed
+from .batch_source import check_batch_source, open_batch_source
 from .checkpoint import SaveTo, list_checkpoints
 from .events import Emit, EventKind
 from .grpo_setup import (
     Hooks,
-    RunData,
-    UserInputs,
+    Saver,
     build_trainee,
-    check_context,
     check_gkd_answers,
     check_same_vocabulary,
-    check_step_prompts,
-    evaluator,
     load_teacher,
-    place_policy,
-    precision_of,
-    probe_engine,
-    resolve_data,
     restore,
-    save,
     teacher_refusal,
     teacher_shape,
-    tiny_context,
     warm_start,
 )
 from .grpo_step import OutOfDeviceMemory, StepResult
 from .hub_push import check_push, push_final
+from .inputs import (
+    RunData,
+    UserInputs,
+    check_context,
+    check_step_prompts,
+    evaluator,
+    place_policy,
+    precision_of,
+    probe_engine,
+    resolve_data,
+    tiny_context,
+)
 from .memory_check import check_step_memory
 from .metrics import check_reporters, warn
-from .rollout_worker import AsyncRollout, check_rollout, weights_dir, worker_setup
 from .run import (
     Run,
     RunResult,
@@ -76,7 +79,7 @@ from .step_failures import (
 )
 from .step_watch import StepWatchers
 from .threads import ThreadGovernor
-from .trainee import Trainee
+from .trainee import BatchSource, Trainee
 
 OnEvent = Callable[[str, int, dict[str, Any]], None]  # the caller's on_event
 Compare = Callable[[Path], list[str]]  # a checkpoint's config.yaml -> what differs from this run's
@@ -173,7 +176,7 @@ class PreparedRun:
     data: RunData
     run: Run
     d: distributed.Dist
-    checkpoint: Callable[[int], None]  # saves the state after a step
+    checkpoint: Saver  # saves the state after a step
     should_stop: Callable[[], bool] | None  # looked at while reward functions run
 
 
@@ -198,37 +201,32 @@ def prepare_run(
     d = distributed.init(spec.placement.device)  # this rank's device: the config's, or cuda:LOCAL_RANK
     output_dir = Path(control.output_dir)
     inputs = check_inputs(plan, given, d, on_event, compare)
-    if plan.rollout is not None:  # its weights directory is grpokit's own (no link, no user's files)
-        weights_dir(output_dir, create=False)
     prepare_output_dir(d, control, inputs.replacing, inputs.resume_from is not None)  # clear, config
-    rollout = None
-    if plan.rollout is not None:  # max_staleness: the worker's trainer side (the loop sets it up)
-        rollout = AsyncRollout(plan.rollout, output_dir, d)
-        warm_starts = bool(plan.warm_start.schedule.steps) and inputs.resume_from is None
-        if spawns_early(d.device, warm_starts):
-            rollout.spawn(tuple({type(x).__module__ for x in (inputs.model, inputs.tokenizer)}))
+    warm_starts = bool(plan.warm_start.schedule.steps) and inputs.resume_from is None
+    preload = {type(x).__module__ for x in (inputs.model, inputs.tokenizer)}  # (what unpickling imports)
+    spawn = tuple(preload) if spawns_early(d.device, warm_starts) else None
+    source = open_batch_source(plan.rollout, output_dir, d, inputs.data, spec.engine, spawn)
     try:
-        prepared = _prepare_policy_and_run(plan, inputs, d, hooks, rollout)
+        prepared = _prepare_policy_and_run(plan, inputs, d, hooks, source)
     except BaseException:
-        if rollout is not None:
-            rollout.close()
+        source.close()
         raise
-    if rollout is not None and not isinstance(prepared, PreparedRun):  # stopped before step 1
-        rollout.close()
+    if not isinstance(prepared, PreparedRun):  # stopped before step 1
+        source.close()
     return prepared
 
 
 def spawns_early(device: Any, warm_starts: bool) -> bool:
-    """Whether the rollout worker's process starts before the policy is placed and warm-started: its
-    imports (seconds) then overlap that work, on the cores an accelerator leaves idle, or beside a
-    set-up without a warm start (loading, mostly one thread). Not before a warm start on a CPU, whose
-    threads use every core: the imports would only slow it (measured: a 2-core main job's warm start
-    took 9 s longer); there the worker starts with the loop."""
+    """Whether a batch source's processes (the rollout workers) start before the policy is placed and
+    warm-started: their imports (seconds) then overlap that work, on the cores an accelerator leaves
+    idle, or beside a set-up without a warm start (loading, mostly one thread). Not before a warm start
+    on a CPU, whose threads use every core: the imports would only slow it (measured: a 2-core main
+    job's warm start took 9 s longer); there the worker starts with the loop."""
     return device.type != "cpu" or not warm_starts
 
 
 def _prepare_policy_and_run(
-    plan: GRPOPlan, inputs: Inputs, d: distributed.Dist, hooks: Hooks, rollout: AsyncRollout | None
+    plan: GRPOPlan, inputs: Inputs, d: distributed.Dist, hooks: Hooks, source: BatchSource
 ) -> PreparedRun | TrainResult:
     spec, control, emit, stop = plan.trainee, plan.run, hooks.emit, hooks.stop
     output_dir = Path(control.output_dir)
@@ -242,11 +240,8 @@ def _prepare_policy_and_run(
             return _stopped_early(emit, stop, output_dir, "warm start")
     if plan.lora is not None and not is_lora(model):  # LoRA on the warm-started weights: only the adapters
         model = add_lora(model, plan.lora)  # train (reference: off); a model given with them keeps its own
-    if rollout is not None:  # the worker's copy of the policy, before wrapping (FSDP2 shards in place)
-        rollout.keep_policy(model)
-    trainee = build_trainee(spec, model, inputs.tokenizer, data, d)  # engine (reference, wrapping), optimizer
-    if rollout is not None:  # max_staleness: the worker's trainer side (set up by the loop)
-        trainee = replace(trainee, rollout=rollout)
+    source.prepare(model)  # (the rollout workers' copy of the policy: before FSDP2 shards it in place)
+    trainee = build_trainee(spec, model, inputs.tokenizer, data, source, d)  # engine, optimizer
     if plan.teacher is not None:  # a loss with a teacher (opd, gkd): it scores the student's completions
         teacher = load_teacher(plan.teacher, inputs.tokenizer, spec.engine, d)
         if spec.step.loss.variant.teacher == "distributions":
@@ -255,8 +250,6 @@ def _prepare_policy_and_run(
     if stop.signal is not None and resume_from is None:  # Ctrl-C while loading or warming up, before step 1
         return _stopped_early(emit, stop, output_dir, "set-up")
     strategy = spec.placement.strategy
-    saves_to = SaveTo(output_dir, control.config_yaml, control.save_total_limit)
-    checkpoint = lambda s: save(trainee, strategy, saves_to, d, s, run.eval_before)  # noqa: E731
     restore_from = lambda path: restore(trainee, strategy, d, path)  # noqa: E731
     # a stop signal abandons a reward function that is still running (one process only: under several,
     # the ranks would part mid-step; there the step finishes and the stop is honoured after it)
@@ -266,7 +259,14 @@ def _prepare_policy_and_run(
         run = Run.open(control, d, emit, stop, Starting(resume_from, restore_from, evaluate), hooks.threads)
     except ScoringStopped:  # while scoring the starting policy's evaluation: nothing to save yet
         return _stopped_early(emit, stop, output_dir, "set-up")
-    return PreparedRun(trainee, data, run, d, checkpoint, should_stop)
+    saver = Saver(
+        trainee,
+        strategy,
+        SaveTo(output_dir, control.config_yaml, control.save_total_limit),
+        d,
+        run.eval_before,
+    )
+    return PreparedRun(trainee, data, run, d, saver, should_stop)
 
 
 def check_inputs(
@@ -306,8 +306,9 @@ def check_inputs(
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
     check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # learning from demonstrations: an answer in every row
-    if plan.rollout is not None:  # what the rollout worker cannot take (a lambda reward, torchrun)
-        check_rollout(data, d.world_size, spec.step, plan.rollout)
+    check_batch_source(
+        plan.rollout, data, d.world_size, spec.step, Path(control.output_dir)
+    )  # async's refusals
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
     refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
     if refusal is not None:
@@ -330,12 +331,10 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
         exact=trainee.engine.float32_exact,
         learns_from_spread=variant.learns_from_spread_only and not spec.dynamic_sampling,
     )
-    step, failed = run.start, None
-    rollout = trainee.rollout  # max_staleness: the rollout worker, started here
-    with run, rollout or nullcontext():  # the metrics writer closed, the worker stopped, however it ends
-        if rollout is not None:
-            start_rollout(ready, plan)
-        for step in range(run.start + 1, control.max_steps + 1):
+    step, failed, steps = run.start, None, range(run.start + 1, control.max_steps + 1)
+    with run, closing(trainee.source):  # the metrics writer closed, the source closed, however it ends
+        trainee.source.start(trainee, steps, run.threads)
+        for step in steps:
             began = time.perf_counter()
             # sample, score, advantages, log-probs before the update, μ updates (train/grpo_step.py)
             out, trainee = step_within_memory(
@@ -344,8 +343,7 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
             if isinstance(out, Exception):  # a signal while a reward ran, or out of memory: dropped
                 failed = out
                 break
-            if rollout is not None:  # version `step`, as soon as it exists
-                rollout.after_step(step, trainee.engine.module)
+            trainee.source.after_step(step, trainee.engine.module)  # (async: version `step` published)
             metrics = step_figures(out, time.perf_counter() - began, d)  # every rank takes part
             run.log(step, metrics)
             watch.after_step(step, metrics, out.batch)
@@ -367,19 +365,6 @@ def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent
     result = run.result(TrainResult, step)
     push_final(control, main=d.is_main, stopped=run.stop.signal is not None)  # the final model, if asked
     return result
-
-
-def start_rollout(ready: PreparedRun, plan: GRPOPlan) -> None:
-    """max_staleness: the rollout worker, sampling from the first step after run.start that is not
-    in hand (a resume restored the batches in flight), with the weights of now."""
-    trainee, rollout = ready.trainee, ready.trainee.rollout
-    assert plan.rollout is not None and rollout is not None
-    first, output_dir = ready.run.start + 1 + len(rollout.buffer), Path(plan.run.output_dir)
-    steps = (first, plan.run.max_steps)
-    setup = worker_setup(
-        trainee, ready.data, plan.trainee.engine, plan.rollout, steps, output_dir, ready.run.threads
-    )
-    rollout.start(setup, trainee.engine.module)
 
 
 def step_figures(out: StepResult, seconds: float, d: distributed.Dist) -> dict[str, Any]:

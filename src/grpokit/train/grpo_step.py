@@ -32,10 +32,8 @@ from ..models import should_sync, sync_reference
 from . import distributed
 from .batch import Batch
 from .before_update import logps_before_update
-from .checkpoint import rng_state, set_rng_state
-from .distill import draw_distillation_batch
-from .draw import generate_and_score
-from .trainee import DrawnBatch, Phase, StepProgress, Trainee
+from .checkpoint import set_rng_state
+from .trainee import Phase, StepProgress, Trainee
 from .update import FirstUpdateChecks, UpdateOptions, optimizer_step
 
 
@@ -60,9 +58,10 @@ def grpo_step(
     engine, update, params = trainee.engine, trainee.update, trainee.params
     if not engine.train_module.training:  # (a walk over every module: only when needed)
         engine.train_module.train()
-    # 1. prompts -> completions -> rewards -> advantages, on the host (scoring precedes every update)
+    # 1. prompts -> completions -> rewards -> advantages, on the host, from the run's batch source
+    #    (train/batch_source.py: drawn here, or by the asynchronous rollout); scoring precedes every update
     if progress.drawn is None:
-        progress.drawn = draw_batch(trainee, reward_funcs, step, d, should_stop)
+        progress.drawn = trainee.source.draw(step, trainee, reward_funcs, d, should_stop)
     drawn, metrics = progress.drawn, dict(progress.drawn.metrics)
     # 2. what the loss compares the policy with: old policy, reference, sampler weights, teacher
     began, progress.phase = time.perf_counter(), Phase.REFERENCE
@@ -98,27 +97,6 @@ def grpo_step(
     metrics["timing/update"] = synced_clock(engine.device) - before_done
     sync_reference_if_due(engine, params.spec.reference_sync, step)
     return StepResult(batch=drawn.batch, metrics=metrics)
-
-
-def draw_batch(
-    trainee: Trainee,
-    reward_funcs: Sequence[Callable[..., Any]],
-    step: int,
-    d: distributed.Dist,
-    should_stop: Callable[[], bool] | None,
-) -> DrawnBatch:
-    """The step's batch: the student's own completions, scored (`draw.generate_and_score`), or for a
-    loss that learns from demonstrations, the step's choice (`distill.draw_distillation_batch`); with
-    max_staleness, the rollout worker's (`rollout_worker.AsyncRollout.batch`)."""
-    if trainee.rollout is not None:  # max_staleness: sampled and scored by the rollout worker
-        return trainee.rollout.batch(step, trainee)
-    if trainee.params.loss.variant.demonstrations:
-        batch, metrics, on_policy = draw_distillation_batch(trainee, reward_funcs, step, d, should_stop)
-    else:
-        engine, prompts, params = trainee.engine, trainee.prompts, trainee.params
-        batch, metrics = generate_and_score(engine, prompts, reward_funcs, params, step, d, should_stop)
-        on_policy = True
-    return DrawnBatch(batch, metrics, on_policy, rng_state())
 
 
 def sync_reference_if_due(engine: PolicyEngine, sync: tuple[int, float] | None, step: int) -> None:

@@ -2,7 +2,7 @@
 back through.
 
 A rollout worker hands each finished batch to the trainer, and a checkpoint holds the batches sampled
-for the steps after it (rollout_worker.py). Both carry them in one form: a dict of tensors, strings
+for the steps after it (async_rollout.py). Both carry them in one form: a dict of tensors, strings
 and numbers (`to_plain`), serialised with torch.save and read back with `torch.load(weights_only=True)`,
 so that neither a pipe nor a file can make the reader run code. `from_plain` builds the batch again,
 and refuses a value that no grpokit run writes: `in_flight_problem` checks a checkpoint's batches

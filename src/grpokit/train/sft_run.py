@@ -27,7 +27,7 @@ from ..data import demonstration, require_answers, sft_rows, solution_column
 from ..models import Precision, enable_fast_matmul, resolve_device, save_policy
 from .distributed import Dist
 from .events import Emit, EventKind
-from .grpo_setup import RunData, held_out_metrics, probe_engine, resolve_data
+from .inputs import RunData, held_out_metrics, probe_engine, resolve_data
 from .run import RunResult, StopSignals, check_known_characters, policy_and_tokenizer, seed_everything
 from .rundir import (
     CHECKPOINT_PREFIX,

@@ -1,13 +1,14 @@
 """What the GRPO loop trains with: the step's parameters, the policy engine and what updates it, the
-prompts in order, and the state a checkpoint carries beside the weights (the entropy bonus's control)."""
+prompts in order, where each step's batch comes from (`BatchSource`), and the state a checkpoint
+carries beside the weights (the entropy bonus's control)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -16,6 +17,7 @@ from ..data import PromptSampler
 from ..engine import PolicyEngine
 from ..rollout import SamplingParams
 from .batch import Batch
+from .distributed import Dist
 
 
 @dataclass(frozen=True)
@@ -109,21 +111,6 @@ class EntropyControl:
 
 
 @dataclass(frozen=True)
-class Trainee:
-    """What the loop trains with: the policy engine, what updates it, the step's parameters and the
-    training prompts in order (and target_entropy's control, when set)."""
-
-    engine: PolicyEngine
-    update: Update
-    params: StepParams
-    prompts: PromptSampler
-    entropy: EntropyControl | None = None
-    teacher: PolicyEngine | None = None  # loss_type=opd or gkd: the teacher, scoring only
-    # max_staleness: the rollout worker that draws the batches (train/rollout_worker.AsyncRollout)
-    rollout: Any = None
-
-
-@dataclass(frozen=True)
 class DrawnBatch:
     """A step's batch as drawn and scored, on the host: its metrics, whether the student wrote it, and
     the random state right after drawing it (a redo of the step starts from here)."""
@@ -132,6 +119,60 @@ class DrawnBatch:
     metrics: dict[str, Any]
     on_policy: bool
     rng: dict[str, Any]
+
+
+RewardFuncs = Sequence[Callable[..., Any]]
+StopCheck = Callable[[], bool] | None  # a stop signal, looked at while reward functions run
+
+
+class BatchSource(Protocol):
+    """The one place a step's batch comes from. train/batch_source.py opens one for a run
+    (`open_batch_source`): drawn in process (`InProcess`), or by the asynchronous rollout
+    (train/async_rollout.py: worker processes, or rollout servers). The loop, the set-up and the
+    checkpoint glue call these and never ask which one they hold. Its life, in order: `prepare` (the
+    policy before it is wrapped), `start` (the loop begins), then each step `draw` and `after_step`,
+    `state_dict` with each checkpoint (`load_state_dict` on resume, before `start`), and `close`
+    however the run ends. A source subclasses this: what it does not override does nothing."""
+
+    def prepare(self, policy: torch.nn.Module) -> None:
+        """The placed, warm-started policy, before it is wrapped for training."""
+
+    def start(self, trainee: Trainee, steps: range, threads: Any) -> None:
+        """The loop begins: `steps` are those it runs; `threads`: the run's train.threads.ThreadGovernor."""
+
+    def draw(self, step: int, trainee: Trainee, rewards: RewardFuncs, d: Dist, stop: StopCheck) -> DrawnBatch:
+        """Step `step`'s batch, scored by `rewards`, with its metrics."""
+        ...
+
+    def after_step(self, step: int, module: torch.nn.Module) -> None:
+        """Step `step`'s update is applied to `module` (version `step` of the weights exists)."""
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """What checkpoint-<step> holds of it, beside the weights: entries of the checkpoint's state."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], trainee: Trainee) -> str | None:
+        """Restored from a checkpoint's whole `state`; what does not fit this run, in one phrase. (A
+        checkpoint of an asynchronous run resumes synchronously: its batches in flight unused.)"""
+        return None
+
+    def close(self) -> None:
+        """The run ended (returned, raised, or stopped before its first step)."""
+
+
+@dataclass(frozen=True)
+class Trainee:
+    """What the loop trains with: the policy engine, what updates it, the step's parameters, the
+    training prompts in order and where each step's batch comes from (and target_entropy's control,
+    a teacher, when set)."""
+
+    engine: PolicyEngine
+    update: Update
+    params: StepParams
+    prompts: PromptSampler
+    source: BatchSource
+    entropy: EntropyControl | None = None
+    teacher: PolicyEngine | None = None  # loss_type=opd or gkd: the teacher, scoring only
 
 
 class Phase(str, Enum):

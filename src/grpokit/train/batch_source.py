@@ -1,0 +1,63 @@
+"""Where a run's step batches come from: `open_batch_source` opens the run's `trainee.BatchSource`,
+drawn in process (`InProcess`, here) or by the asynchronous rollout (max_staleness:
+train/async_rollout.py). This file is the one place that looks at which; nothing else asks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config.plan import RolloutSpec, StepSpec
+from ..config.specs import EngineSpec
+from . import distributed
+from .async_rollout import AsyncRollout, check_rollout, weights_dir
+from .checkpoint import rng_state
+from .distill import draw_distillation_batch
+from .distributed import Dist
+from .draw import generate_and_score
+from .inputs import RunData
+from .trainee import BatchSource, DrawnBatch, RewardFuncs, StopCheck, Trainee
+
+
+class InProcess(BatchSource):
+    """The synchronous loop's source: each step draws its batch itself, with the policy it trains: the
+    student's own completions, scored (`draw.generate_and_score`), or for a loss that learns from
+    demonstrations, the step's choice (`distill.draw_distillation_batch`). Nothing to start, save or
+    close."""
+
+    def draw(self, step: int, trainee: Trainee, rewards: RewardFuncs, d: Dist, stop: StopCheck) -> DrawnBatch:
+        if trainee.params.loss.variant.demonstrations:
+            batch, metrics, on_policy = draw_distillation_batch(trainee, rewards, step, d, stop)
+        else:
+            engine, prompts, params = trainee.engine, trainee.prompts, trainee.params
+            batch, metrics = generate_and_score(engine, prompts, rewards, params, step, d, stop)
+            on_policy = True
+        return DrawnBatch(batch, metrics, on_policy, rng_state())
+
+
+def check_batch_source(
+    spec: RolloutSpec, data: RunData, world_size: int, step: StepSpec, output_dir: Path
+) -> None:
+    """What the run's source cannot take, refused before any work in one line (`check_rollout`), and
+    the asynchronous rollout's weights directory checked (grpokit's own: no link, no user's files)."""
+    if spec.max_staleness is not None:
+        check_rollout(data, world_size, spec, step)
+        weights_dir(output_dir, create=False)
+
+
+def open_batch_source(
+    spec: RolloutSpec,
+    output_dir: Path,
+    d: distributed.Dist,
+    data: RunData,
+    engine: EngineSpec,
+    spawn: tuple[str, ...] | None,
+) -> BatchSource:
+    """The run's source: in process, or with max_staleness the asynchronous rollout, its worker
+    processes spawned now when `spawn` (the modules they import first) is given: their imports then
+    overlap the loading and warm start."""
+    if spec.max_staleness is None:
+        return InProcess()
+    source = AsyncRollout(spec, output_dir, d, data, engine)
+    if spawn is not None:
+        source.spawn(spawn)
+    return source
