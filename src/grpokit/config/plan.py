@@ -369,7 +369,6 @@ class RolloutSpec:
     workers: int = 1  # rollout_workers: step s is sampled by worker s mod workers
     servers: tuple[str, ...] = ()  # rollout_server_urls (engine/remote.py); empty: in the worker
     request_timeout: float = 600.0  # seconds a rollout server may take to answer
-    replay: str | None = None  # replay_batches: batches recorded by an earlier run, trained again
 
 
 @dataclass(frozen=True)
@@ -506,7 +505,6 @@ def grpo_plan(cfg: GRPOConfig, preset: Preset | None = None, *, model_given: boo
         cfg.rollout_workers,
         tuple(cfg.rollout_server_urls or ()),
         cfg.request_timeout,
-        cfg.replay_batches,
     )
     return GRPOPlan(
         rollout=rollout,

@@ -1002,12 +1002,6 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "(engine/remote.py); one server: the in-process run's numbers; None: in the rollout worker",
         resume=Resume.applied("where the next batches are sampled (one server: as in process)"),
     )
-    replay_batches: str | None = option(
-        None,
-        description="train on the batches an earlier run recorded in this directory (batch-<step>.pt), "
-        "neither sampling nor scoring (train/batch_source.py Replay)",
-        resume=Resume.applied("where the next batches come from"),
-    )
     request_timeout: float = option(
         600.0,
         gt=0.0,

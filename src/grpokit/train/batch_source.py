@@ -14,7 +14,6 @@ from .checkpoint import rng_state
 from .distill import draw_distillation_batch
 from .distributed import Dist
 from .draw import generate_and_score
-from .in_flight import from_plain, loads
 from .inputs import RunData
 from .trainee import BatchSource, DrawnBatch, RewardFuncs, StopCheck, Trainee
 
@@ -33,19 +32,6 @@ class InProcess(BatchSource):
             batch, metrics = generate_and_score(engine, prompts, rewards, params, step, d, stop)
             on_policy = True
         return DrawnBatch(batch, metrics, on_policy, rng_state())
-
-
-class Replay(BatchSource):
-    """Batches an earlier run recorded (`directory/batch-<step>.pt`, in_flight's plain form, read with
-    weights_only), trained again as they were drawn: no sampling, no scoring."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def draw(self, step: int, trainee: Trainee, rewards: RewardFuncs, d: Dist, stop: StopCheck) -> DrawnBatch:
-        item = from_plain(loads((self.directory / f"batch-{step}.pt").read_bytes()))
-        trainee.prompts.load_state_dict(item.prompts_state)  # (a checkpoint saves the cursor of then)
-        return DrawnBatch(item.batch, item.metrics, True, rng_state())
 
 
 def check_batch_source(
@@ -69,8 +55,6 @@ def open_batch_source(
     """The run's source: in process, or with max_staleness the asynchronous rollout, its worker
     processes spawned now when `spawn` (the modules they import first) is given: their imports then
     overlap the loading and warm start."""
-    if spec.replay is not None:
-        return Replay(Path(spec.replay))
     if spec.max_staleness is None:
         return InProcess()
     source = AsyncRollout(spec, output_dir, d, data, engine)
