@@ -205,19 +205,20 @@ class Harness:
         where = self.work / f"server-{side.name}.where"
         args = ["serve-policy", str(model), "--port", "0", "device=cpu", f"num_threads={self.threads}"]
         command = [sys.executable, "-c", BOOT, str(side.src), str(where), *args]
-        process = subprocess.Popen(
-            command, env=child_env(side.src, self.threads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        log = (self.work / f"server-{side.name}.log").open("w")
+        env = child_env(side.src, self.threads)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
             assert process.stdout is not None
-            first = process.stdout.readline().decode(errors="replace")
+            first = process.stdout.readline()  # "... at http://HOST:PORT/v1 ..." once it listens
             found = re.search(r"at (http://\S+)/v1 ", first)
             if found is None:
-                raise RunFailed(f"serve-policy ({side.name}) did not start: {first.strip()}")
+                raise RunFailed(f"serve-policy ({side.name}) did not start: {first.strip()} (log {log.name})")
             yield found.group(1)
         finally:
             process.kill()
             process.wait(timeout=30)
+            log.close()
 
     def both(self, name: str, args: list[str]) -> tuple[Path, Path]:
         """The same command with the base's code, then with the current code."""

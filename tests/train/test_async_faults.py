@@ -30,7 +30,7 @@ def test_a_ctrl_c_while_a_worker_starts_is_held_not_a_traceback(tmp_path, capfd)
     """SIGINT sent to a worker again and again while its interpreter starts and imports (a Ctrl-C
     reaches the whole process group): it neither dies nor prints a KeyboardInterrupt traceback (it
     did: 'the rollout worker died (exit code -2)'); told to stop, it ends cleanly."""
-    worker = RolloutWorker(tmp_path / WEIGHTS_DIR, max_staleness=1, timeout=60)
+    worker = RolloutWorker(tmp_path / WEIGHTS_DIR, timeout=60)
     began = time.monotonic()
     while time.monotonic() - began < 3.0 and worker.process.is_alive():
         os.kill(worker.process.pid, signal.SIGINT)
@@ -187,7 +187,7 @@ def test_a_worker_that_does_not_read_its_setup_never_blocks_the_trainer(tmp_path
     closing it ends it."""
     (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    worker = RolloutWorker(tmp_path / WEIGHTS_DIR, max_staleness=1, timeout=60, preload=("slow_to_import",))
+    worker = RolloutWorker(tmp_path / WEIGHTS_DIR, timeout=60, preload=("slow_to_import",))
     began = time.monotonic()
     worker.begin(SimpleNamespace(rank=0, worker=0, policy=bytes(4 << 20)))  # a 4 MiB "policy"
     worker.announce(0)

@@ -3,15 +3,5 @@
 eval` and the Python API all go through it."""
 
 from .engine import EngineSpec, PolicyEngine, Replayed, Sampler, Sequences, Wrapping, truncates
-from .weights import WeightsFileError
 
-__all__ = [
-    "EngineSpec",
-    "PolicyEngine",
-    "Replayed",
-    "Sampler",
-    "Sequences",
-    "WeightsFileError",
-    "Wrapping",
-    "truncates",
-]
+__all__ = ["EngineSpec", "PolicyEngine", "Replayed", "Sampler", "Sequences", "Wrapping", "truncates"]

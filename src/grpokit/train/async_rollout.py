@@ -178,9 +178,7 @@ class AsyncRollout(BatchSource):
         self.workers: list[RolloutWorker] = []
         self.setup: WorkerSetup | None = None
         self.policy: torch.nn.Module | None = None  # the worker's copy of the policy (`prepare`)
-        self.buffer: dict[
-            int, Sampled
-        ] = {}  # batches taken from the workers (or a checkpoint), not trained yet
+        self.buffer: dict[int, Sampled] = {}  # batches taken from the workers (or a checkpoint), not trained
         self.publish_s = 0.0  # writing the version the last batch was sampled with
         self.saved_last: int | None = None  # the last step of the run a resumed checkpoint was saved in
 
@@ -190,9 +188,7 @@ class AsyncRollout(BatchSource):
         directory = self.output_dir / WEIGHTS_DIR
         for index in range(len(self.workers), self.count):
             name = "the rollout worker" if self.count == 1 else f"rollout worker {index + 1} of {self.count}"
-            self.workers.append(
-                RolloutWorker(directory, self.max_staleness, self.spec.timeout, preload, self.d, name)
-            )
+            self.workers.append(RolloutWorker(directory, self.spec.timeout, preload, self.d, name))
 
     def prepare(self, policy: torch.nn.Module) -> None:
         """A CPU copy of the policy for the workers, taken before it is wrapped for training (FSDP2

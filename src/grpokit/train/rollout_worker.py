@@ -409,7 +409,6 @@ class RolloutWorker:
     def __init__(
         self,
         directory: Path,
-        max_staleness: int,
         timeout: float,
         preload: tuple[str, ...] = (),
         d: distributed.Dist | None = None,
