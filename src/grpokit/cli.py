@@ -36,9 +36,7 @@ REWARD_PRESET = "reward_addition.yaml"
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
     """[CONFIG.yaml] key=value ... -> (config path or None, overrides)."""
-    if items and "=" not in items[0]:
-        return items[0], items[1:]
-    return None, items
+    return (items[0], items[1:]) if items and "=" not in items[0] else (None, items)
 
 
 def _config(schema: Any, preset_name: str, items: list[str]) -> Any:
@@ -75,8 +73,7 @@ def _config_and_preset(schema: Any, preset_name: str, items: list[str]) -> tuple
 
 def _preset(name: str) -> Any:
     """The built-in preset file a bare name refers to (`addition` -> presets/addition.yaml)."""
-    stem = name.removesuffix(".yaml")
-    return resources.files("grpokit.presets").joinpath(f"{stem}.yaml")
+    return resources.files("grpokit.presets").joinpath(f"{name.removesuffix('.yaml')}.yaml")
 
 
 def presets() -> list[str]:

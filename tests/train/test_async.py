@@ -201,11 +201,11 @@ def test_what_ranks_agree_on_through_collectives_is_refused_under_torchrun(optio
     plan = grpo_plan(GRPOConfig(max_staleness=1, **{option: True}))
     step = plan.trainee.step
     data = SimpleNamespace(reward_funcs=[ones_reward], environment=None)  # (what it reads of RunData)
-    check_rollout(data, 1, plan.rollout, step)  # one process: taken
+    check_rollout(plan.rollout, data, 1, step)  # one process: taken
     with pytest.raises(
         ValueError, match=rf"^{option} with max_staleness under torchrun is not supported yet"
     ):
-        check_rollout(data, 2, plan.rollout, step)
+        check_rollout(plan.rollout, data, 2, step)
 
 
 def test_the_tasks_own_tools_with_rollout_servers_are_refused_before_any_work():
@@ -220,9 +220,9 @@ def test_the_tasks_own_tools_with_rollout_servers_are_refused_before_any_work():
     with pytest.raises(
         ValueError, match=r"^tools with rollout_server_urls is not supported: .* set tools=\[\]$"
     ):
-        check_rollout(data, 1, plan.rollout, plan.trainee.step)
+        check_rollout(plan.rollout, data, 1, plan.trainee.step)
     check_rollout(
-        SimpleNamespace(reward_funcs=[ones_reward], environment=None), 1, plan.rollout, plan.trainee.step
+        plan.rollout, SimpleNamespace(reward_funcs=[ones_reward], environment=None), 1, plan.trainee.step
     )
 
 
@@ -251,7 +251,7 @@ def test_the_rollout_device_by_hand(monkeypatch):
     plan = grpo_plan(GRPOConfig(max_staleness=1, rollout_device="cuda:1"))
     data = SimpleNamespace(reward_funcs=[ones_reward], environment=None)
     with pytest.raises(ValueError, match=r"^rollout_device=cuda:1: this machine has 0 CUDA GPU\(s\)"):
-        check_rollout(data, 1, plan.rollout, plan.trainee.step)
+        check_rollout(plan.rollout, data, 1, plan.trainee.step)
 
 
 def raises_on_eval(prompts: list[str], completions: list[str], **_: Any) -> list[float]:

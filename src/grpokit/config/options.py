@@ -81,9 +81,7 @@ def _extra(field: FieldInfo) -> dict[str, Any]:
 def resume_of(field: FieldInfo) -> Resume | None:
     """The resume rule a field declares (None: declared without `option`)."""
     extra = _extra(field)
-    if "resume" not in extra:
-        return None
-    return Resume(extra["resume"], extra.get("resume_why", ""))
+    return Resume(extra["resume"], extra.get("resume_why", "")) if "resume" in extra else None
 
 
 def trl_rename(field: FieldInfo) -> str | None:

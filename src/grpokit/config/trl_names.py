@@ -338,10 +338,6 @@ REMOVED: dict[str, dict[str, str]] = {
 
 # TRL's AsyncGRPOConfig options (trl.experimental.async_grpo, TRL 1.16) that grpokit's rollout worker
 # has no use for: an AsyncGRPOConfig given one says so in one line and goes on without it
-_NO_SERVER = (
-    "grpokit samples in its own rollout worker process (a copy of the policy, the same decode loop), "
-    "not on a vLLM server"
-)
 ASYNC_NOT_USED = {
     "vllm_server_timeout": "request_timeout bounds every request to a rollout server",
     "heartbeat_stale_after_s": "weight_sync_timeout bounds every wait for the worker",

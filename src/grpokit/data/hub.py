@@ -151,6 +151,4 @@ def split_rows(loaded: Any, label: str, split: str) -> list[dict[str, Any]]:
 
 def dataset_splits(source: str | Path, config: str | None) -> list[str]:
     """The split names of a dataset directory or hub name (with `config`); [] for anything else."""
-    if not is_dataset_name(source):
-        return []
-    return list(load_dataset_dict(source, config)[0])
+    return list(load_dataset_dict(source, config)[0]) if is_dataset_name(source) else []

@@ -57,9 +57,7 @@ class RolloutServerError(ValueError):
 
 def share_seed(seed: int | None, share: int) -> int | None:
     """Share `share`'s seed of a step whose seed is `seed` (share 0 keeps it)."""
-    if seed is None or share == 0:
-        return seed
-    return (seed * 1_000_003 + 7_777_777 * share) % 2**63
+    return seed if seed is None or share == 0 else (seed * 1_000_003 + 7_777_777 * share) % 2**63
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ class WeightsFileError(ValueError):
 
 
 def load_weights_file(module: torch.nn.Module, path: str, device: torch.device) -> None:
-    """`module`'s weights replaced by the safetensors file at `path`, after checking the whole file
+    """`module`'s weights replaced by the safetensors file at `path`, once the whole file is checked
     (`checked_weights`); a refused file raises WeightsFileError and changes nothing."""
     state = module.state_dict()
     tensors = checked_weights(path, state, device)
@@ -34,8 +34,16 @@ def checked_weights(
         names = set(file.keys())
         _check_names(names, state)
         for name in sorted(names):
-            header = file.get_slice(name)
-            _check_header(name, tuple(header.get_shape()), header.get_dtype(), state[name])
+            header, held = file.get_slice(name), state[name]
+            shape, dtype = tuple(header.get_shape()), header.get_dtype()  # (dtype: F32, BF16, I8, ...)
+            if shape != tuple(held.shape):
+                raise WeightsFileError(
+                    f"{name!r} has shape {list(shape)}, not the model's {list(held.shape)}"
+                )
+            if held.is_floating_point() and not dtype.startswith(("F", "BF")):
+                raise WeightsFileError(
+                    f"{name!r} is {dtype}, not a floating type the model's {held.dtype} can take"
+                )
         tensors = {name: file.get_tensor(name) for name in sorted(names)}
     for name, tensor in tensors.items():
         if not state[name].is_floating_point() and tensor.dtype != state[name].dtype:
@@ -60,12 +68,3 @@ def _check_names(names: set[str], state: dict[str, torch.Tensor]) -> None:
     missing = [group[0] for group in groups.values() if not names.intersection(group)]
     if missing:
         raise WeightsFileError(f"it lacks {len(missing)} of the model's tensors, such as {missing[0]!r}")
-
-
-def _check_header(name: str, shape: tuple[int, ...], dtype: str, held: torch.Tensor) -> None:
-    """WeightsFileError unless tensor `name` of the file (its shape, and its safetensors dtype: F32,
-    BF16, I8, ...) can replace `held`, the model's."""
-    if shape != tuple(held.shape):
-        raise WeightsFileError(f"{name!r} has shape {list(shape)}, not the model's {list(held.shape)}")
-    if held.is_floating_point() and not dtype.startswith(("F", "BF")):
-        raise WeightsFileError(f"{name!r} is {dtype}, not a floating type the model's {held.dtype} can take")

@@ -30,9 +30,7 @@ class DeviceError(ValueError, RuntimeError):
 def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.device:
     """The torch device a config's `device` names. `local_rank` (torchrun's LOCAL_RANK) picks the GPU of
     this process for "auto" and "cuda"; an explicit "cuda:N" is taken as written."""
-    if name == "cpu":
-        return torch.device("cpu")
-    if name == "auto" and not torch.cuda.is_available():
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if name not in ("auto", "cuda") and not name.startswith("cuda:"):
         raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}.")

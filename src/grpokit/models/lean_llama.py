@@ -63,11 +63,10 @@ def _supported(inner: Any) -> bool:
     config = getattr(inner, "config", None)
     if type(inner).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM") or config is None:
         return False
-    if getattr(config, "use_sliding_window", False):  # Qwen2's sliding window: not covered
-        return False
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return (
-        float(getattr(config, "attention_dropout", 0.0) or 0.0) == 0.0
+        not getattr(config, "use_sliding_window", False)  # Qwen2's sliding window: not covered
+        and float(getattr(config, "attention_dropout", 0.0) or 0.0) == 0.0
         and getattr(config, "hidden_act", "silu") == "silu"
         and int(getattr(config, "pretraining_tp", 1) or 1) == 1
         and rope.get("rope_type", "default") == "default"

@@ -120,10 +120,8 @@ def group_advantages(
         )
     grouped = rewards.reshape(-1, group_size)  # [P, G]
     mean = torch.nanmean(grouped, dim=1, keepdim=True)  # [P, 1]
-    if scale == "batch":
-        std = _nan_std(grouped, None, std_ddof, eps if eps_inside_sqrt else 0.0, eps_inside_sqrt)  # [1, 1]
-    else:
-        std = _nan_std(grouped, 1, std_ddof, eps if eps_inside_sqrt else 0.0, eps_inside_sqrt)  # [P, 1]
+    dim = None if scale == "batch" else 1  # std [1, 1] over the batch, else [P, 1] per group
+    std = _nan_std(grouped, dim, std_ddof, eps if eps_inside_sqrt else 0.0, eps_inside_sqrt)
     std = std.expand_as(grouped)  # [P, G]
     centred = grouped - mean  # [P, G]
     if scale == "none":

@@ -270,9 +270,6 @@ def longest_token(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1)
 
 
-# ----------------------------------------------------------------------------- a weight update
-
-
 # ----------------------------------------------------------------------------- the server
 
 

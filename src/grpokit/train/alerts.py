@@ -112,9 +112,7 @@ class AlertWatch:
     def _trend(self, key: str) -> tuple[float, float] | None:
         """(mean of the first WINDOW values, mean of the last WINDOW) once 2·WINDOW values are in."""
         values = self.history.get(key, [])
-        if len(values) < 2 * WINDOW:
-            return None
-        return _mean(values[:WINDOW]), _mean(values[-WINDOW:])
+        return (_mean(values[:WINDOW]), _mean(values[-WINDOW:])) if len(values) >= 2 * WINDOW else None
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> list[Alert]:
         """The step's training metrics: the alerts that fire now."""

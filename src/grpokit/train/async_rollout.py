@@ -42,7 +42,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import safetensors.torch
 import torch
@@ -65,7 +64,7 @@ WEIGHTS_DIR = ".rollout"
 WEIGHT_FILE = re.compile(r"weights-v\d+\.(safetensors|tmp)|setup-rank\d+-worker\d+\.(pt|tmp)")
 
 
-def refuse_unpicklable(what: str, items: Sequence[tuple[str, Any]]) -> None:
+def refuse_unpicklable(what: str, items: Sequence[tuple[str, object]]) -> None:
     """Each item goes to the worker process by pickling: a lambda, a closure or a function defined in
     `__main__` of another program cannot. One ValueError naming the first one and the fix."""
     for name, item in items:
@@ -316,7 +315,7 @@ class AsyncRollout(BatchSource):
         if step % self.every == 0 and self.workers:
             self.publish(module, step)
 
-    def state_dict(self, step: int) -> dict[str, Any]:
+    def state_dict(self, step: int) -> dict[str, object]:
         """For checkpoint-<step> ("rollout"): the batches of steps step+1 … step+k (up to the last
         step), taken from the workers if not yet in hand: they were sampled with versions before
         `step`, which the checkpoint does not hold. About k batches of token ids, log-probs and rewards
@@ -330,7 +329,7 @@ class AsyncRollout(BatchSource):
         by_rank = distributed.gather_objects(self.d, mine)
         return {"rollout": {"in_flight_by_rank": by_rank, "last_step": self.setup.last_step}}
 
-    def load_state_dict(self, state: dict[str, Any], trainee: Trainee) -> str | None:
+    def load_state_dict(self, state: dict[str, object], trainee: Trainee) -> str | None:
         """The batches in flight a checkpoint's `state` holds (tensors and plain values, read with
         weights_only), once they fit this run (`in_flight.in_flight_problem`); else the problem, in one
         phrase, and nothing is restored."""
@@ -351,7 +350,7 @@ class AsyncRollout(BatchSource):
         self.saved_last = held["last_step"]
         return None
 
-    def _bounds(self, trainee: Trainee, state: dict[str, Any]) -> InFlightBounds:
+    def _bounds(self, trainee: Trainee, state: dict[str, object]) -> InFlightBounds:
         """What this run expects of the batches in flight of the checkpoint `state` came from."""
         params, module = trainee.params, distributed.unwrap(trainee.engine.train_module)
         embedding = getattr(module, "get_input_embeddings", lambda: None)()
@@ -389,11 +388,16 @@ def rollout_device(
     return torch.device("cuda", spare) if spare < torch.cuda.device_count() else trainer
 
 
-def check_rollout(data: RunData, world_size: int, spec: RolloutSpec, step: StepSpec) -> None:
-    """What the rollout workers cannot take, refused before any work in one line: what
-    config/async_rules.py refuses, with what only the run knows (its processes, episodes from a task's
-    tools or from Python); a rollout_device this machine does not have; a reward function or
-    environment that cannot be pickled (a lambda, a closure)."""
+def check_rollout(
+    spec: RolloutSpec, data: RunData, world_size: int, step: StepSpec, output_dir: Path | None = None
+) -> None:
+    """With max_staleness, what the rollout workers cannot take, refused before any work in one line:
+    what config/async_rules.py refuses, with what only the run knows (its processes, episodes from a
+    task's tools or from Python); a rollout_device this machine does not have; a reward function or
+    environment that cannot be pickled (a lambda, a closure); a weights directory in `output_dir` that
+    is not grpokit's own (a link, or someone's files)."""
+    if spec.max_staleness is None:
+        return
     facts = AsyncFacts(
         loss_type=step.loss.loss_type,
         servers=bool(spec.servers),
@@ -418,6 +422,8 @@ def check_rollout(data: RunData, world_size: int, spec: RolloutSpec, step: StepS
     refuse_unpicklable("reward function", [(_name(f), f) for f in data.reward_funcs])
     if data.environment is not None:
         refuse_unpicklable("environment", [(type(data.environment).__name__, data.environment)])
+    if output_dir is not None:
+        weights_dir(output_dir, create=False)
 
 
 def cpu_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config.plan import RolloutSpec, StepSpec
+from ..config.plan import RolloutSpec
 from ..config.specs import EngineSpec
 from . import distributed
-from .async_rollout import AsyncRollout, check_rollout, weights_dir
+from .async_rollout import AsyncRollout
 from .checkpoint import rng_state
 from .distill import draw_distillation_batch
 from .distributed import Dist
@@ -32,16 +32,6 @@ class InProcess(BatchSource):
             batch, metrics = generate_and_score(engine, prompts, rewards, params, step, d, stop)
             on_policy = True
         return DrawnBatch(batch, metrics, on_policy, rng_state())
-
-
-def check_batch_source(
-    spec: RolloutSpec, data: RunData, world_size: int, step: StepSpec, output_dir: Path
-) -> None:
-    """What the run's source cannot take, refused before any work in one line (`check_rollout`), and
-    the asynchronous rollout's weights directory checked (grpokit's own: no link, no user's files)."""
-    if spec.max_staleness is not None:
-        check_rollout(data, world_size, spec, step)
-        weights_dir(output_dir, create=False)
 
 
 def open_batch_source(

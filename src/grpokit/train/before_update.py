@@ -34,9 +34,7 @@ def old_logps_source(engine: PolicyEngine, params: StepParams) -> str:
         return "forward"  # the correction compares the sampler's log-probs with the training forward's
     s = params.sampling
     unfiltered = not s.top_k and s.top_p == 1.0 and not s.min_p and s.repetition_penalty == 1.0
-    if unfiltered and engine.sampler_is_forward:
-        return "rollout"
-    return "forward"
+    return "rollout" if unfiltered and engine.sampler_is_forward else "forward"
 
 
 def weights_in_update(params: StepParams, source: str) -> bool:

@@ -123,9 +123,9 @@ def all_reduce_sum(d: Dist, value: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def any_rank(d: Dist, flag: bool) -> bool:
-    """True if `flag` is True on any rank (every rank gets the same answer)."""
-    if not d.enabled:
+def any_rank(d: Dist | None, flag: bool) -> bool:
+    """True if `flag` is True on any rank (every rank gets the same answer; `d` None: one process)."""
+    if d is None or not d.enabled:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=d.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

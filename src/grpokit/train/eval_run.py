@@ -15,7 +15,7 @@ from ..models import enable_fast_matmul, place, resolve_device
 from ..ops import grpo_loss
 from .batch import merge_groups
 from .draw import StepPrompts, score_rollout
-from .evaluation import EvalTask, greedy_completions
+from .evaluation import greedy_completions
 from .grpo_setup import sampling_params
 from .inputs import (
     RunData,
@@ -64,15 +64,7 @@ def server_samples(plan: GRPOPlan, server: str, count: int) -> ServerSamples:
     remote, data = _on_server(plan, server)
     try:
         probe = remote.probe(remote.urls[0])
-        task = EvalTask(
-            data.eval_rows[:count],
-            reward_funcs=data.reward_funcs,
-            reward_weights=data.reward_weights,
-            is_correct=data.is_correct,
-            max_prompt_length=data.max_prompt_length,
-            max_completion_length=data.max_completion_length,
-        )
-        greedy = greedy_completions(remote, task, plan.evaluation)
+        greedy = greedy_completions(remote, data.eval_task(count), plan.evaluation)
     finally:
         remote.close()
     rewards = greedy.scores.rewards.tolist()

@@ -26,7 +26,8 @@ from ..data import solution_column
 from ..models import ModelShape, check_lora_targets, is_lora, memory_metrics, require_peft
 from ..rewards.scoring import ScoringStopped
 from . import distributed
-from .batch_source import check_batch_source, open_batch_source
+from .async_rollout import check_rollout
+from .batch_source import open_batch_source
 from .checkpoint import SaveTo, list_checkpoints
 from .events import Emit, EventKind
 from .grpo_setup import (
@@ -306,9 +307,7 @@ def check_inputs(
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
     check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # learning from demonstrations: an answer in every row
-    check_batch_source(
-        plan.rollout, data, d.world_size, spec.step, Path(control.output_dir)
-    )  # async's refusals
+    check_rollout(plan.rollout, data, d.world_size, spec.step, Path(control.output_dir))  # max_staleness
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
     refusal = teacher_refusal(plan, tokenizer, ModelShape.of(model), teacher_shape(plan))
     if refusal is not None:

@@ -32,7 +32,6 @@ from ..models import should_sync, sync_reference
 from . import distributed
 from .batch import Batch
 from .before_update import logps_before_update
-from .checkpoint import set_rng_state
 from .trainee import Phase, StepProgress, Trainee
 from .update import FirstUpdateChecks, UpdateOptions, optimizer_step
 
@@ -132,32 +131,6 @@ class OutOfDeviceMemory(RuntimeError):  # noqa: N818 - named as torch's OutOfMem
     @property
     def updates(self) -> int:
         return self.progress.updates
-
-
-def run_step(
-    trainee: Trainee,
-    reward_funcs: Sequence[Callable[..., Any]],
-    step: int,
-    d: distributed.Dist | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    redo: StepProgress | None = None,
-) -> StepResult:
-    """`grpo_step`, with its failures made safe. `should_stop` (a stop signal) is looked at while
-    reward functions run: True abandons the step with `ScoringStopped`, the weights and optimizer
-    untouched. Running out of device memory raises `OutOfDeviceMemory` once the step's tensors are
-    released; `redo` (its progress, with the scored batch) redoes that step from the batch, the random
-    state put back as it was after drawing it (the prompt sampler is where the draw left it)."""
-    progress = StepProgress(drawn=redo.drawn if redo is not None else None)
-    if progress.drawn is not None:
-        set_rng_state(progress.drawn.rng)
-    try:
-        return grpo_step(trainee, reward_funcs, step, d or distributed.Dist(), should_stop, progress)
-    except torch.OutOfMemoryError as error:  # (raised below, once the frames holding tensors are gone)
-        message = first_line(error)
-    trainee.update.optimizer.zero_grad(set_to_none=True)  # the micro-batches' partial gradients
-    if progress.phase == Phase.OPTIMIZER:  # inside the optimizer's step the weights may be half updated
-        progress.phase, progress.updates = Phase.UPDATE, progress.updates + 1
-    raise OutOfDeviceMemory(message, progress)
 
 
 def first_line(error: BaseException) -> str:

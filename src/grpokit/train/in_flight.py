@@ -195,9 +195,7 @@ def _batch_problem(batch: Any) -> str | None:
         texts = batch.get(name)
         if not isinstance(texts, list) or len(texts) != B or not all(map(fits, texts)):
             return f"batch.{name} is {shown(texts)}, not {B} {name}"
-    if bool(batch["sampling_logps"].isnan().any()):
-        return "batch.sampling_logps holds NaN"
-    return None
+    return "batch.sampling_logps holds NaN" if bool(batch["sampling_logps"].isnan().any()) else None
 
 
 def _is_text(value: Any) -> bool:

@@ -67,6 +67,17 @@ class RunData:
     chat_template_kwargs: dict[str, Any] | None = None  # what the chat template is rendered with
     reward_weights: tuple[float, ...] | None = None  # of reward_funcs (None: 1 each), as in training
 
+    def eval_task(self, count: int | None = None) -> EvalTask:
+        """The (first `count`) held-out rows, scored by the reward functions as in training."""
+        return EvalTask(
+            self.eval_rows[:count],
+            reward_funcs=self.reward_funcs,
+            reward_weights=self.reward_weights,
+            is_correct=self.is_correct,
+            max_prompt_length=self.max_prompt_length,
+            max_completion_length=self.max_completion_length,
+        )
+
 
 def resolve_environment(spec: EpisodeSpec, task: Any) -> EnvironmentSpec | None:
     """The episodes' environment: `environment` (your factory), else `tools` (None: the task's), else
@@ -418,15 +429,7 @@ def held_out_metrics(
     pass, sampled by `engine`: what a run reports as eval/ and the `eval` command prints. Reward
     functions run as in training: within `reward_timeout`, and a `should_stop` that turns True
     abandons the evaluation (`rewards.scoring.ScoringStopped`)."""
-    task = EvalTask(
-        data.eval_rows,
-        reward_funcs=data.reward_funcs,
-        reward_weights=data.reward_weights,
-        is_correct=data.is_correct,
-        max_prompt_length=data.max_prompt_length,
-        max_completion_length=data.max_completion_length,
-    )
-    return evaluate(engine, task, settings, should_stop)
+    return evaluate(engine, data.eval_task(), settings, should_stop)
 
 
 def evaluator(

@@ -85,10 +85,7 @@ def apply_update(
     destroyed them."""
     grad_norm = clip_grad_norm(model, max_grad_norm)
     learning_rate = optimizer.param_groups[0]["lr"]  # the rate this update uses
-    bad = not bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm))
-    if d is not None:
-        bad = distributed.any_rank(d, bad)
-    if bad:
+    if distributed.any_rank(d, not bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm))):
         optimizer.zero_grad(set_to_none=True)
         return _skipped(grad_norm, learning_rate, rolled_back=False)
     # every clipped gradient element is at most max_grad_norm (no clipping: the norm itself)
@@ -96,17 +93,13 @@ def apply_update(
     # every update unprovable and so copied)
     grad_bound = min(max_grad_norm, float(grad_norm))
     proven = _prove(optimizer, grad_bound)
-    unproven = proven is None
-    if d is not None:
-        unproven = distributed.any_rank(d, unproven)  # every rank copies, checks and restores alike
+    unproven = distributed.any_rank(d, proven is None)  # every rank copies, checks and restores alike
     backup = _backup(optimizer) if unproven else None
     optimizer.step()
     if proven is not None and not unproven:
         _BOUNDS[optimizer] = proven  # what bounds the weights and first moments now
     if backup is not None:
-        destroyed = not weights_finite(_trainable(optimizer))
-        if d is not None:
-            destroyed = distributed.any_rank(d, destroyed)
+        destroyed = distributed.any_rank(d, not weights_finite(_trainable(optimizer)))
         _BOUNDS.pop(optimizer, None)  # measured afresh next time
         if destroyed:
             _restore(optimizer, backup)
@@ -240,7 +233,6 @@ def _prove(optimizer: Any, grad_bound: float) -> _Bounds | None:
 
 def _unproven(optimizer: Any) -> None:
     _BOUNDS.pop(optimizer, None)
-    return None
 
 
 Backup = list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]  # (weight, its copy, its state's)

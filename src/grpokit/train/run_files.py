@@ -52,9 +52,7 @@ def _whole(value: Any) -> int:
 def _is_number(value: Any) -> bool:
     """An int or float JSON number (NaN and ±inf included: json writes them for a float metric that
     is not finite); an int only where it fits a float, as every plot and mean needs."""
-    if type(value) is float:
-        return True
-    return type(value) is int and abs(value) <= sys.float_info.max
+    return type(value) is float or (type(value) is int and abs(value) <= sys.float_info.max)
 
 
 def _number(value: Any) -> float | int:

@@ -10,13 +10,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..config.plan import RunControl
 from ..models import release_cached_memory
 from ..rewards.scoring import ScoringStopped
 from . import distributed
 from .checkpoint import list_checkpoints, rng_state, set_rng_state
 from .events import Emit as OnEvent
-from .grpo_step import OutOfDeviceMemory, StepResult, run_step
+from .grpo_step import OutOfDeviceMemory, StepResult, first_line, grpo_step
 from .metrics import warn
 from .optim import weights_finite
 from .run import Run, TooManySkips
@@ -41,19 +43,26 @@ def step_within_memory(
     control: RunControl,
     on_event: OnEvent | None,
 ) -> tuple[StepResult | ScoringStopped | OutOfDeviceMemory, Trainee]:
-    """Step `step` (`grpo_step.run_step`), and the trainee it ran with. A step abandoned (a stop signal
-    while a reward function ran, or the device out of memory) has put back the RNG and prompt position of
-    before it and returns its exception; with auto_find_batch_size, a step that ran out of memory in
-    its reference pass or update before any of its updates is redone from the batch it drew and
-    scored, with the micro-batch halved (to a divisor of the rows), until it fits or is 1 (one
-    process: ranks could not agree on a redo)."""
+    """Step `step` (`grpo_step.grpo_step`), and the trainee it ran with. A step abandoned (a stop signal
+    while a reward function ran: `ScoringStopped`, the weights and optimizer untouched; or the device
+    out of memory: `OutOfDeviceMemory`, once the step's tensors are released) has put back the RNG and
+    prompt position of before it and returns its exception; with auto_find_batch_size, a step that ran
+    out of memory in its reference pass or update before any of its updates is redone from the batch it
+    drew and scored (the RNG as right after drawing it), with the micro-batch halved (to a divisor of
+    the rows), until it fits or is 1 (one process: ranks could not agree on a redo)."""
     before = (rng_state(), trainee.prompts.state_dict())  # what the step drew from, beyond the weights
-    redo = None
+    progress = StepProgress()
     while True:
         try:
-            return run_step(trainee, reward_funcs, step, d, should_stop=should_stop, redo=redo), trainee
-        except (ScoringStopped, OutOfDeviceMemory) as stopped:
-            abandoned = stopped
+            return grpo_step(trainee, reward_funcs, step, d, should_stop, progress), trainee
+        except ScoringStopped as stopped:
+            abandoned: ScoringStopped | OutOfDeviceMemory = stopped
+        except torch.OutOfMemoryError as error:  # (said below, once the frames holding tensors are gone)
+            abandoned = OutOfDeviceMemory(first_line(error), progress)
+        if isinstance(abandoned, OutOfDeviceMemory):
+            trainee.update.optimizer.zero_grad(set_to_none=True)  # the micro-batches' partial gradients
+            if progress.phase == Phase.OPTIMIZER:  # inside the optimizer's step: maybe half updated
+                progress.phase, progress.updates = Phase.UPDATE, progress.updates + 1
         spec = trainee.params.spec
         smaller = smaller_micro_batch(trainee.params)
         if not (
@@ -74,7 +83,9 @@ def step_within_memory(
             f"redone from the completions it drew, with micro_batch_size={smaller} (auto_find_batch_size)",
         )
         release_cached_memory(d.device)
-        redo = abandoned.progress
+        progress = StepProgress(drawn=progress.drawn)
+        assert progress.drawn is not None  # (an update ran out of memory: the batch was drawn)
+        set_rng_state(progress.drawn.rng)
         trainee = replace(
             trainee, params=replace(trainee.params, spec=replace(spec, micro_batch_size=smaller))
         )

@@ -18,6 +18,7 @@ from ..engine import PolicyEngine
 from ..rollout import SamplingParams
 from .batch import Batch
 from .distributed import Dist
+from .threads import ThreadGovernor
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,12 @@ class DrawnBatch:
     the random state right after drawing it (a redo of the step starts from here)."""
 
     batch: Batch
-    metrics: dict[str, Any]
+    metrics: dict[str, object]  # numbers and 0-d tensors, TRL's names
     on_policy: bool
-    rng: dict[str, Any]
+    rng: dict[str, object]  # train.checkpoint.rng_state()
 
 
-RewardFuncs = Sequence[Callable[..., Any]]
+RewardFuncs = Sequence[Callable[..., object]]
 StopCheck = Callable[[], bool] | None  # a stop signal, looked at while reward functions run
 
 
@@ -137,8 +138,8 @@ class BatchSource(Protocol):
     def prepare(self, policy: torch.nn.Module) -> None:
         """The placed, warm-started policy, before it is wrapped for training."""
 
-    def start(self, trainee: Trainee, steps: range, threads: Any) -> None:
-        """The loop begins: `steps` are those it runs; `threads`: the run's train.threads.ThreadGovernor."""
+    def start(self, trainee: Trainee, steps: range, threads: ThreadGovernor | None) -> None:
+        """The loop begins: `steps` are those it runs; `threads`: the run's CPU-thread governor."""
 
     def draw(self, step: int, trainee: Trainee, rewards: RewardFuncs, d: Dist, stop: StopCheck) -> DrawnBatch:
         """Step `step`'s batch, scored by `rewards`, with its metrics."""
@@ -147,11 +148,11 @@ class BatchSource(Protocol):
     def after_step(self, step: int, module: torch.nn.Module) -> None:
         """Step `step`'s update is applied to `module` (version `step` of the weights exists)."""
 
-    def state_dict(self, step: int) -> dict[str, Any]:
+    def state_dict(self, step: int) -> dict[str, object]:
         """What checkpoint-<step> holds of it, beside the weights: entries of the checkpoint's state."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any], trainee: Trainee) -> str | None:
+    def load_state_dict(self, state: dict[str, object], trainee: Trainee) -> str | None:
         """Restored from a checkpoint's whole `state`; what does not fit this run, in one phrase. (A
         checkpoint of an asynchronous run resumes synchronously: its batches in flight unused.)"""
         return None
