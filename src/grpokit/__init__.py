@@ -4,6 +4,7 @@ The math lives in `grpokit.ops` (pure torch). `GRPOTrainer` and `GRPOConfig` (an
 forms) are imported on first use, so `import grpokit` stays light and never pulls in transformers.
 """
 
+import importlib
 from typing import Any
 
 from .ops import LossOutput, bradley_terry_loss, group_advantages, grpo_loss
@@ -25,29 +26,15 @@ __all__ = [
 ]
 
 
+# the API's classes, imported on first use: name -> the module that defines it
+_LAZY = {
+    **dict.fromkeys(("GRPOTrainer", "AsyncGRPOTrainer"), ".trainer"),
+    **dict.fromkeys(("GRPOConfig", "AsyncGRPOConfig", "RewardConfig"), ".config"),
+    "RewardTrainer": ".reward_trainer",
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "AsyncGRPOTrainer":
-        from .trainer import AsyncGRPOTrainer
-
-        return AsyncGRPOTrainer
-    if name == "AsyncGRPOConfig":
-        from .config import AsyncGRPOConfig
-
-        return AsyncGRPOConfig
-    if name == "GRPOTrainer":
-        from .trainer import GRPOTrainer
-
-        return GRPOTrainer
-    if name == "GRPOConfig":
-        from .config import GRPOConfig
-
-        return GRPOConfig
-    if name == "RewardTrainer":
-        from .reward_trainer import RewardTrainer
-
-        return RewardTrainer
-    if name == "RewardConfig":
-        from .config import RewardConfig
-
-        return RewardConfig
-    raise AttributeError(f"module 'grpokit' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'grpokit' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
