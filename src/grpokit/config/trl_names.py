@@ -31,14 +31,17 @@ Updates = dict[str, Any]
 Rule = Callable[[Any, Mapping[str, Any]], tuple[Updates, str]]
 
 
+def _check_switch(name: str, value: Any, option: str) -> None:
+    """TRL's switch `name` must be true or false: the error otherwise names grpokit's `option`."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false (got {shown(value)}); grpokit's option is {option}.")
+
+
 def _precision(name: str, dtype: str) -> Rule:
     """TRL's bf16 / fp16 switches -> grpokit's dtype (the dtype the model is kept and trained in)."""
 
     def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
-        if not isinstance(value, bool):
-            raise ConfigError(
-                f"{name} must be true or false (got {shown(value)}); grpokit's option is dtype."
-            )
+        _check_switch(name, value, "dtype")
         current = data.get("dtype")
         if value:
             if current not in (None, dtype):
@@ -79,10 +82,7 @@ def _negated(name: str, grpokit_key: str) -> Rule:
     """A TRL switch that is the opposite of a grpokit one (disable_tqdm -> progress)."""
 
     def rule(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
-        if not isinstance(value, bool):
-            raise ConfigError(
-                f"{name} must be true or false (got {shown(value)}); grpokit's option is {grpokit_key}."
-            )
+        _check_switch(name, value, grpokit_key)
         if data.get(grpokit_key) not in (None, not value):
             raise ConfigError(f"{name} (TRL's name) and {grpokit_key} are both set; set only {grpokit_key}.")
         return {
@@ -96,10 +96,7 @@ def _liger(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
     """TRL's use_liger_kernel: Liger's fused linear loss never holds [B,T,V] logits, as grpokit's own
     chunked LM head (fused_logps, on by default) does not; false keeps grpokit's choice (the same
     log-probs either way)."""
-    if not isinstance(value, bool):
-        raise ConfigError(
-            f"use_liger_kernel must be true or false (got {shown(value)}); grpokit's option is fused_logps."
-        )
+    _check_switch("use_liger_kernel", value, "fused_logps")
     if not value:
         return {}, "TRL name: use_liger_kernel=false -> fused_logps unchanged (the same log-probs either way)"
     if data.get("fused_logps") is False:
@@ -113,11 +110,7 @@ def _liger(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
 def _log_completions(value: Any, data: Mapping[str, Any]) -> tuple[Updates, str]:
     """TRL's log_completions: a table of sample completions every logging_steps steps (TRL's default
     and grpokit's: 1), or none."""
-    if not isinstance(value, bool):
-        raise ConfigError(
-            f"log_completions must be true or false (got {shown(value)}); grpokit's option is "
-            "log_completions_steps."
-        )
+    _check_switch("log_completions", value, "log_completions_steps")
     if "log_completions_steps" in data:
         raise ConfigError(
             "log_completions (TRL's name) and log_completions_steps are both set; set only "

@@ -178,20 +178,15 @@ def load_reward_model(
 
     source = ModelSource.of(path, revision)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    with source.readable():
-        tokenizer = AutoTokenizer.from_pretrained(
-            source.where, trust_remote_code=trust_remote_code, **source.kwargs()
-        )
+    tokenizer = source.load(AutoTokenizer, trust_remote_code=trust_remote_code)
     _ensure_pad_token(tokenizer)
-    with source.readable():
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source.where,
-            num_labels=1,
-            dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
-            pad_token_id=tokenizer.pad_token_id,
-            **source.kwargs(),
-        )
+    model = source.load(
+        AutoModelForSequenceClassification,
+        trust_remote_code=trust_remote_code,
+        num_labels=1,
+        dtype=torch_dtype,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = model.to(device)  # outside readable(): a device out of memory is no loading failure
     return LoadedPolicy(model=model, tokenizer=tokenizer)
 
@@ -241,6 +236,14 @@ class ModelSource:
             yield
         except Exception as error:  # noqa: BLE001 - safetensors, tokenizers, json and the hub raise their own
             raise self.failure(error) from error
+
+    def load(self, auto_class: Any, *, trust_remote_code: bool, **options: Any) -> Any:
+        """`auto_class.from_pretrained` (a transformers Auto class) of this model with `options`, read
+        as `kwargs` says; a failure is `readable`'s one message."""
+        with self.readable():
+            return auto_class.from_pretrained(
+                self.where, trust_remote_code=trust_remote_code, **options, **self.kwargs()
+            )
 
     def cached(self) -> bool:
         """Whether the hub cache holds this id's config.json at its revision (a download was made)."""
@@ -310,10 +313,7 @@ def load_policy(
 
     source = ModelSource.of(path, revision)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    with source.readable():
-        model = AutoModelForCausalLM.from_pretrained(
-            source.where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **source.kwargs()
-        )
+    model = source.load(AutoModelForCausalLM, trust_remote_code=trust_remote_code, dtype=torch_dtype)
     model = model.to(device)  # outside readable(): a device out of memory is no loading failure
     directory = source.directory
     if directory is not None and unmerged_checkpoint(directory):
@@ -352,10 +352,7 @@ def load_tokenizer(path: str | Path, *, revision: str | None = None, trust_remot
     from transformers import AutoTokenizer
 
     source = ModelSource.of(path, revision)
-    with source.readable():
-        tokenizer = AutoTokenizer.from_pretrained(
-            source.where, trust_remote_code=trust_remote_code, **source.kwargs()
-        )
+    tokenizer = source.load(AutoTokenizer, trust_remote_code=trust_remote_code)
     _ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
     return tokenizer
@@ -368,11 +365,7 @@ def load_model_config(
     `load_policy` reads it): what a forecast needs of a model it does not load (a teacher)."""
     from transformers import AutoConfig
 
-    source = ModelSource.of(path, revision)
-    with source.readable():
-        return AutoConfig.from_pretrained(
-            source.where, trust_remote_code=trust_remote_code, **source.kwargs()
-        )
+    return ModelSource.of(path, revision).load(AutoConfig, trust_remote_code=trust_remote_code)
 
 
 @contextmanager

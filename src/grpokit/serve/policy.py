@@ -317,8 +317,14 @@ class PolicyServer(JsonServer):
         from starlette.routing import Route
 
         def route(path: str, answer: Callable[[Any], Any], method: str) -> Route:
+            async def refusing(request: Any) -> Any:  # a RequestError answered with its status and param
+                try:
+                    return await answer(request)
+                except RequestError as error:
+                    return self.reply(request, error.status, str(error), param=error.param)
+
             async def endpoint(request: Any) -> Any:
-                return await self.guarded(request, answer)
+                return await self.guarded(request, refusing)
 
             return Route(path, endpoint, methods=[method])
 
@@ -335,9 +341,6 @@ class PolicyServer(JsonServer):
         """OpenAI's error shape."""
         kind = ERROR_TYPES.get(status, "BadRequestError")
         return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-    def _refuse(self, request: Any, error: RequestError) -> Any:
-        return self.reply(request, error.status, str(error), param=error.param)
 
     # ------------------------------------------------------------------------------------ routes
 
@@ -383,23 +386,20 @@ class PolicyServer(JsonServer):
             )
 
     async def _completions(self, request: Any) -> Any:
-        try:
-            body = await self._json(request)
-            self._check_model(body)
-            refuse_unused(body, COMPLETION_UNUSED)
-            sampling = read_sampling(body, self.max_model_tokens)
-            prompts = read_prompts(body.get("prompt"), self.vocab_size)
-            logprobs = body.get("logprobs")
-            if logprobs not in (None, 0) or isinstance(logprobs, bool):
-                raise RequestError(
-                    "logprobs must be 0 (each sampled token's log-prob) or null: top alternatives are not "
-                    "returned",
-                    "logprobs",
-                )
-            ids = self._ids(prompts, "prompt")
-            rollout = await self._decode(ids, sampling)
-        except RequestError as error:
-            return self._refuse(request, error)
+        body = await self._json(request)
+        self._check_model(body)
+        refuse_unused(body, COMPLETION_UNUSED)
+        sampling = read_sampling(body, self.max_model_tokens)
+        prompts = read_prompts(body.get("prompt"), self.vocab_size)
+        logprobs = body.get("logprobs")
+        if logprobs not in (None, 0) or isinstance(logprobs, bool):
+            raise RequestError(
+                "logprobs must be 0 (each sampled token's log-prob) or null: top alternatives are not "
+                "returned",
+                "logprobs",
+            )
+        ids = self._ids(prompts, "prompt")
+        rollout = await self._decode(ids, sampling)
         choices = [
             self._choice(rollout, row, logprobs is not None, bool(body.get("return_token_ids")), ids)
             for row in range(len(rollout.completions))
@@ -409,27 +409,24 @@ class PolicyServer(JsonServer):
     async def _chat(self, request: Any) -> Any:
         from ..data import DataError, render_prompt
 
+        body = await self._json(request)
+        self._check_model(body)
+        refuse_unused(body, CHAT_UNUSED)
+        sampling = read_sampling(body, self.max_model_tokens)
+        messages = read_messages(body.get("messages"))
         try:
-            body = await self._json(request)
-            self._check_model(body)
-            refuse_unused(body, CHAT_UNUSED)
-            sampling = read_sampling(body, self.max_model_tokens)
-            messages = read_messages(body.get("messages"))
-            try:
-                text = render_prompt(messages, self.tokenizer, None, body.get("chat_template_kwargs") or {})
-            except DataError as error:
-                raise RequestError(str(error), "messages") from None
-            logprobs = body.get("logprobs") or False
-            if not isinstance(logprobs, bool):
-                raise RequestError("logprobs must be true or false", "logprobs")
-            if body.get("top_logprobs"):
-                raise RequestError(
-                    "top_logprobs is not supported: each sampled token's log-prob is", "top_logprobs"
-                )
-            ids = self._ids([text], "messages")
-            rollout = await self._decode(ids, sampling)
-        except RequestError as error:
-            return self._refuse(request, error)
+            text = render_prompt(messages, self.tokenizer, None, body.get("chat_template_kwargs") or {})
+        except DataError as error:
+            raise RequestError(str(error), "messages") from None
+        logprobs = body.get("logprobs") or False
+        if not isinstance(logprobs, bool):
+            raise RequestError("logprobs must be true or false", "logprobs")
+        if body.get("top_logprobs"):
+            raise RequestError(
+                "top_logprobs is not supported: each sampled token's log-prob is", "top_logprobs"
+            )
+        ids = self._ids([text], "messages")
+        rollout = await self._decode(ids, sampling)
         choices = []
         for row in range(len(rollout.completions)):
             choice = self._choice(rollout, row, False, bool(body.get("return_token_ids")), ids)
@@ -439,26 +436,23 @@ class PolicyServer(JsonServer):
         return self.reply(request, 200, self._answer("chatcmpl", "chat.completion", ids, choices, rollout))
 
     async def _update_weights(self, request: Any) -> Any:
-        try:
-            body = await self._json(request)
-            path = body.get("path")
-            if not isinstance(path, str) or not path:
-                raise RequestError("path must name a .safetensors file the trainer wrote", "path")
-            if not Path(path).is_file():
-                raise RequestError(f"{path} is not a file on this server's machine", "path")
-            version = _integer(body, "version", None, 0)
-            if version is None:
-                raise RequestError(
-                    "version must be given: the weights' version number (steps trained)", "version"
-                )
-            sender = body.get("sender")
-            if sender is not None and not (isinstance(sender, str) and 0 < len(sender) <= MAX_SENDER):
-                raise RequestError(f"sender must be an id of 1 to {MAX_SENDER} characters, or null", "sender")
-            job = Job(path=path, version=version, sender=sender)
-            self.jobs.put(job)
-            version, sender = await asyncio.wrap_future(job.done)
-        except RequestError as error:
-            return self._refuse(request, error)
+        body = await self._json(request)
+        path = body.get("path")
+        if not isinstance(path, str) or not path:
+            raise RequestError("path must name a .safetensors file the trainer wrote", "path")
+        if not Path(path).is_file():
+            raise RequestError(f"{path} is not a file on this server's machine", "path")
+        version = _integer(body, "version", None, 0)
+        if version is None:
+            raise RequestError(
+                "version must be given: the weights' version number (steps trained)", "version"
+            )
+        sender = body.get("sender")
+        if sender is not None and not (isinstance(sender, str) and 0 < len(sender) <= MAX_SENDER):
+            raise RequestError(f"sender must be an id of 1 to {MAX_SENDER} characters, or null", "sender")
+        job = Job(path=path, version=version, sender=sender)
+        self.jobs.put(job)
+        version, sender = await asyncio.wrap_future(job.done)
         return self.reply(request, 200, {"version": version, "sender": sender})
 
     # ------------------------------------------------------------------------------------ decoding

@@ -16,17 +16,10 @@ nothing half-written, and a rollout server's `/update_weights {"path"}` takes th
 CPU the tiny models' files cost milliseconds; on a GPU a shared-memory or NCCL transport would avoid
 the copy through host memory.
 
-With `rollout_workers` = n > 1, n worker processes take the steps in turn (step s is worker s mod n's),
-each sampling its steps exactly as the one worker would: the same version, prompts and seeds, so the
-run is bitwise the one-worker run, only with n batches sampled at once (up to k + 1 are in flight).
-Each worker moves its prompt sampler past the other workers' steps without sampling them; dynamic
-sampling and the curriculum, whose next draw depends on the last batch's rewards, are refused there
-(config/async_rules.py holds every refusal).
-
-Under torchrun each rank has a worker of its own, which samples and scores that rank's share of every
-batch (its prompts, its seeds) exactly as the rank's synchronous step would; rank 0 writes each
-version (gathered from the shards under FSDP) and every rank tells its worker once it is written. A
-checkpoint holds every rank's batches in flight.
+With `rollout_workers` = n, step s is worker s mod n's, sampled exactly as the one worker would
+(version, prompts, seeds: the same numbers); under torchrun each rank has workers of its own for its
+share of every batch, rank 0 writes each version, and a checkpoint holds every rank's batches in
+flight (docs/async.md; what cannot be taken: config/async_rules.py).
 """
 
 from __future__ import annotations

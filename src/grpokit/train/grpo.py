@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,12 @@ from .checkpoint import SaveTo, list_checkpoints
 from .events import Emit, EventKind
 from .grpo_setup import (
     Hooks,
-    Saver,
     build_trainee,
     check_gkd_answers,
     check_same_vocabulary,
     load_teacher,
     restore,
+    save,
     teacher_refusal,
     teacher_shape,
     warm_start,
@@ -177,7 +178,7 @@ class PreparedRun:
     data: RunData
     run: Run
     d: distributed.Dist
-    checkpoint: Saver  # saves the state after a step
+    checkpoint: Callable[[int], None]  # saves the state after a step (grpo_setup.save)
     should_stop: Callable[[], bool] | None  # looked at while reward functions run
 
 
@@ -260,14 +261,9 @@ def _prepare_policy_and_run(
         run = Run.open(control, d, emit, stop, Starting(resume_from, restore_from, evaluate), hooks.threads)
     except ScoringStopped:  # while scoring the starting policy's evaluation: nothing to save yet
         return _stopped_early(emit, stop, output_dir, "set-up")
-    saver = Saver(
-        trainee,
-        strategy,
-        SaveTo(output_dir, control.config_yaml, control.save_total_limit),
-        d,
-        run.eval_before,
-    )
-    return PreparedRun(trainee, data, run, d, saver, should_stop)
+    saves_to = SaveTo(output_dir, control.config_yaml, control.save_total_limit)
+    checkpoint = partial(save, trainee, strategy, saves_to, d, run.eval_before)  # (step) -> checkpoint-<step>
+    return PreparedRun(trainee, data, run, d, checkpoint, should_stop)
 
 
 def check_inputs(

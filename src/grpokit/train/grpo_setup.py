@@ -327,33 +327,25 @@ def _parts(trainee: Trainee) -> TrainingParts:
     )
 
 
-@dataclass(frozen=True)
-class Saver:
-    """Saves a trainee's state after step N as checkpoint-N (`save(step)`): weights, optimizer,
-    schedule, data position, RNG, a synced reference, the entropy control and what the batch source
-    holds (`BatchSource.state_dict`), with the run's starting evaluation (`eval_before`)."""
-
-    trainee: Trainee
-    strategy: str
-    to: SaveTo
-    d: distributed.Dist
-    eval_before: dict[str, float]
-
-    def __call__(self, step: int) -> None:
-        trainee, d = self.trainee, self.d
-        engine = trainee.engine
-        extra = trainee.source.state_dict(step)  # (the asynchronous rollout's batches in flight)
-        if engine.reference is not None and trainee.params.spec.reference_sync is not None:
-            extra["reference"] = distributed.full_state_dict(d, engine.reference)
-        if trainee.entropy is not None:
-            extra["entropy_control"] = trainee.entropy.state_dict()
-        save_distributed(d, self.strategy, self.to, step, _parts(trainee), self.eval_before, extra)
+def save(
+    trainee: Trainee, strategy: str, to: SaveTo, d: distributed.Dist, eval_before: dict[str, float], step: int
+) -> None:
+    """checkpoint-<step>: weights, optimizer, schedule, data position, RNG, a synced reference, the
+    entropy control and what the batch source holds (`BatchSource.state_dict`), with the run's
+    starting evaluation. The loop holds it bound to all but `step` (`functools.partial`)."""
+    engine = trainee.engine
+    extra = trainee.source.state_dict(step)  # (the asynchronous rollout's batches in flight)
+    if engine.reference is not None and trainee.params.spec.reference_sync is not None:
+        extra["reference"] = distributed.full_state_dict(d, engine.reference)
+    if trainee.entropy is not None:
+        extra["entropy_control"] = trainee.entropy.state_dict()
+    save_distributed(d, strategy, to, step, _parts(trainee), eval_before, extra)
 
 
 def restore(
     trainee: Trainee, strategy: str, d: distributed.Dist, checkpoint: Path
 ) -> tuple[int, dict[str, float]]:
-    """What `Saver` saved, from `checkpoint`: (step, eval_before)."""
+    """What `save` saved, from `checkpoint`: (step, eval_before)."""
     engine = trainee.engine
     state = restore_distributed(d, strategy, checkpoint, _parts(trainee))
     if engine.reference is not None and "reference" in state:

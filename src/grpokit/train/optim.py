@@ -87,7 +87,7 @@ def apply_update(
     learning_rate = optimizer.param_groups[0]["lr"]  # the rate this update uses
     if distributed.any_rank(d, not bool(torch.isfinite(loss).all() & torch.isfinite(grad_norm))):
         optimizer.zero_grad(set_to_none=True)
-        return _skipped(grad_norm, learning_rate, rolled_back=False)
+        return _outcome(grad_norm, learning_rate, skipped=True)
     # every clipped gradient element is at most max_grad_norm (no clipping: the norm itself)
     # (min with the norm itself: a huge max_grad_norm, which switches clipping off, must not make
     # every update unprovable and so copied)
@@ -104,21 +104,19 @@ def apply_update(
         if destroyed:
             _restore(optimizer, backup)
             optimizer.zero_grad(set_to_none=True)
-            return _skipped(grad_norm, learning_rate, rolled_back=True)
+            return _outcome(grad_norm, learning_rate, skipped=True, rolled_back=True)
     scheduler.step()
+    return _outcome(grad_norm, learning_rate, skipped=False)
+
+
+def _outcome(
+    grad_norm: torch.Tensor, learning_rate: float, *, skipped: bool, rolled_back: bool = False
+) -> dict[str, Any]:
+    """`apply_update`'s metrics."""
     return {
         "grad_norm": grad_norm,
         "learning_rate": learning_rate,
-        "skipped_update": 0.0,
-        "update_rolled_back": 0.0,
-    }
-
-
-def _skipped(grad_norm: torch.Tensor, learning_rate: float, *, rolled_back: bool) -> dict[str, Any]:
-    return {
-        "grad_norm": grad_norm,
-        "learning_rate": learning_rate,
-        "skipped_update": 1.0,
+        "skipped_update": float(skipped),
         "update_rolled_back": float(rolled_back),
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +86,10 @@ def reward_model_and_tokenizer(
         )
     tokenizer = char_tokenizer(alphabet)
     model = build_reward_model(
-        hidden_size=spec.tiny.hidden_size,
-        num_layers=spec.tiny.num_layers,
-        num_heads=spec.tiny.num_heads,
+        **asdict(spec.tiny),  # its hidden_size, num_layers, num_heads and intermediate_size
         vocab_size=len(tokenizer),
         max_seq_len=min(max_length, 4096),
         seed=spec.seed,
-        intermediate_size=spec.tiny.intermediate_size,
     )  # char_tokenizer's pad id, 0, is the model's
     return model.to(dtype), tokenizer
 

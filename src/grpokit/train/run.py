@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,14 +86,11 @@ def policy_and_tokenizer(spec: ModelSpec, alphabet: str | None, max_seq_len: int
         )
     tokenizer = char_tokenizer(alphabet)
     model = build_policy(
-        hidden_size=spec.tiny.hidden_size,
-        num_layers=spec.tiny.num_layers,
-        num_heads=spec.tiny.num_heads,
+        **asdict(spec.tiny),  # its hidden_size, num_layers, num_heads and intermediate_size
         vocab_size=len(tokenizer),
         dropout=0.0,
         max_seq_len=max_seq_len,
         seed=spec.seed,
-        intermediate_size=spec.tiny.intermediate_size,
     ).to(getattr(torch, spec.stored))
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()

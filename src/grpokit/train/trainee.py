@@ -127,13 +127,11 @@ StopCheck = Callable[[], bool] | None  # a stop signal, looked at while reward f
 
 
 class BatchSource(Protocol):
-    """The one place a step's batch comes from. train/batch_source.py opens one for a run
-    (`open_batch_source`): drawn in process (`InProcess`), or by the asynchronous rollout
-    (train/async_rollout.py: worker processes, or rollout servers). The loop, the set-up and the
-    checkpoint glue call these and never ask which one they hold. Its life, in order: `prepare` (the
-    policy before it is wrapped), `start` (the loop begins), then each step `draw` and `after_step`,
-    `state_dict` with each checkpoint (`load_state_dict` on resume, before `start`), and `close`
-    however the run ends. A source subclasses this: what it does not override does nothing."""
+    """The one place a step's batch comes from, opened by train/batch_source.py: drawn in process, or
+    by the asynchronous rollout (workers or servers). The loop, set-up and checkpoint glue never ask
+    which. Its life: `prepare` (the policy, before wrapping), `start`, each step `draw` and `after_step`,
+    `state_dict` with each checkpoint (`load_state_dict` on resume, before `start`), `close` however the
+    run ends. A source subclasses this: what it does not override does nothing."""
 
     def prepare(self, policy: torch.nn.Module) -> None:
         """The placed, warm-started policy, before it is wrapped for training."""
