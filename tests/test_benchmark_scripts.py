@@ -292,3 +292,21 @@ def test_checkpointing_benchmark_measures_what_the_forward_keeps(tmp_path):
         assert abs(result[side]["kept_bytes"] - result[side]["forecast_kept_bytes"]) <= 1024, result[side]
         assert result[side]["forward_backward_s"]["median"] > 0
     assert result["on"]["gradient_checkpointing"] and result["kept_ratio"] < 0.5
+
+
+@pytest.mark.slow  # two profiled model builds (about 4 s)
+def test_launches_counts_each_pieces_operator_calls(tmp_path):
+    """benchmarks/launches.py (issue 53's baseline): the update micro-batch (forward, loss, backward)
+    makes more operator calls than the reference pass (a forward), and both grow with the layers."""
+    spec = importlib.util.spec_from_file_location("launches", SCRIPT.parent / "launches.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    counts = {}
+    for layers in (2, 4):
+        out = tmp_path / f"launches-{layers}.json"
+        assert module.main(["--layers", str(layers), "--rows", "8", "--tokens", "4", "--out", str(out)]) == 0
+        counts[layers] = json.loads(out.read_text())
+    for layers, result in counts.items():
+        assert result["update_micro_batch"]["calls"] > result["reference_pass"]["calls"] > 0, layers
+    assert counts[4]["update_micro_batch"]["calls"] > counts[2]["update_micro_batch"]["calls"]
+    assert counts[4]["reference_pass"]["calls"] > counts[2]["reference_pass"]["calls"]
