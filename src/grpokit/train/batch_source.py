@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..config.plan import RolloutSpec
 from ..config.specs import EngineSpec
-from . import distributed
 from .async_rollout import AsyncRollout
 from .checkpoint import rng_state
 from .distill import draw_distillation_batch
@@ -37,7 +36,7 @@ class InProcess(BatchSource):
 def open_batch_source(
     spec: RolloutSpec,
     output_dir: Path,
-    d: distributed.Dist,
+    d: Dist,
     data: RunData,
     engine: EngineSpec,
     spawn: tuple[str, ...] | None,
