@@ -14,7 +14,11 @@ after the other on the same machine, from the same starting policy:
 Reports the median step time of each after a warm-up of 3 steps, with the spread, and each
 process's peak RSS (VmHWM: imports, model and training together).
 
-    python benchmarks/grpo_vs_trl.py [--setup addition|v32k] [--steps N] [--out FILE]
+    python benchmarks/grpo_vs_trl.py [--setup addition|v32k] [--steps N] [--torch-compile false|true|both]
+        [--out FILE]
+
+`--torch-compile both` runs grpokit twice, eager then with torch_compile=true (its first steps
+compile: the warm-up of 3 steps keeps that out of the median), each against the same TRL run.
 """
 
 from __future__ import annotations
@@ -177,7 +181,9 @@ def run_trl(start: Path, out: Path, steps: int, seed: int, setup: str = "additio
     return result
 
 
-def run_grpokit(start: Path, out: Path, steps: int, seed: int, setup: str = "addition") -> dict:
+def run_grpokit(
+    start: Path, out: Path, steps: int, seed: int, setup: str = "addition", compiled: bool = False
+) -> dict:
     from grpokit.config import GRPOConfig
     from grpokit.data import get_task
     from grpokit.train.grpo import train_grpo
@@ -202,6 +208,7 @@ def run_grpokit(start: Path, out: Path, steps: int, seed: int, setup: str = "add
         log_completions_steps=0,
         progress=False,
         lr_scheduler_type="linear",
+        torch_compile=compiled,
         **extra,
     )
     if setup == "addition":
@@ -222,34 +229,43 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="default: 60 (addition), 12 (v32k)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/grpo_vs_trl_<setup>.json")
-    parser.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--torch-compile",
+        choices=["false", "true", "both"],
+        default="false",
+        help="grpokit's torch_compile; both: grpokit eager and compiled, each beside TRL in the one run",
+    )
+    parser.add_argument("--child", choices=["grpokit", "grpokit_compiled", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--start", help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps = args.steps or SETUPS[args.setup][0]
     if args.child:  # one trainer in this process; its result and peak RSS on the last line
-        run = run_grpokit if args.child == "grpokit" else run_trl
         with tempfile.TemporaryDirectory() as tmp:
-            result = run(Path(args.start), Path(tmp) / "run", steps, args.seed, args.setup)
+            where = (Path(args.start), Path(tmp) / "run", steps, args.seed, args.setup)
+            if args.child == "trl":
+                result = run_trl(*where)
+            else:
+                result = run_grpokit(*where, compiled=args.child == "grpokit_compiled")
         print(json.dumps(result | {"peak_rss_bytes": peak_rss_bytes()}))
         return 0
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         start = Path(tmp) / "start"
         (warm_policy if args.setup == "addition" else v32k_policy)(start, args.seed)
-        for child in ("grpokit", "trl"):
+        ours = {"false": ["grpokit"], "true": ["grpokit_compiled"], "both": ["grpokit", "grpokit_compiled"]}
+        for child in [*ours[args.torch_compile], "trl"]:
             cmd = [sys.executable, __file__, "--child", child, "--start", str(start), "--setup", args.setup]
             cmd += ["--steps", str(steps), "--seed", str(args.seed)]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             results[child] = json.loads(done.stdout.strip().splitlines()[-1])
-    ours, trl = results["grpokit"], results["trl"]
-    result = {
-        "setup": args.setup,
-        "steps": steps,
-        "grpokit": ours,
-        "trl": trl,
-        "step_time_ratio": ours["step_time"]["median"] / trl["step_time"]["median"],
-        "peak_rss_ratio": ours["peak_rss_bytes"] / trl["peak_rss_bytes"],
-    }
+    trl = results["trl"]
+    result = {"setup": args.setup, "steps": steps} | results
+    for child in ours[args.torch_compile]:  # (grpokit: the keys of before, eager; compiled: suffixed)
+        suffix = "" if child == "grpokit" else "_compiled"
+        result[f"step_time_ratio{suffix}"] = (
+            results[child]["step_time"]["median"] / trl["step_time"]["median"]
+        )
+        result[f"peak_rss_ratio{suffix}"] = results[child]["peak_rss_bytes"] / trl["peak_rss_bytes"]
     out = Path(args.out or f"benchmarks/results/grpo_vs_trl_{args.setup}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -294,19 +294,28 @@ def test_checkpointing_benchmark_measures_what_the_forward_keeps(tmp_path):
     assert result["on"]["gradient_checkpointing"] and result["kept_ratio"] < 0.5
 
 
-@pytest.mark.slow  # two profiled model builds (about 4 s)
+@pytest.mark.slow  # three profiled model builds, one compiled (about 20 s)
 def test_launches_counts_each_pieces_operator_calls(tmp_path):
-    """benchmarks/launches.py (issue 53's baseline): the update micro-batch (forward, loss, backward)
-    makes more operator calls than the reference pass (a forward), and both grow with the layers."""
+    """benchmarks/launches.py (issue 53): the update micro-batch (forward, loss, backward) makes more
+    operator calls than the reference pass (a forward), both grow with the layers, and the compiled
+    passes make fewer calls than the eager ones, in all and from the top level."""
     spec = importlib.util.spec_from_file_location("launches", SCRIPT.parent / "launches.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     counts = {}
-    for layers in (2, 4):
+    for layers, mode in ((2, "both"), (4, "eager")):
         out = tmp_path / f"launches-{layers}.json"
-        assert module.main(["--layers", str(layers), "--rows", "8", "--tokens", "4", "--out", str(out)]) == 0
+        argv = ["--layers", str(layers), "--rows", "8", "--tokens", "4", "--mode", mode, "--out", str(out)]
+        assert module.main(argv) == 0
         counts[layers] = json.loads(out.read_text())
-    for layers, result in counts.items():
+    eager = {layers: result["eager"] for layers, result in counts.items()}
+    for layers, result in eager.items():
         assert result["update_micro_batch"]["calls"] > result["reference_pass"]["calls"] > 0, layers
-    assert counts[4]["update_micro_batch"]["calls"] > counts[2]["update_micro_batch"]["calls"]
-    assert counts[4]["reference_pass"]["calls"] > counts[2]["reference_pass"]["calls"]
+    for piece in ("update_micro_batch", "reference_pass"):
+        assert eager[4][piece]["calls"] > eager[2][piece]["calls"]
+        compiled = counts[2]["compiled"][piece]
+        for key in ("calls", "top_level", "kernels"):
+            assert 0 < compiled[key] < eager[2][piece][key], (piece, key)
+            assert counts[2]["compiled_over_eager"][piece][key] == round(
+                compiled[key] / eager[2][piece][key], 3
+            )

@@ -30,6 +30,7 @@ def test_defaults_follow_trl_where_names_match():
         "report_to",
         "num_completions_to_print",  # one row per prompt, 6 of them; TRL prints every completion
         "num_train_epochs",  # None: max_steps counts; GRPOTrainer takes TRL's 3 when max_steps is unset
+        "torch_compile",  # auto: by device, as measured (engine/compiled.py); TRL: false
     }
     shared = (set(GRPOConfig.model_fields) & set(vars(theirs))) - differs
     assert {

@@ -261,6 +261,10 @@ RELATIVE: dict[str, tuple[dict, dict, Any, Any]] = {
 
 # options tested elsewhere, with where
 ELSEWHERE = {
+    "torch_compile": "tests/models/test_compiled.py (the compiled passes equal the eager ones; graphs per "
+    "bucket) and test_compiled_runs.py (a run trains as the eager one and resumes bitwise)",
+    "torch_compile_mode": "tests/models/test_compiled.py::test_the_config_refuses_what_compile_does_not_read",
+    "torch_compile_backend": "tests/models/test_compiled.py (aot_eager, inductor; an unknown name: one line)",
     "teacher_model": "test_distillation.py::test_a_student_distils_the_teachers_habit_with_no_reward",
     "teacher_model_revision": "tests/models/test_hub_models.py (a teacher at a revision loads; a missing one "
     "is one line)",

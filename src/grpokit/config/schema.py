@@ -491,6 +491,28 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         "off here: small models gain nothing)",
         resume=Resume.applied("memory only: the same gradients"),
     )
+    torch_compile: bool | Literal["auto"] = option(
+        "auto",
+        description="compile the training passes with torch.compile: the policy's log-prob pass forward "
+        "and backward, the frozen passes (old policy, reference) and the loss, on shapes bucketed so "
+        "that a run compiles a bounded number of graphs (logged as compile/graphs); auto = by device, "
+        "off on a CPU (measured: benchmarks/RESULTS.md) and on a GPU until measured there (TRL: false). "
+        "Llama-family policies, one process, no LoRA, one turn",
+        resume=Resume.applied("a speed choice: the same numbers to float round-off"),
+    )
+    torch_compile_mode: (
+        Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
+    ) = option(
+        None,
+        description="torch.compile's mode (None = its default)",
+        resume=Resume.applied("a speed choice"),
+    )
+    torch_compile_backend: str | None = option(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$",
+        description="torch.compile's backend (None = inductor)",
+        resume=Resume.applied("a speed choice"),
+    )
     fused_logps: bool = option(
         True,
         description="log-probs from hidden states and the LM head in chunks, never [B,T,V] logits "
@@ -1185,6 +1207,10 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             "importance_sampling_level": (self.importance_sampling_level != "token", surrogate),
             "epsilon_high": (self.epsilon_high is not None, surrogate),
             "delta": (self.delta is not None, surrogate),
+            "torch_compile": (
+                self.torch_compile is True,
+                "its passes over whole distributions are not compiled yet; set torch_compile=false",
+            ),
             "seq_kd": (
                 self.seq_kd and self.lmbda >= 1.0,
                 "with lmbda=1 every step is on the student's own samples and the teacher's are never drawn",
@@ -1198,6 +1224,15 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
                 f"lmbda={self.lmbda:g} with multi-turn episodes (tools or environment) is refused: a dataset "
                 "answer is no transcript; set lmbda=1 (every step on the student's own episodes)"
             )
+
+    def _check_compile(self) -> None:
+        """torch_compile_mode and torch_compile_backend are read only when the passes are compiled."""
+        if self.torch_compile is False:
+            for name in ("torch_compile_mode", "torch_compile_backend"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(
+                        f"{name} is read only with torch_compile=true or auto; drop it or set both"
+                    )
 
     def _check_servers(self) -> None:
         """rollout_server_urls: URLs, and nothing a server does not sample."""
@@ -1250,6 +1285,7 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
             )
         self._check_teacher()
         self._check_async()
+        self._check_compile()
         if self.sampling_correction != "none" and self.loss_type == "vespo":
             raise ValueError(
                 "sampling_correction with loss_type=vespo is not supported (VESPO folds importance weights "

@@ -65,3 +65,7 @@ class EngineSpec:
     fused_logps: bool = True  # log-probs from hidden states and the head, no [B, T, V] logits
     temperature: float = 1.0  # log-probs are taken at the sampling temperature
     group_size: int = 1  # G: rows come in groups sharing a prompt (prefix sharing when checked true)
+    # the training passes through torch.compile (engine/compiled.py): true, false or auto (by device)
+    torch_compile: bool | str = "auto"
+    torch_compile_mode: str | None = None  # torch.compile's mode (None: its default)
+    torch_compile_backend: str | None = None  # torch.compile's backend (None: inductor)

@@ -40,6 +40,7 @@ from ..models.device import Precision, model_device
 from ..models.lora import reference_model
 from ..ops import HeadStates, TokenLogps, linear_logps, token_logps, token_logps_and_entropy
 from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, process_logits, resolve_decode_loop
+from .compiled import CompiledPasses, PassOptions, compile_refusal, compiles
 from .weights import load_weights_file
 
 
@@ -116,6 +117,7 @@ class PolicyEngine:
     # the backends whose hidden states give log-probs (None: the model's own logits)
     backend: TransformersBackend | None = field(default=None, repr=False)
     reference_backend: TransformersBackend | None = field(default=None, repr=False)
+    compiled: CompiledPasses | None = None  # torch_compile: the training passes compiled, else eager
 
     @classmethod
     def create(
@@ -153,6 +155,13 @@ class PolicyEngine:
             )
         fused = spec.fused_logps and not wrapped and backend.head is not None
         reference_backend = backend_of(reference) if fused and reference is not None else None
+        compiled = None
+        if compiles(spec.torch_compile, device):
+            episodes, compiler = environment is not None, spec.torch_compile_backend
+            refusal = compile_refusal(backend if fused else None, module, wrapped, episodes, compiler)
+            if refusal is not None:
+                raise ValueError(refusal)
+            compiled = CompiledPasses(mode=spec.torch_compile_mode, backend=spec.torch_compile_backend)
         return cls(
             module=module,
             tokenizer=tokenizer,
@@ -172,12 +181,18 @@ class PolicyEngine:
             reference_backend=reference_backend
             if reference_backend is not None and reference_backend.head is not None
             else None,
+            compiled=compiled,
         )
 
     @property
     def fused(self) -> bool:
         """Whether log-probs come from hidden states and the LM head (no [B, T, V] logits)."""
         return self.backend is not None
+
+    @property
+    def mixed_dtype(self) -> torch.dtype | None:
+        """The compute dtype autocast runs the forward passes in, or None without autocast."""
+        return self.precision.compute if self.precision.mixed else None
 
     def autocast(self) -> Any:
         return self.precision.autocast(self.device)
@@ -362,6 +377,9 @@ class PolicyEngine:
                 return token_logps_and_entropy(logits, targets, self.temperature)
             logps = token_logps(logits, targets, self.temperature)
             return TokenLogps(logps=logps, entropy=logps.new_empty(0))
+        if self.compiled is not None:  # torch_compile: the same pass, compiled on bucketed widths
+            how = PassOptions(self.group_size, self.temperature, entropy, self.mixed_dtype)
+            return self.compiled.stats(backend, batch, rows, self._attended(batch), how)
         head = backend.head
         with self.autocast():
             hidden = backend.hidden(prompt_ids, prompt_mask, targets, attended, self.group_size)  # [b, T, H]

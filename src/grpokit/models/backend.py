@@ -107,13 +107,19 @@ class TransformersBackend:
         targets: torch.Tensor,
         attended: torch.Tensor,
         G: int,
+        *,
+        groups: bool | None = None,
+        packing: str | None = None,
     ) -> torch.Tensor:
         """The final hidden states that score each target token, through the model's decoder; the lean
         decoder shares each prompt's keys and values across its G rows when they come in whole groups
-        (checked, not assumed). [b, Lp], [b, T] -> [b, T, H]"""
+        (checked, not assumed). [b, Lp], [b, T] -> [b, T, H]. `groups` (whether they do) and `packing`
+        (the padding-free pass's choice, default `self.packing`), given, are not read from the data:
+        a compiled pass decides them outside its graph (engine/compiled.py)."""
         if isinstance(self.decoder, LeanLlamaDecoder):
-            groups = whole_groups(prompt_ids, prompt_mask, G)
-            wanted = self.packing == "always" or (self.packing == "auto" and padding_free_pays(attended))
+            groups = whole_groups(prompt_ids, prompt_mask, G) if groups is None else groups
+            packing = self.packing if packing is None else packing
+            wanted = packing == "always" or (packing == "auto" and padding_free_pays(attended))
             if wanted and targets.shape[1] > 1 and _leading(attended):
                 g = G if groups else 1  # each prompt once per group, or once per row
                 return self.decoder.padding_free(prompt_ids[::g], prompt_mask[::g], targets, attended, g)

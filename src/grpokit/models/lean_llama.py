@@ -107,13 +107,19 @@ class LeanLlamaDecoder:
         -> [positions, 2·head_dim]"""
         table = self._rotary
         if table is None or table.shape[0] < needed or table.device != device or table.dtype != dtype:
-            size = max(needed, 2 * (table.shape[0] if table is not None else 0), 256)
-            positions = torch.arange(size, device=device)[None]  # [1, size]
-            probe = torch.zeros((), dtype=torch.float32, device=device)  # rotary_emb reads dtype and device
-            cos, sin = self.llama.rotary_emb(probe, positions)  # [1, size, head_dim]
-            half = self.head_dim // 2
-            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=1)  # [size, head_dim]
-            table = self._rotary = torch.cat([cos[0], signed], dim=1).to(dtype)  # [size, 2·head_dim]
+            with torch.inference_mode(False), torch.no_grad():  # read by passes that train, too
+                return self._grow_rotary(needed, dtype, device)
+        return table
+
+    def _grow_rotary(self, needed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        old = self._rotary
+        size = max(needed, 2 * (old.shape[0] if old is not None else 0), 256)
+        positions = torch.arange(size, device=device)[None]  # [1, size]
+        probe = torch.zeros((), dtype=torch.float32, device=device)  # rotary_emb reads dtype and device
+        cos, sin = self.llama.rotary_emb(probe, positions)  # [1, size, head_dim]
+        half = self.head_dim // 2
+        signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=1)  # [size, head_dim]
+        table = self._rotary = torch.cat([cos[0], signed], dim=1).to(dtype)  # [size, 2·head_dim]
         return table
 
     @property
@@ -284,7 +290,9 @@ class LeanLlamaDecoder:
         prompt and its own earlier tokens only. [P, Lp], [P·G, T] -> [P·G, T, H]"""
         P, Lp = prefix_ids.shape
         Ts = suffix_ids.shape[1] - 1  # input tokens per completion
-        layout = _group_layout(Lp, G, Ts, prefix_ids.device)
+        # (a compiled pass traces the layout into its graph: the cache is for eager passes)
+        make = _group_layout.__wrapped__ if torch.compiler.is_compiling() else _group_layout
+        layout = make(Lp, G, Ts, prefix_ids.device)
         ids = torch.cat([prefix_ids, suffix_ids[:, :Ts].reshape(P, G * Ts)], dim=1)  # [P, N]
         real = torch.cat([prefix_mask, prefix_mask.new_ones(P, G * Ts)], dim=1)  # [P, N]
         mask = (layout.allowed[None] & real[:, None, :]) | layout.diagonal[None]  # [P, N, N]

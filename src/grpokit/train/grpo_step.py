@@ -94,6 +94,8 @@ def grpo_step(
     # counted in its own phase); veRL's timing_s/* in TRL's slash style
     metrics["timing/reference"] = before_done - began  # old-policy and reference log-probs
     metrics["timing/update"] = synced_clock(engine.device) - before_done
+    if engine.compiled is not None:  # torch_compile: the graphs compiled so far (bounded by the buckets)
+        metrics["compile/graphs"] = engine.compiled.graph_count
     sync_reference_if_due(engine, params.spec.reference_sync, step)
     return StepResult(batch=drawn.batch, metrics=metrics)
 

@@ -71,6 +71,7 @@ METRICS: dict[str, str] = {
     "timing/scoring": "seconds in the reward functions and advantages",
     "timing/reference": "seconds computing old-policy and reference log-probs",
     "timing/update": "seconds in the updates",
+    "compile/graphs": "torch_compile: training-pass graphs compiled so far (a pass and shape bucket each)",
     "cpu_threads": "CPU threads the run computes on (num_threads; adapts to other load)",
     "memory/max_allocated_gib": "the GPU's peak allocated memory so far, GiB",
     # ---------------------------------------------------------------- multi-turn episodes

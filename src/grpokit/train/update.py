@@ -141,7 +141,8 @@ def policy_loss(
     if before.weights_in_update:  # π_old is this forward's policy (one optimizer step on the batch)
         q, mask = batch.sampling_logps[rows], batch.completion_mask[rows]  # [b, T]
         weights = bounded_weights(stats.logps.detach(), q, mask, params)
-    out = grpo_loss(
+    loss = grpo_loss if engine.compiled is None else engine.compiled.loss(grpo_loss)
+    out = loss(
         stats.logps,
         advantages,
         batch.completion_mask[rows],
