@@ -89,10 +89,11 @@ def compare(eager: dict[str, torch.Tensor], compiled: dict[str, torch.Tensor]) -
         assert (eager[key] - compiled[key]).abs().max() / scale <= GRAD_TOL, key
 
 
-def engines(compiler: str, layers: int = 2) -> tuple[PolicyEngine, PolicyEngine]:
+def engines(compiler: str, layers: int = 2, checkpointing: bool = False) -> tuple[PolicyEngine, PolicyEngine]:
     out = []
     for compiled in (False, True):
         model, tokenizer = tiny_policy(seed=3, layers=layers)
+        model.model.gradient_checkpointing = checkpointing  # (what gradient_checkpointing_enable sets)
         spec = EngineSpec(group_size=G, torch_compile=compiled, torch_compile_backend=compiler)
         reference = copy.deepcopy(model).requires_grad_(False)
         out.append(PolicyEngine.create(model, tokenizer, spec, reference=reference))
@@ -110,6 +111,13 @@ def test_compiled_passes_equal_the_eager_ones(compiler):
     assert compiled.compiled is not None and eager.compiled is None
     # with gradients: 12 rows and 4 rows; frozen (the reference, 4 rows a pass): one; twice run, three
     assert compiled.compiled.graph_count == 3
+
+
+@pytest.mark.slow
+def test_compiled_passes_with_activation_checkpointing_equal_the_eager_ones():
+    eager, compiled = engines("aot_eager", checkpointing=True)
+    batch = batch_of(eager, T=9)
+    compare(passes(eager, batch, slice(0, 12)), passes(compiled, batch, slice(0, 12)))
 
 
 def test_a_run_compiles_one_graph_per_bucket_and_pass():
