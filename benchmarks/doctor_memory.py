@@ -85,8 +85,10 @@ def dense_reward(prompts, completions, **_):
     return [sum(ch in chosen for ch in c) / max(len(c), 1) for c in completions]
 
 
-def measure(size: str, seed: int = 0) -> dict:
-    """One size, in this (fresh) process: baseline, model, two GRPO steps, peak RSS and the forecast."""
+def measure(size: str, seed: int = 0, dtype: str = "float32") -> dict:
+    """One size, in this (fresh) process: baseline, model, two GRPO steps, peak RSS and the forecast;
+    `dtype`: the compute dtype (bfloat16: autocast over float32 weights, whose compute-dtype copies the
+    forecast counts)."""
     import torch
     from transformers import LlamaForCausalLM  # noqa: F401 - build_policy's import, counted in the baseline
 
@@ -137,6 +139,7 @@ def measure(size: str, seed: int = 0) -> dict:
             save_steps=0,
             log_completions_steps=0,
             progress=False,
+            dtype=dtype,
         )
         began = time.perf_counter()
         train_grpo(
@@ -156,7 +159,7 @@ def measure(size: str, seed: int = 0) -> dict:
         prompt_length=prompt_length,
         completion_length=TOKENS,
         reference=True,
-        compute_bytes=4,
+        compute_bytes=torch.empty((), dtype=getattr(torch, dtype)).element_size(),
         master_bytes=4,
         fused_logps=True,
         group_size=GENERATIONS,
@@ -181,10 +184,11 @@ def measure(size: str, seed: int = 0) -> dict:
         "seconds": seconds,
         "marks": marks,
         "torch": torch.__version__,
+        "dtype": dtype,
     }
 
 
-def run_child(size: str, exact_malloc: bool = False) -> dict:
+def run_child(size: str, exact_malloc: bool = False, dtype: str = "float32") -> dict:
     """`measure(size)` in a fresh process; with `exact_malloc`, glibc's malloc returns every freed block
     of 128 KiB or more to the system at once (a fixed mmap threshold), so that RSS follows what the
     code holds rather than what the allocator keeps."""
@@ -193,7 +197,7 @@ def run_child(size: str, exact_malloc: bool = False) -> dict:
     if exact_malloc:
         env["MALLOC_MMAP_THRESHOLD_"] = str(EXACT_MMAP_THRESHOLD)
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", size],
+        [sys.executable, str(Path(__file__).resolve()), "--child", size, "--dtype", dtype],
         check=True,
         capture_output=True,
         text=True,
@@ -203,12 +207,12 @@ def run_child(size: str, exact_malloc: bool = False) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure_size(size: str, exact_malloc: bool) -> dict:
+def measure_size(size: str, exact_malloc: bool, dtype: str = "float32") -> dict:
     """One size under glibc's defaults (the acceptance figure), and optionally again with freed memory
     returned at once."""
-    row = run_child(size)
+    row = run_child(size, dtype=dtype)
     if exact_malloc:
-        exact = run_child(size, exact_malloc=True)
+        exact = run_child(size, exact_malloc=True, dtype=dtype)
         row["exact_malloc"] = {
             "measured_peak_rss_bytes": exact["measured_peak_rss_bytes"],
             "baseline_bytes": exact["baseline_bytes"],
@@ -278,12 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", choices=sorted(SIZES), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="default: results/doctor_memory.json")
     parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype (weights: float32)"
+    )
+    parser.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=None, help="default: all three")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child)))
+        print(json.dumps(measure(args.child, dtype=args.dtype)))
         return 0
-    sizes = ["smoke"] if args.smoke else ["small", "medium", "large"]
-    rows = [measure_size(size, exact_malloc=not args.smoke) for size in sizes]
+    sizes = ["smoke"] if args.smoke else (args.sizes or ["small", "medium", "large"])
+    rows = [measure_size(size, exact_malloc=not args.smoke, dtype=args.dtype) for size in sizes]
     result = {
         "rows": rows,
         "bound": BOUND,

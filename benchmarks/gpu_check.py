@@ -1,12 +1,14 @@
 """The whole GPU verdict in one command (issue 28): every GPU check and goal of grpokit, each part in
 its own process under its own time budget, so that one failure or hang does not hide the rest.
 
-Parts (budgets in seconds, 8 min 50 s in all: the whole check stays under 9 minutes on one H100):
+Parts (budgets in seconds, 10 min 50 s in all: the whole check stays under 11 minutes on one H100):
 
 * `pytest_gpu` (100): `pytest -m gpu tests/gpu`, the CPU-parity and learning tests on CUDA;
 * `decode` (160): `decode_loops.py --setup 0.5b`, the decode loops at a 0.47B Llama's shape against
   transformers' `generate` at 64 and 512 rows: tokens/s, ratio to `generate`, weight-read floor;
 * `throughput` (65): `gpu_throughput.py`, model FLOPs utilisation of the update and reference passes;
+* `compiled` (120): the same two passes with `--torch-compile` (issue 53), after a warm-up that
+  compiles them: their MFU, time and peak memory;
 * `vs_trl` (150): `gpu_vs_trl.py`, 8×8×256 against TRL 1.16 (each in its own child): step time and
   peak memory ratios;
 * `train_bf16` (55): a bf16 GRPO run of a tiny model on the '1'-share reward, whose reward must rise.
@@ -18,8 +20,8 @@ budget; its verdict says nothing about a GPU.
 
     python benchmarks/gpu_check.py [--smoke] [--only PART,...] [--out FILE] [--work DIR]
 
-`--work DIR` keeps each part's own JSON there (decode.json, throughput.json, vs_trl.json,
-train_bf16.json) instead of in a temporary directory.
+`--work DIR` keeps each part's own JSON there (decode.json, throughput.json, compiled.json,
+vs_trl.json, train_bf16.json) instead of in a temporary directory.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ GOALS = {
     "sampling_vs_generate_64_rows_at_least_8": ("decode", "best_vs_generate_64", ">=", 8.0),
     "update_mfu_at_least_0.30": ("throughput", "update_mfu", ">=", 0.30),
     "reference_mfu_at_least_0.40": ("throughput", "reference_mfu", ">=", 0.40),
+    # issue 53: the compiled training pass
+    "compiled_update_mfu_at_least_0.30": ("compiled", "update_mfu", ">=", 0.30),
     "step_time_vs_trl_at_most_0.25": ("vs_trl", "step_time_ratio", "<=", 0.25),
     "peak_memory_vs_trl_at_most_0.5": ("vs_trl", "peak_memory_ratio", "<=", 0.5),
     "bf16_reward_rises": ("train_bf16", "reward_gain", ">", 0.2),
@@ -59,7 +63,9 @@ def _tail(text: str, lines: int = 6) -> str:
 def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list[str]], dict[str, Path]]:
     """Each part's command, and where the parts that write a JSON write it (pytest: read its output)."""
     py = sys.executable
-    out = {name: work / f"{name}.json" for name in ("decode", "throughput", "vs_trl", "train_bf16")}
+    out = {
+        name: work / f"{name}.json" for name in ("decode", "throughput", "compiled", "vs_trl", "train_bf16")
+    }
     # the GPU decode run keeps the eager loop (the baseline) and the CUDA-graph one (the fastest); the
     # smoke run the eager and static ones (a CPU has no CUDA graph, and compiling there takes 20 s that
     # tests/rollout/test_static_decode.py already spends)
@@ -69,6 +75,10 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
         else ["--setup", "0.5b", "--loops", "eager,cuda_graph"]
     )
     throughput = ["--size", "tiny", "--device", "cpu", "--repeats", "1"] if smoke else []
+    # the compiled passes: the update and the reference pass only (sampling is the decode loop's), two
+    # timed repeats after the warm-up that compiles
+    compiled = [*throughput[:-2], "--repeats", "1"] if smoke else ["--repeats", "2"]
+    compiled += ["--torch-compile", "--pieces", "reference_pass,policy_update"]
     throughput += ["--profile", str(profile)] if profile else []
     size = ["--smoke"] if smoke else []
     trl_steps = [] if smoke else ["--steps", "4", "--warmup", "1"]
@@ -84,6 +94,7 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
             str(out["decode"]),
         ],
         "throughput": [py, str(BENCH / "gpu_throughput.py"), *throughput, "--out", str(out["throughput"])],
+        "compiled": [py, str(BENCH / "gpu_throughput.py"), *compiled, "--out", str(out["compiled"])],
         "vs_trl": [py, str(BENCH / "gpu_vs_trl.py"), *size, *trl_steps, "--out", str(out["vs_trl"])],
         "train_bf16": [py, __file__, "--child", "train_bf16", *size, "--out", str(out["train_bf16"])],
     }, out
@@ -91,7 +102,15 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
 
 # Seen on an H100 (2026-11-24): pytest_gpu 88-92 s, throughput 54 s (over 75 s with --profile),
 # vs_trl 135 s at 4 steps; decode went past 120 s at 2 repeats and train_bf16 has not run there yet.
-BUDGETS = {"pytest_gpu": 100, "decode": 160, "throughput": 65, "vs_trl": 150, "train_bf16": 55}
+# compiled: not yet run on a GPU; compiling the 24-layer update and reference graphs is the unknown
+BUDGETS = {
+    "pytest_gpu": 100,
+    "decode": 160,
+    "throughput": 65,
+    "compiled": 120,
+    "vs_trl": 150,
+    "train_bf16": 55,
+}
 # --smoke runs toy sizes on a CPU, whose speed (and whatever else runs there) the budgets above, an
 # H100's, say nothing about: each part then has this wall-clock limit, a guard against a hang only
 SMOKE_BUDGET = 600
@@ -170,6 +189,16 @@ def summarise_throughput(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def summarise_compiled(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "update_mfu": result["policy_update"]["mfu"],
+        "reference_mfu": result["reference_pass"]["mfu"],
+        "update_s": result["policy_update"]["median"],
+        "reference_s": result["reference_pass"]["median"],
+        "peak_memory_gib": result.get("peak_memory_gib"),
+    }
+
+
 def summarise_vs_trl(result: dict[str, Any]) -> dict[str, Any]:
     ours, trl = result["grpokit"], result["trl"]
     return {
@@ -191,6 +220,7 @@ SUMMARIES = {
     "pytest_gpu": summarise_pytest,
     "decode": summarise_decode,
     "throughput": summarise_throughput,
+    "compiled": summarise_compiled,
     "vs_trl": summarise_vs_trl,
     "train_bf16": summarise_train,
 }

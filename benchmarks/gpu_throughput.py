@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", default=None, help="write a profiler table of one reference pass and update"
     )
+    parser.add_argument(
+        "--torch-compile", action="store_true", help="the training passes compiled (torch_compile=true)"
+    )
+    parser.add_argument(
+        "--pieces", default="sampling,reference_pass,policy_update", help="comma-separated pieces to time"
+    )
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -141,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = PolicyEngine.create(
         model,
         tokenizer,
-        EngineSpec(dtype=dtype_name, group_size=G, decode_loop=args.decode_loop),
+        EngineSpec(
+            dtype=dtype_name, group_size=G, decode_loop=args.decode_loop, torch_compile=args.torch_compile
+        ),
         device=device,
         reference=reference,
     )
@@ -160,26 +168,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     ref = engine.frozen_logps(batch, args.micro_batch, reference=True)
     micro = args.micro_batch
+    loss = grpo_loss if engine.compiled is None else engine.compiled.loss(grpo_loss)  # as train/update.py
 
     def update() -> None:
         optimizer.zero_grad(set_to_none=True)
         n_micro = B // micro
-        for start in range(0, B, micro):
-            rows = slice(start, start + micro)
-            stats = engine.logps(batch, rows, entropy=True)
-            out = grpo_loss(
-                stats.logps,
-                batch.advantages[rows],
-                batch.completion_mask[rows],
-                ref_logps=ref[rows],
-                entropies=stats.entropy.detach(),
-                loss_type="dapo",
-                beta=0.04,
-                num_items_in_batch=batch.completion_mask.sum(),
-            )
-            (out.loss / n_micro).backward()
+        with engine.weights_cast_once():  # one compute-dtype copy for the micro-batches, as update.py
+            for start in range(0, B, micro):
+                micro_batch(slice(start, start + micro), n_micro)
         clip_grad_norm(model, 1.0)
         optimizer.step()
+
+    def micro_batch(rows: slice, n_micro: int) -> None:
+        stats = engine.logps(batch, rows, entropy=True)
+        out = loss(
+            stats.logps,
+            batch.advantages[rows],
+            batch.completion_mask[rows],
+            ref_logps=ref[rows],
+            entropies=stats.entropy.detach(),
+            loss_type="dapo",
+            beta=0.04,
+            num_items_in_batch=batch.completion_mask.sum(),
+        )
+        (out.loss / n_micro).backward()
 
     tokens = int(batch.completion_mask.sum())  # trained / scored completion tokens
     generated = B * rollout.completion_ids.shape[1]
@@ -206,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         "work": f"{args.prompts} prompts x {G} completions x {T} tokens, prompts of {width} tokens",
         "peak_tflops": peak,
         "decode_loop": engine.decoder.loop,
+        "torch_compile": args.torch_compile,
     }
+    pieces = {k: v for k, v in pieces.items() if k in args.pieces.split(",")}
     for key, (fn, count, flops) in pieces.items():
         t = timed(fn, args.repeats, sync)
         achieved = count * flops / t["median"]

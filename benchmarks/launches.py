@@ -179,16 +179,19 @@ def measure(engine: Any, alphabet: str, G: int, rows: int, tokens: int, mode: st
     def reference_pass() -> None:
         engine.frozen_logps(batch, B, reference=True)
 
-    update_micro_batch()  # warm-ups (a compiled engine compiles here)
-    reference_pass()
-    return {
-        mode: {
-            "work": f"{B} completions x {rollout.completion_ids.shape[1]} tokens, prompts of "
-            f"{rollout.prompt_ids.shape[1]} tokens",
-            "update_micro_batch": count_calls(update_micro_batch),
-            "reference_pass": count_calls(reference_pass),
+    # the update's micro-batches share one optimizer step's weights, as update.py runs them: under
+    # mixed precision their compute-dtype copies are made in the first (the warm-up) and reused
+    with engine.weights_cast_once():
+        update_micro_batch()  # warm-ups (a compiled engine compiles here)
+        reference_pass()
+        return {
+            mode: {
+                "work": f"{B} completions x {rollout.completion_ids.shape[1]} tokens, prompts of "
+                f"{rollout.prompt_ids.shape[1]} tokens",
+                "update_micro_batch": count_calls(update_micro_batch),
+                "reference_pass": count_calls(reference_pass),
+            }
         }
-    }
 
 
 if __name__ == "__main__":

@@ -165,6 +165,7 @@ def test_gpu_check_reads_pytest_counts_and_judges_goals():
     assert goals["step_time_vs_trl_at_most_0.25"]["met"] is True
     assert goals["peak_memory_vs_trl_at_most_0.5"]["met"] is False
     assert goals["update_mfu_at_least_0.30"] == {"value": None, "bound": ">= 0.3", "met": None}
+    assert goals["compiled_update_mfu_at_least_0.30"]["met"] is None  # the part did not run
 
 
 @pytest.mark.slow  # seconds in a subprocess: the full suite runs it, the fast tier stays under 90 s
@@ -190,8 +191,11 @@ def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
     _check_gpu_vs_trl_smoke(json.loads((work / "vs_trl.json").read_text()), checkpointing=False)
     result = json.loads(out.read_text())
     assert result["smoke"] is True and result["machine"]["device"] == "cpu"
-    assert set(result["parts"]) == {"pytest_gpu", "decode", "throughput", "vs_trl", "train_bf16"}
+    assert set(result["parts"]) == {"pytest_gpu", "decode", "throughput", "compiled", "vs_trl", "train_bf16"}
     assert all(part["ok"] for part in result["parts"].values()), result["parts"]
+    compiled = result["parts"]["compiled"]  # the compiled passes timed; no MFU on a CPU
+    assert compiled["update_s"] > 0 and compiled["reference_s"] > 0 and compiled["update_mfu"] is None
+    assert json.loads((work / "compiled.json").read_text())["torch_compile"] is True
     assert result["parts"]["pytest_gpu"]["passed"] == 0  # no CUDA here: the GPU tests skip
     assert result["parts"]["decode"]["best_tokens_per_s_8"] > 0
     assert result["goals"]["bf16_reward_rises"]["met"] is True

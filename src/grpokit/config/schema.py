@@ -493,11 +493,11 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
     )
     torch_compile: bool | Literal["auto"] = option(
         "auto",
-        description="compile the training passes with torch.compile: the policy's log-prob pass forward "
+        description="compile the training passes with torch.compile: the policy's scoring pass forward "
         "and backward, the frozen passes (old policy, reference) and the loss, on shapes bucketed so "
         "that a run compiles a bounded number of graphs (logged as compile/graphs); auto = by device, "
         "off on a CPU (measured: benchmarks/RESULTS.md) and on a GPU until measured there (TRL: false). "
-        "Llama-family policies, one process, no LoRA, one turn",
+        "Policies of the Llama family, one process, no LoRA, one turn",
         resume=Resume.applied("a speed choice: the same numbers to float round-off"),
     )
     torch_compile_mode: (

@@ -37,6 +37,7 @@ import torch
 from ..config.specs import EngineSpec as EngineSpec  # re-exported: the plan builds it
 from ..models.backend import LeanBackend, TransformersBackend, backend_of
 from ..models.device import Precision, model_device
+from ..models.lean_llama import LeanLlamaDecoder
 from ..models.lora import reference_model
 from ..ops import HeadStates, TokenLogps, linear_logps, token_logps, token_logps_and_entropy
 from ..rollout import Decoder, LoopControl, Rollout, SamplingParams, process_logits, resolve_decode_loop
@@ -194,6 +195,20 @@ class PolicyEngine:
         """The compute dtype autocast runs the forward passes in, or None without autocast."""
         return self.precision.compute if self.precision.mixed else None
 
+    def weights_cast_once(self, reference: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Within this context the policy's (or the reference's) matrices are cast to the compute dtype
+        once, at their first use, and the copies shared by every pass inside: all the micro-batches of
+        an optimizer step, or of a frozen pass, or the tokens of a rollout. Under mixed precision on the
+        lean forward (eager, one process); otherwise nothing (float32, or compiled passes, which cast
+        inside their graphs). The passes give what autocast's own casts give, bit for bit. The weights
+        must not change inside: the update opens it around the gradients' accumulation, before the
+        optimizer steps."""
+        backend = (self.reference_backend or self.backend) if reference else self.backend
+        decoder = getattr(backend, "decoder", None)
+        if not self.precision.mixed or self.compiled is not None or not isinstance(decoder, LeanLlamaDecoder):
+            return contextlib.nullcontext()
+        return decoder.weights_cast_once(self.precision.compute)
+
     def autocast(self) -> Any:
         return self.precision.autocast(self.device)
 
@@ -236,8 +251,15 @@ class PolicyEngine:
     ) -> Rollout:
         """G completions for each prompt, a text or its token ids (a Rollout, on the host); with an
         environment, G episodes of each prompt, started from its row of `rows`."""
-        with self.autocast():
+        with self.autocast(), self._decoding_cast_once():
             return self.decoder.sample(prompts, params, rows)
+
+    def _decoding_cast_once(self) -> contextlib.AbstractContextManager[None]:
+        """`weights_cast_once` for the decode loop, when it decodes through the policy's own lean
+        backend on one process (the static loop keeps copies of its own: `lean_llama.DecodeWeights`)."""
+        if self.distributed or self.decoder.backend is not self.backend:
+            return contextlib.nullcontext()
+        return self.weights_cast_once()
 
     def update_weights(self, path: str, version: int) -> None:
         """The policy's weights replaced by version `version`'s file at `path` (`engine/weights.py`: the
@@ -261,6 +283,7 @@ class PolicyEngine:
                 backend = self.reference_backend if self.reference is not None else self.backend
             else:
                 model, backend = self.train_module, self.backend
+            stack.enter_context(self.weights_cast_once(reference=reference and self.reference is not None))
             with self.frozen_mode():
                 parts = [  # no entropies: nothing reads them for a frozen policy
                     self._stats(model, backend, batch, slice(s, s + micro), entropy=False).logps
@@ -293,7 +316,7 @@ class PolicyEngine:
         with the head (or [B, T, V] logits). Under no_grad, not inference mode: the student's loss reads
         them inside its autograd graph."""
         B = batch.completion_ids.shape[0]
-        with torch.no_grad():
+        with torch.no_grad(), self.weights_cast_once():
             parts = [self.head_states(batch, slice(s, s + micro)) for s in range(0, B, micro)]
             return HeadStates(torch.cat([p.states for p in parts]), parts[0].weight, parts[0].bias)
 
@@ -305,7 +328,7 @@ class PolicyEngine:
         TRL takes against a full-vocabulary forward is off by the kept mass instead (trl#6789)."""
         B = batch.completion_ids.shape[0]
         policy, sampled = [], []
-        with self.frozen_mode():
+        with self.frozen_mode(), self.weights_cast_once():
             for start in range(0, B, micro):
                 rows = slice(start, start + micro)
                 full, drawn = self._replay(batch, rows, params)

@@ -24,8 +24,10 @@ transformers' forward. Tests check equality with transformers to float32 round-o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +123,25 @@ class LeanLlamaDecoder:
         signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=1)  # [size, head_dim]
         table = self._rotary = torch.cat([cos[0], signed], dim=1).to(dtype)  # [size, 2·head_dim]
         return table
+
+    @contextlib.contextmanager
+    def weights_cast_once(self, dtype: torch.dtype) -> Iterator[None]:
+        """Within this context every plain projection multiplies by a `dtype` copy of its weight and bias,
+        made at its first use and kept until the context ends (`WeightCopies`), instead of autocast
+        casting them again at every pass: one cast per weight for all the micro-batches of an update, or
+        all the passes of a frozen pass. The weights must not change inside (the engine opens it around
+        the passes between two optimizer steps); a context already open is kept."""
+        if any(layer.copies is not None for layer in self.layers):
+            yield
+            return
+        copies = WeightCopies(dtype)
+        for layer in self.layers:
+            layer.copies = copies
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.copies = None
 
     @property
     def device(self) -> torch.device:
@@ -439,12 +460,59 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 # ----------------------------------------------------------------------------- the layers, once
 
 
+class _CastOnce(torch.autograd.Function):
+    """A weight's compute-dtype copy standing for the weight in a product: forward gives the copy (made
+    once, outside), backward hands the gradient to the weight in the weight's dtype, as autocast's own
+    cast does (`grad.to(weight.dtype)`). So the products, and the gradients the weights receive, are
+    those of autocast casting the weight at each pass, bit for bit."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.dtype = weight.dtype
+        return copy.view_as(copy)  # (a fresh tensor object: the graph's node is its own, not the copy's)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad.to(ctx.dtype), None
+
+
+class WeightCopies:
+    """Compute-dtype copies of the weights a pass multiplies by, each made at its first use
+    (`LeanLlamaDecoder.weights_cast_once`). A weight that records gradients gets its copy through
+    `_CastOnce`, so that its gradient still reaches it."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (the weight, its copy)
+
+    def __call__(self, weight: torch.Tensor | None) -> torch.Tensor | None:
+        if weight is None or weight.dtype == self.dtype or not weight.is_floating_point():
+            return weight
+        made = self._made.get(id(weight))
+        if made is None or made[0] is not weight:
+            with torch.inference_mode(False), torch.no_grad():  # read by passes that train, too
+                copy = weight.to(self.dtype)
+            made = self._made[id(weight)] = (weight, copy)
+        if weight.requires_grad and torch.is_grad_enabled():
+            return _CastOnce.apply(weight, made[1])
+        return made[1]
+
+
 class ModuleLayer:
     """A transformers Llama layer seen through its modules (LoRA layers injected by peft included):
-    what training, prefill and the eager decode loop multiply by."""
+    what training, prefill and the eager decode loop multiply by. `copies`: set while the decoder's
+    `weights_cast_once` is open."""
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
+        self.copies: WeightCopies | None = None
+
+    def _linear(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        """`_linear`, by the compute-dtype copies of a plain layer's weight and bias when they are kept."""
+        copies = self.copies
+        if copies is None or not _plain(module):
+            return _linear(module, x)
+        return F.linear(x, copies(module.weight), copies(module.bias))
 
     def input_norm(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.layer.input_layernorm
@@ -456,17 +524,18 @@ class ModuleLayer:
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn = self.layer.self_attn
-        return _linear(attn.q_proj, x), _linear(attn.k_proj, x), _linear(attn.v_proj, x)
+        return self._linear(attn.q_proj, x), self._linear(attn.k_proj, x), self._linear(attn.v_proj, x)
 
     def o(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(self.layer.self_attn.o_proj, x)
+        return self._linear(self.layer.self_attn.o_proj, x)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """LlamaMLP: down(silu(gate(x)) · up(x)) (`_supported` checks the activation)."""
         mlp = self.layer.mlp
         if mlp._forward_hooks or mlp._forward_pre_hooks:  # noqa: SLF001
             return mlp(x)
-        return _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
+        gated = F.silu(self._linear(mlp.gate_proj, x)) * self._linear(mlp.up_proj, x)
+        return self._linear(mlp.down_proj, gated)
 
 
 @dataclass(frozen=True)

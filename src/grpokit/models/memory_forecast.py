@@ -366,6 +366,17 @@ def frozen_pass_bytes(model: ModelShape, step: StepShape) -> int:
     return layer + mask + tokens * H * step.master_bytes + 2 * chunk
 
 
+def layer_copy_bytes(model: ModelShape, step: StepShape) -> int:
+    """Under autocast on the lean forward, the compute-dtype copies of the layers' matrices that a frozen
+    pass or a rollout keeps while it lasts (`engine.weights_cast_once`): every parameter but the
+    embedding, an untied head and the norms, c bytes each; 0 in float32 or on transformers' forward."""
+    if step.compute_bytes == step.master_bytes or not model.lean_forward:
+        return 0
+    V, H, L = model.vocab_size, model.hidden_size, model.num_layers
+    head = 0 if model.tied_embeddings else V * H
+    return (model.num_parameters - V * H - head - (2 * L + 1) * H) * step.compute_bytes
+
+
 # gkd's loss chunk (`ops.chunked_generalized_jsd`): both models' logits, their log-softmaxes, the
 # mixture and the products, each [positions, V] float32
 GKD_CHUNK_BUFFERS = 10
@@ -394,27 +405,29 @@ def forecast_memory(
     if model.tied_embeddings:
         matrices += embeddings  # the head's copy is made all the same
     decode_weights = matrices * c if step.static_decode else 0
-    # under autocast every matrix the forward multiplies by is cast once and kept for the backward;
-    # the fused head multiplies outside autocast, in the stored dtype
+    # under autocast every matrix the forward multiplies by is cast once and kept for the backward (on
+    # the lean forward once per optimizer step: `engine.weights_cast_once`); the fused head multiplies
+    # outside autocast, in the stored dtype
     cast = matrices - (embeddings if step.fused_logps else 0)
     cast_weights = cast * c if c != m else 0
     activations = activation_bytes(model, step)
     logits = head_bytes(model, step)
     held = held_gradient_bytes(model, step)
-    frozen = frozen_pass_bytes(model, step) if step.reference else 0
+    frozen = frozen_pass_bytes(model, step) + layer_copy_bytes(model, step) if step.reference else 0
     teacher_weights = teacher.num_parameters * m if teacher is not None else 0  # in the policy's dtype
-    teacher_pass = frozen_pass_bytes(teacher, step) if teacher is not None else 0
+    teacher_pass = frozen_pass_bytes(teacher, step) + layer_copy_bytes(teacher, step) if teacher else 0
     held_states = 0
     if teacher is not None and step.teacher_states:  # [B, T, H_T] in the head's (stored) dtype
         held_states = step.rows * step.completion_length * teacher.hidden_size * m
         positions = min(max(1, CHUNK_LOGITS // V), step.micro_batch_size * step.completion_length)
         held_states += GKD_CHUNK_BUFFERS * positions * V * FLOAT32
     persistent = weights + reference + gradients + optimizer + decode_weights + teacher_weights
+    copies = layer_copy_bytes(model, step)  # a rollout's, held while it lasts (prefill included)
     if step.static_decode:  # the static loop's KV buffers outlive the rollout
         persistent += kv_cache
-        sampling = persistent + decode_logits
+        sampling = persistent + decode_logits + copies
     else:
-        sampling = persistent + kv_cache + decode_logits
+        sampling = persistent + kv_cache + decode_logits + copies
     reference_pass = persistent + max(frozen, teacher_pass) if step.reference or teacher is not None else 0
     # the update's peak: the start of the backward (everything saved, the head's buffers), or with the
     # prompt in a pass of its own the start of that pass's backward (`held_gradient_bytes`)

@@ -103,7 +103,8 @@ def optimizer_step(
     schedule). While the optimizer applies them, the step's progress says so (`Phase.OPTIMIZER`): an
     error there may leave the weights half updated."""
     update.optimizer.zero_grad(set_to_none=True)
-    totals = accumulate_gradients(engine, batch, before, params, d, this)
+    with engine.weights_cast_once():  # (closed before the optimizer changes the weights)
+        totals = accumulate_gradients(engine, batch, before, params, d, this)
     progress = this.progress if this is not None else None
     if progress is not None:
         progress.phase = Phase.OPTIMIZER
