@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--torch-compile", action="store_true", help="the training passes compiled (torch_compile=true)"
     )
+    parser.add_argument("--compile-backend", default=None, help="torch_compile_backend (default: inductor)")
     parser.add_argument(
         "--pieces", default="sampling,reference_pass,policy_update", help="comma-separated pieces to time"
     )
@@ -148,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         model,
         tokenizer,
         EngineSpec(
-            dtype=dtype_name, group_size=G, decode_loop=args.decode_loop, torch_compile=args.torch_compile
+            dtype=dtype_name,
+            group_size=G,
+            decode_loop=args.decode_loop,
+            torch_compile=args.torch_compile,
+            torch_compile_backend=args.compile_backend,
         ),
         device=device,
         reference=reference,
