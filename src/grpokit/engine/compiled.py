@@ -183,7 +183,8 @@ class CompiledPasses:
             decoder.rotary_table(Lq + Tq, decoder.llama.embed_tokens.weight.dtype, device)  # inference tensor
         frozen = not torch.is_grad_enabled()
         self.graphs.add((id(backend), frozen, how, groups, b, Lq, Tq))
-        logps, entropies = self._stats(backend, prompt_ids, prompt_mask, targets, attended, how, groups)
+        with decoder.joined_projections():  # (q/k/v and gate/up: one product each in the graph)
+            logps, entropies = self._stats(backend, prompt_ids, prompt_mask, targets, attended, how, groups)
         return TokenLogps(logps=logps[:, :T], entropy=entropies[:, :T] if how.entropy else entropies)
 
     def loss(self, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -143,6 +143,18 @@ class LeanLlamaDecoder:
             for layer in self.layers:
                 layer.copies = None
 
+    @contextlib.contextmanager
+    def joined_projections(self) -> Iterator[None]:
+        """Within this context q/k/v and gate/up are one product each (`ModuleLayer.join`): for compiled
+        passes, which trace it once."""
+        for layer in self.layers:
+            layer.join = True
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.join = False
+
     @property
     def device(self) -> torch.device:
         """Where the model's parameters are: inputs are moved here, and what is made here lives here."""
@@ -506,6 +518,25 @@ class ModuleLayer:
     def __init__(self, layer: Any) -> None:
         self.layer = layer
         self.copies: WeightCopies | None = None
+        # q/k/v and gate/up as one product each, from their weights joined in the pass (`joined`): set
+        # only while a compiled pass traces, where the join is made once in the graph and shared by
+        # the prompt's pass and the completions'; eager passes keep the separate products (joining at
+        # every call costs what it saves on a CPU: benchmarks/RESULTS.md)
+        self.join = False
+
+    def _joined(self, x: torch.Tensor, modules: tuple[Any, ...]) -> tuple[torch.Tensor, ...] | None:
+        """The products of x by plain linear `modules`, as one product by their weights joined (split
+        back), or None when one of them is not plain (LoRA, a hook) or no join was asked."""
+        if not self.join or not all(_plain(m) for m in modules):
+            return None
+        weight = torch.cat([m.weight for m in modules])  # [Σ out, H]
+        bias = None
+        if any(m.bias is not None for m in modules):  # (a missing bias joins as zeros)
+            zeros = [m.weight.new_zeros(m.weight.shape[0]) for m in modules]
+            bias = torch.cat(
+                [m.bias if m.bias is not None else z for m, z in zip(modules, zeros, strict=True)]
+            )
+        return F.linear(x, weight, bias).split([m.weight.shape[0] for m in modules], dim=-1)
 
     def _linear(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         """`_linear`, by the compute-dtype copies of a plain layer's weight and bias when they are kept."""
@@ -522,8 +553,11 @@ class ModuleLayer:
         norm = self.layer.post_attention_layernorm
         return _rms_norm(norm.weight, norm.variance_epsilon, x)
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         attn = self.layer.self_attn
+        joined = self._joined(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+        if joined is not None:
+            return joined
         return self._linear(attn.q_proj, x), self._linear(attn.k_proj, x), self._linear(attn.v_proj, x)
 
     def o(self, x: torch.Tensor) -> torch.Tensor:
@@ -534,8 +568,11 @@ class ModuleLayer:
         mlp = self.layer.mlp
         if mlp._forward_hooks or mlp._forward_pre_hooks:  # noqa: SLF001
             return mlp(x)
-        gated = F.silu(self._linear(mlp.gate_proj, x)) * self._linear(mlp.up_proj, x)
-        return self._linear(mlp.down_proj, gated)
+        joined = self._joined(x, (mlp.gate_proj, mlp.up_proj))
+        gate, up = (
+            joined if joined is not None else (self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x))
+        )
+        return self._linear(mlp.down_proj, F.silu(gate) * up)
 
 
 @dataclass(frozen=True)
