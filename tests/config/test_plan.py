@@ -85,7 +85,13 @@ def test_plan_objects_read_options_of_their_own_names():
         plan.EpisodeSpec: set(),
         plan.Evaluation: {"batch_size"},
         plan.EngineSpec: {"group_size"},
-        plan.StepSpec: {"loss", "entropy", "reference_sync", "sampling_correction_bounds"},
+        plan.StepSpec: {
+            "loss",
+            "entropy",
+            "reference_sync",
+            "sampling_correction_bounds",
+            "micro_batch_fitted",
+        },
         plan.LossSpec: set(),
     }
     for cls, given in derived.items():  # (options converted on the way, report_to, are named too)

@@ -477,3 +477,17 @@ def test_the_peak_memory_metric_reads_the_gpu():
     peak = memory_metrics(CUDA)["memory/max_allocated_gib"]
     assert peak >= 4 / 1024
     del x
+
+
+def test_an_unset_micro_batch_is_fitted_to_the_gpu(tmp_path):
+    """micro_batch_size unset on a GPU: the memory forecast fits it (train/memory_check.py). 32 prompts ×
+    4 completions of the tiny model fit a GPU at once, past the config's default of 64 rows, and the
+    run says so in one line."""
+    from grpokit.config import GRPOConfig
+
+    cfg = tiny_config(tmp_path, device="cuda", max_steps=1, prompts_per_step=32, num_generations=4)
+    values = {k: v for k, v in cfg.model_dump(exclude_unset=True).items() if k != "micro_batch_size"}
+    said: list[str] = []
+    on_event = lambda kind, step, data: said.append(data.get("message", "")) if kind == "warning" else None  # noqa: E731
+    train_grpo(GRPOConfig(**values), reward_funcs=[ones_reward], on_event=on_event)
+    assert any(line.startswith("micro_batch_size=128 (unset in the config)") for line in said), said

@@ -238,6 +238,8 @@ class StepSpec:
     distill_coef: float = 1.0  # loss_type=opd: λ of the teacher's reverse KL in the advantages
     gkd_beta: float = 0.5  # loss_type=gkd: β of the generalised JSD to the teacher
     lmbda: float = 0.5  # loss_type=gkd: the share of steps on the student's own samples
+    # micro_batch_size left unset: on a GPU the memory forecast fits it (train/memory_check.py)
+    micro_batch_fitted: bool = False
     answer_column: str = "answer"  # loss_type=gkd with lmbda < 1: the dataset's answers as completions
     answer_format: str = "raw"  # a worked format's solutions are those completions (data.demonstration)
     seq_kd: bool = False  # loss_type=gkd: the other steps on the teacher's samples, not the answers
@@ -477,6 +479,7 @@ def step_spec(cfg: GRPOConfig) -> StepSpec:
         reward_weights=_tuple(cfg.reward_weights),
         reference_sync=sync,
         sampling_correction_bounds=(cfg.sampling_correction_min, cfg.sampling_correction_max),
+        micro_batch_fitted="micro_batch_size" not in cfg.model_fields_set,
     )
 
 

@@ -619,7 +619,8 @@ class GRPOConfig(_RunControl, _Placement, _Precision, _TinyModel, _Optimisation)
         MICRO_BATCH_MAX,
         ge=1,
         description="rows per forward/backward; gradients accumulate. Unset: the largest divisor of "
-        f"prompts_per_step·num_generations up to {MICRO_BATCH_MAX}; set: it must divide that",
+        f"prompts_per_step·num_generations up to {MICRO_BATCH_MAX}, and on a GPU the largest whose "
+        "forecast peak memory fits 80% of the GPU (said when the run starts); set: it must divide that",
         resume=MICRO_BATCH_RESUME,
     )
     max_prompt_length: int | None = option(

@@ -46,7 +46,7 @@ from .inputs import (
     resolve_data,
     tiny_context,
 )
-from .memory_check import step_memory_refusal
+from .memory_check import StepSizes, step_memory_refusal
 from .run import StopSignals, policy_and_tokenizer, seed_everything
 from .trainee import StepParams
 
@@ -487,22 +487,8 @@ def _memory_section(
     memory before the model, on a CPU) and on a GPU of `gpu_memory` bytes, and the micro-batch that
     fits each."""
     spec = plan.trainee
-    step = spec.step
     shape = shapes.policy
-    precision = precision_of(spec.engine)
-    step_shape = StepShape(
-        rows=step.prompts_per_step * spec.sampling.num_generations,
-        micro_batch_size=step.micro_batch_size,
-        prompt_length=report.prompt_tokens or 1,  # the longest prompt seen (its padded width)
-        completion_length=data.max_completion_length,
-        reference=step.loss.beta != 0.0,
-        compute_bytes=torch.finfo(precision.compute).bits // 8,
-        master_bytes=torch.finfo(precision.master).bits // 8,
-        fused_logps=spec.engine.fused_logps,
-        gradient_checkpointing=plan.model.gradient_checkpointing,
-        group_size=spec.sampling.num_generations,  # each prompt's pass shared by its G rows
-        teacher_states=step.loss.variant.teacher == "distributions",
-    )
+    step_shape = StepSizes.of(plan, data.max_completion_length).step_shape(plan, report.prompt_tokens or 1)
     teacher = shapes.teacher
     if (
         plan.teacher is not None

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..config import GRPOConfig, trl_names
 from ..config.applied import Preset, applied
-from ..config.plan import GRPOPlan, grpo_plan, loss_advice
+from ..config.plan import GRPOPlan, TraineeSpec, grpo_plan, loss_advice
 from ..config.resume import resume_changes
 from ..data import solution_column
 from ..models import ModelShape, check_lora_targets, is_lora, memory_metrics, require_peft
@@ -57,7 +57,7 @@ from .inputs import (
     resolve_data,
     tiny_context,
 )
-from .memory_check import check_step_memory
+from .memory_check import check_step_memory, fitted_micro_batch, longest_prompt
 from .metrics import check_reporters, warn
 from .run import (
     Run,
@@ -191,6 +191,7 @@ class Inputs:
     tokenizer: Any
     replacing: bool  # overwrite=true over an earlier run
     resume_from: Path | None
+    prompt_tokens: int  # the longest prompt in tokens (memory_check.longest_prompt)
 
 
 def prepare_run(
@@ -218,6 +219,21 @@ def prepare_run(
     return prepared
 
 
+def with_fitted_micro_batch(
+    plan: GRPOPlan, model: Any, inputs: Inputs, d: distributed.Dist, emit: Emit
+) -> TraineeSpec:
+    """The trainee's spec, with the micro-batch the memory forecast fits when the config leaves
+    micro_batch_size unset on a GPU (`memory_check.fitted_micro_batch`), said once."""
+    spec = plan.trainee
+    length = inputs.data.max_completion_length
+    shapes = ModelShape.of(model), teacher_shape(plan)
+    fitted = fitted_micro_batch(plan, *shapes, inputs.prompt_tokens, length, d.device, d.world_size)
+    if fitted is None or fitted.micro_batch_size == spec.step.micro_batch_size:
+        return spec
+    warn(emit, 0, fitted.message)
+    return replace(spec, step=replace(spec.step, micro_batch_size=fitted.micro_batch_size))
+
+
 def spawns_early(device: Any, warm_starts: bool) -> bool:
     """Whether a batch source's processes (the rollout workers) start before the policy is placed and
     warm-started: their imports (seconds) then overlap that work, on the cores an accelerator leaves
@@ -243,6 +259,7 @@ def _prepare_policy_and_run(
     if plan.lora is not None and not is_lora(model):  # LoRA on the warm-started weights: only the adapters
         model = add_lora(model, plan.lora)  # train (reference: off); a model given with them keeps its own
     source.prepare(model)  # (the rollout workers' copy of the policy: before FSDP2 shards it in place)
+    spec = with_fitted_micro_batch(plan, model, inputs, d, emit)  # micro_batch_size unset, on a GPU
     trainee = build_trainee(spec, model, inputs.tokenizer, data, source, d)  # engine, optimizer
     if plan.teacher is not None:  # a loss with a teacher (opd, gkd): it scores the student's completions
         teacher = load_teacher(plan.teacher, inputs.tokenizer, spec.engine, d)
@@ -301,7 +318,8 @@ def check_inputs(
         [*columns, solution_column(columns[1])] if plan.warm_start.schedule.steps else [columns[0]],
     )
     check_step_prompts(prompts_per_step, data)  # enough rows for one step's distinct prompts
-    check_step_memory(plan, model, tokenizer, data, d.device, d.world_size)  # sizes far beyond the device
+    prompt_tokens = longest_prompt(plan, tokenizer, data)
+    check_step_memory(plan, model, prompt_tokens, data, d.device, d.world_size)  # sizes far beyond the device
     check_gkd_answers(spec.step, data)  # learning from demonstrations: an answer in every row
     check_rollout(plan.rollout, data, d.world_size, spec.step, Path(control.output_dir))  # max_staleness
     # what loading the teacher would refuse, from its tokenizer and config: before anything is cleared
@@ -311,7 +329,7 @@ def check_inputs(
     if plan.lora is not None and plan.lora.target_modules:
         check_lora_targets(model, list(plan.lora.target_modules))
     resume_from = latest_checkpoint(control, compare, d, on_event)  # resume=true: the newest intact one
-    return Inputs(data, model, tokenizer, replacing, resume_from)
+    return Inputs(data, model, tokenizer, replacing, resume_from, prompt_tokens)
 
 
 def run_loop(ready: PreparedRun, plan: GRPOPlan, hooks: Hooks, on_event: OnEvent | None) -> TrainResult:

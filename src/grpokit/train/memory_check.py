@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..config.plan import GRPOPlan
-from ..models import ModelShape, Precision, StepShape, forecast_memory
+from ..models import ModelShape, Precision, StepShape, forecast_memory, largest_micro_batch
 from ..models.memory_forecast import MemoryForecast
 
 MARGIN = 2  # refused when the sizes alone need more than MARGIN × the device's total memory
@@ -50,13 +50,26 @@ class StepSizes:
         return StepShape(
             rows=rows,
             micro_batch_size=min(self.micro_batch_size, rows),
-            prompt_length=max(prompt_tokens, 1),
+            prompt_length=max(prompt_tokens, 1),  # the longest prompt (its padded width)
             completion_length=self.max_completion_length,
+            reference=spec.step.loss.beta != 0.0,
             compute_bytes=torch.finfo(precision.compute).bits // 8,
             master_bytes=torch.finfo(precision.master).bits // 8,
             fused_logps=spec.engine.fused_logps,
             gradient_checkpointing=plan.model.gradient_checkpointing,
-            group_size=self.num_generations,
+            group_size=self.num_generations,  # each prompt's pass shared by its G rows
+            teacher_states=spec.step.loss.variant.teacher == "distributions",
+        )
+
+    @classmethod
+    def of(cls, plan: GRPOPlan, max_completion_length: int, world_size: int = 1) -> StepSizes:
+        """The run's own sizes, on one of `world_size` ranks."""
+        step = plan.trainee.step
+        return cls(
+            num_generations=plan.trainee.sampling.num_generations,
+            prompts_per_step=max(1, step.prompts_per_step // world_size),
+            max_completion_length=max_completion_length,
+            micro_batch_size=step.micro_batch_size,
         )
 
 
@@ -119,12 +132,7 @@ def step_memory_refusal(
     total, where = device_memory(device)
     if total is None:
         return None
-    sizes = StepSizes(
-        num_generations=plan.trainee.sampling.num_generations,
-        prompts_per_step=max(1, plan.trainee.step.prompts_per_step // world_size),
-        max_completion_length=max_completion_length,
-        micro_batch_size=plan.trainee.step.micro_batch_size,
-    )
+    sizes = StepSizes.of(plan, max_completion_length, world_size)
     step = sizes.step_shape(plan, prompt_tokens)
     need = rollout_bytes(forecast_memory(shape, step))
     if need <= MARGIN * total:
@@ -157,24 +165,72 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:.1f} MiB"
 
 
-def check_step_memory(
-    plan: GRPOPlan, model: Any, tokenizer: Any, data: Any, device: torch.device, world_size: int
-) -> None:
-    """`step_memory_refusal` for a run about to start, as a ValueError (one line): the policy's shape,
-    its longest prompt in tokens (max_prompt_length when set, else the longest of the first 64 training
-    prompts) and the run's completion length."""
+def longest_prompt(plan: GRPOPlan, tokenizer: Any, data: Any) -> int:
+    """A run's longest prompt in tokens, as the forecast takes it: max_prompt_length when set, else the
+    longest of the first 64 training prompts."""
     from ..data import render_prompt
 
-    prompt_tokens = data.max_prompt_length
-    if not prompt_tokens:
-        tools = data.environment.tool_schemas if data.environment is not None else None
-        column, kwargs = plan.data.prompt_column, data.chat_template_kwargs
-        texts = (render_prompt(r[column], tokenizer, tools, kwargs) for r in data.train_rows[:64])
-        prompt_tokens = max(
-            (len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts), default=1
-        )
+    if data.max_prompt_length:
+        return int(data.max_prompt_length)
+    tools = data.environment.tool_schemas if data.environment is not None else None
+    column, kwargs = plan.data.prompt_column, data.chat_template_kwargs
+    texts = (render_prompt(r[column], tokenizer, tools, kwargs) for r in data.train_rows[:64])
+    return max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts), default=1)
+
+
+def check_step_memory(
+    plan: GRPOPlan, model: Any, prompt_tokens: int, data: Any, device: torch.device, world_size: int
+) -> None:
+    """`step_memory_refusal` for a run about to start, as a ValueError (one line): the policy's shape,
+    its longest prompt in tokens (`longest_prompt`) and the run's completion length."""
     refusal = step_memory_refusal(
         plan, ModelShape.of(model), prompt_tokens, data.max_completion_length, device, world_size
     )
     if refusal is not None:
         raise ValueError(refusal)
+
+
+# the share of a GPU's memory the fitted micro-batch's forecast peak may take: the rest for the CUDA
+# context, the allocator's fragmentation and what the forecast leaves out (the doctor's forecast was
+# within 10% of the measured peak: benchmarks/RESULTS.md)
+FIT = 0.8
+
+
+@dataclass(frozen=True)
+class FittedMicroBatch:
+    """The micro-batch the memory forecast fits (`fitted_micro_batch`), and the line that says so."""
+
+    micro_batch_size: int
+    message: str
+
+
+def fitted_micro_batch(
+    plan: GRPOPlan,
+    shape: ModelShape,
+    teacher: ModelShape | None,
+    prompt_tokens: int,
+    max_completion_length: int,
+    device: torch.device,
+    world_size: int = 1,
+) -> FittedMicroBatch | None:
+    """micro_batch_size left unset, on a GPU: the largest divisor of this rank's rows whose forecast
+    peak (`grpokit doctor`'s, with the GPU's decode loop) fits FIT of the GPU's whole memory (the same
+    GPU fits the same one when a run resumes): fewer, larger passes than the config's default of at
+    most 64 rows. None where the config's value stands: set in the config, on a CPU (whose passes gain
+    little from size), or when no micro-batch fits (a step out of memory then halves it)."""
+    spec = plan.trainee
+    if not spec.step.micro_batch_fitted or device.type != "cuda":
+        return None
+    total, where = device_memory(device)
+    if total is None:
+        return None
+    sizes = StepSizes.of(plan, max_completion_length, world_size)
+    step = replace(sizes.step_shape(plan, prompt_tokens), static_decode=spec.engine.decode_loop != "eager")
+    best = largest_micro_batch(shape, step, int(FIT * total), 0, teacher)
+    if best is None:
+        return None
+    return FittedMicroBatch(
+        best,
+        f"micro_batch_size={best} (unset in the config): the largest divisor of this rank's {step.rows} "
+        f"rows whose forecast peak fits {FIT:.0%} of {where}; set micro_batch_size to choose",
+    )
