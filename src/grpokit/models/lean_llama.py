@@ -124,36 +124,31 @@ class LeanLlamaDecoder:
         table = self._rotary = torch.cat([cos[0], signed], dim=1).to(dtype)  # [size, 2·head_dim]
         return table
 
-    @contextlib.contextmanager
-    def weights_cast_once(self, dtype: torch.dtype) -> Iterator[None]:
+    def weights_cast_once(self, dtype: torch.dtype) -> contextlib.AbstractContextManager[None]:
         """Within this context every plain projection multiplies by a `dtype` copy of its weight and bias,
         made at its first use and kept until the context ends (`WeightCopies`), instead of autocast
         casting them again at every pass: one cast per weight for all the micro-batches of an update, or
         all the passes of a frozen pass. The weights must not change inside (the engine opens it around
         the passes between two optimizer steps); a context already open is kept."""
         if any(layer.copies is not None for layer in self.layers):
-            yield
-            return
-        copies = WeightCopies(dtype)
-        for layer in self.layers:
-            layer.copies = copies
-        try:
-            yield
-        finally:
-            for layer in self.layers:
-                layer.copies = None
+            return contextlib.nullcontext()
+        return self._layers_set("copies", WeightCopies(dtype), None)
 
-    @contextlib.contextmanager
-    def joined_projections(self) -> Iterator[None]:
+    def joined_projections(self) -> contextlib.AbstractContextManager[None]:
         """Within this context q/k/v and gate/up are one product each (`ModuleLayer.join`): for compiled
         passes, which trace it once."""
+        return self._layers_set("join", True, False)
+
+    @contextlib.contextmanager
+    def _layers_set(self, name: str, value: Any, after: Any) -> Iterator[None]:
+        """Every layer's attribute `name` set to `value` while the context lasts, then to `after`."""
         for layer in self.layers:
-            layer.join = True
+            setattr(layer, name, value)
         try:
             yield
         finally:
             for layer in self.layers:
-                layer.join = False
+                setattr(layer, name, after)
 
     @property
     def device(self) -> torch.device:
