@@ -256,7 +256,8 @@ class PolicyEngine:
 
     def _decoding_cast_once(self) -> contextlib.AbstractContextManager[None]:
         """`weights_cast_once` for the decode loop, when it decodes through the policy's own lean
-        backend on one process (the static loop keeps copies of its own: `lean_llama.DecodeWeights`)."""
+        backend on one process: the prefill and the eager loop's steps read the copies (the static
+        loop's steps read stacked copies of their own, `lean_llama.DecodeWeights`)."""
         if self.distributed or self.decoder.backend is not self.backend:
             return contextlib.nullcontext()
         return self.weights_cast_once()
