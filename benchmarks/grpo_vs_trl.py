@@ -118,7 +118,9 @@ def spread(times: list[float]) -> dict[str, float]:
     return {"median": statistics.median(t), "p10": t[len(t) // 10], "p90": t[(9 * len(t)) // 10], "n": len(t)}
 
 
-def run_trl(start: Path, out: Path, steps: int, seed: int, setup: str = "addition") -> dict:
+def run_trl(
+    start: Path, out: Path, steps: int, seed: int, setup: str = "addition", dtype: str = "float32"
+) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -156,7 +158,7 @@ def run_trl(start: Path, out: Path, steps: int, seed: int, setup: str = "additio
         max_steps=steps,
         max_completion_length=tokens,
         use_cpu=True,
-        bf16=False,
+        bf16=dtype == "bfloat16",
         report_to=[],
         save_strategy="no",
         logging_steps=10,
@@ -182,7 +184,13 @@ def run_trl(start: Path, out: Path, steps: int, seed: int, setup: str = "additio
 
 
 def run_grpokit(
-    start: Path, out: Path, steps: int, seed: int, setup: str = "addition", compiled: bool = False
+    start: Path,
+    out: Path,
+    steps: int,
+    seed: int,
+    setup: str = "addition",
+    dtype: str = "float32",
+    compiled: bool = False,
 ) -> dict:
     from grpokit.config import GRPOConfig
     from grpokit.data import get_task
@@ -209,6 +217,7 @@ def run_grpokit(
         progress=False,
         lr_scheduler_type="linear",
         torch_compile=compiled,
+        dtype=dtype,
         **extra,
     )
     if setup == "addition":
@@ -235,13 +244,19 @@ def main() -> int:
         default="false",
         help="grpokit's torch_compile; both: grpokit eager and compiled, each beside TRL in the one run",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="both trainers' compute precision (grpokit's dtype; TRL's bf16=true), float32 master weights",
+    )
     parser.add_argument("--child", choices=["grpokit", "grpokit_compiled", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--start", help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps = args.steps or SETUPS[args.setup][0]
     if args.child:  # one trainer in this process; its result and peak RSS on the last line
         with tempfile.TemporaryDirectory() as tmp:
-            where = (Path(args.start), Path(tmp) / "run", steps, args.seed, args.setup)
+            where = (Path(args.start), Path(tmp) / "run", steps, args.seed, args.setup, args.dtype)
             if args.child == "trl":
                 result = run_trl(*where)
             else:
@@ -255,11 +270,11 @@ def main() -> int:
         ours = {"false": ["grpokit"], "true": ["grpokit_compiled"], "both": ["grpokit", "grpokit_compiled"]}
         for child in [*ours[args.torch_compile], "trl"]:
             cmd = [sys.executable, __file__, "--child", child, "--start", str(start), "--setup", args.setup]
-            cmd += ["--steps", str(steps), "--seed", str(args.seed)]
+            cmd += ["--steps", str(steps), "--seed", str(args.seed), "--dtype", args.dtype]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             results[child] = json.loads(done.stdout.strip().splitlines()[-1])
     trl = results["trl"]
-    result = {"setup": args.setup, "steps": steps} | results
+    result = {"setup": args.setup, "steps": steps, "dtype": args.dtype} | results
     for child in ours[args.torch_compile]:  # (grpokit: the keys of before, eager; compiled: suffixed)
         suffix = "" if child == "grpokit" else "_compiled"
         result[f"step_time_ratio{suffix}"] = (
