@@ -1,13 +1,14 @@
-"""The main job (`python3 -m grpokit train`, the README's first command) over seeds and CPU
-instruction sets: held-out greedy accuracy before and after GRPO for every run, and the worst gain,
-which is what the README promises.
+"""The main job (`python3 -m grpokit train`, the README's first command), or another preset
+(`--preset chain`), over seeds and CPU instruction sets: held-out greedy accuracy before and after
+GRPO for every run, and the worst gain, which is what the README promises.
 
-    python benchmarks/main_job_spread.py [--seeds 0 1 2 3 4 42] [--isa best default avx2]
+    python benchmarks/main_job_spread.py [--preset NAME] [--seeds 0 1 2 3 4 42] [--isa best default avx2]
         [--runs /tmp/main_job_spread] [--out benchmarks/results/main_job_spread.json] [--collect]
 
-Each run is the README's command in its own process with `seed=S` (and `ATEN_CPU_CAPABILITY` set
-to the instruction set, unset for `best`), into RUNS/<isa>_s<seed>. `--collect` only reads runs
-already there. An instruction set the CPU lacks is run by torch at its best available one.
+Each run is the command in its own process with `seed=S` (and `ATEN_CPU_CAPABILITY` set to the
+instruction set, unset for `best`), into RUNS/<isa>_s<seed>, with its wall time (process start to
+exit). `--collect` only reads runs already there. An instruction set the CPU lacks is run by torch at
+its best available one.
 """
 
 from __future__ import annotations
@@ -38,19 +39,21 @@ def summarise(run_dir: Path) -> dict:
     }
 
 
-def run(run_dir: Path, seed: int, isa: str) -> None:
+def run(run_dir: Path, seed: int, isa: str, preset: str | None) -> None:
     env = dict(os.environ)
     env.pop("ATEN_CPU_CAPABILITY", None)
     if isa != "best":
         env["ATEN_CPU_CAPABILITY"] = isa
     began = time.perf_counter()
-    cmd = [sys.executable, "-m", "grpokit", "train", f"output_dir={run_dir}", "overwrite=true"]
+    cmd = [sys.executable, "-m", "grpokit", "train", *([preset] if preset else [])]
+    cmd += [f"output_dir={run_dir}", "overwrite=true"]
     subprocess.run([*cmd, "progress=false", f"seed={seed}"], env=env, check=True, capture_output=True)
     (run_dir / "wall_seconds.txt").write_text(f"{time.perf_counter() - began:.1f}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default=None, help="a built-in preset (default: the main job's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 42])
     parser.add_argument("--isa", nargs="+", default=["best", "default", "avx2"])
     parser.add_argument("--runs", default="/tmp/main_job_spread")
@@ -62,13 +65,14 @@ def main() -> int:
         for seed in args.seeds:
             run_dir = Path(args.runs) / f"{isa}_s{seed}"
             if not args.collect:
-                run(run_dir, seed, isa)
+                run(run_dir, seed, isa, args.preset)
             if (run_dir / "metrics.jsonl").is_file():
                 results[f"{isa}_s{seed}"] = summarise(run_dir)
                 r = results[f"{isa}_s{seed}"]
                 print(
                     f"{isa:8s} seed {seed:2d}: {100 * r['before']:.1f}% -> {100 * r['after']:.1f}% "
-                    f"({r['gain_points']:+.1f}) after {r['sft_steps_taken']} warm-start steps",
+                    f"({r['gain_points']:+.1f}) after {r['sft_steps_taken']} warm-start steps, "
+                    f"{r['wall_seconds']} s",
                     flush=True,
                 )
     gains = [r["gain_points"] for r in results.values()]
@@ -82,6 +86,7 @@ def main() -> int:
         ],
         "after_range": [min(r["after"] for r in results.values()), max(r["after"] for r in results.values())],
     }
+    summary["longest_wall_seconds"] = max((r["wall_seconds"] or 0) for r in results.values())
     print(json.dumps(summary))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"summary": summary, "runs": results}, indent=1))

@@ -22,7 +22,14 @@ from .train.run_files import (
 PLOTS: dict[str, tuple[list[str], str]] = {
     "reward": (["reward", "eval/reward"], "reward (batch mean)"),
     "accuracy": (
-        ["eval/accuracy", "accuracy", "eval/pass@1", "eval/pass@4", "eval/pass@8"],
+        [
+            "eval/accuracy",
+            "accuracy",
+            "eval/pass@1",
+            "eval/pass@4",
+            "eval/pass@8",
+            "completions/correct_ratio",
+        ],
         "share of prompts solved (0-1)",
     ),
     "margin": (["margin", "eval/margin"], "score margin (chosen - rejected, logits)"),
@@ -33,6 +40,16 @@ PLOTS: dict[str, tuple[list[str], str]] = {
     "kl": (["kl"], "KL to the reference (nats/token)"),
     "entropy": (["entropy", "entropy/target"], "entropy (nats/token)"),
     "length": (["completions/mean_length", "eval/completions/mean_length"], "completion length (tokens)"),
+    # where the answers can be judged: right and wrong completions' lengths apart (length bias shows here)
+    "length_by_correctness": (
+        [
+            "completions/correct_mean_length",
+            "completions/incorrect_mean_length",
+            "eval/completions/correct_mean_length",
+            "eval/completions/incorrect_mean_length",
+        ],
+        "completion length, right and wrong (tokens)",
+    ),
     "loss": (["loss"], "loss (per token, as optimised)"),
     "clipping": (
         ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"],

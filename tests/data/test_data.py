@@ -105,7 +105,7 @@ def test_prompt_sampler_is_deterministic_and_resumable():
     assert [c.next_batch() for _ in range(3)] == batches[1:]
 
 
-@pytest.mark.parametrize("name", ["addition", "countdown", "reverse"])
+@pytest.mark.parametrize("name", ["addition", "chain", "countdown", "reverse"])
 def test_tasks_have_disjoint_deterministic_splits(name):
     task = get_task(name, seed=0)
     again = get_task(name, seed=0)

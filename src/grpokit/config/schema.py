@@ -125,7 +125,7 @@ def _report_to(value: Any) -> Any:
     return list(dict.fromkeys(out))
 
 
-BUILTIN_TASKS = ("addition", "countdown", "reverse", "tool_addition")  # data/tasks.py TASKS (tested)
+BUILTIN_TASKS = ("addition", "chain", "countdown", "reverse", "tool_addition")  # data/tasks.py TASKS (tested)
 
 
 def _task_name(value: Any) -> Any:
@@ -1413,7 +1413,7 @@ class SFTConfig(_Placement, _TinyModel):
     model_revision: str | None = option(
         None, description="a hub id's branch, tag or commit (TRL's name)", resume=FIXED_MODEL
     )
-    task: Literal["addition", "countdown", "reverse"] | None = option(
+    task: Literal["addition", "chain", "countdown", "reverse"] | None = option(
         "addition", description="a built-in task; None to train on `dataset`", resume=FIXED_DATA
     )
     num_eval_prompts: int = option(

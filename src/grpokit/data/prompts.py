@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,7 +265,10 @@ class PromptSampler:
 
     With a `curriculum` (data/curriculum.py) the walk through an epoch's order passes over set-aside
     prompts except with the rule's revisit probability; `record` takes the visits of the latest batch
-    (`last_indices`), and the curriculum's pools are part of the state dict."""
+    (`last_indices`), and the curriculum's pools are part of the state dict.
+
+    `is_correct(completion, row)`, where the rows' answers can be judged right or wrong (a built-in
+    task's check, or the Python API's): what a step's metrics split completion lengths by."""
 
     def __init__(
         self,
@@ -275,10 +278,12 @@ class PromptSampler:
         seed: int = 0,
         shuffle: bool = True,
         curriculum: CurriculumRule | None = None,
+        is_correct: Callable[[str, dict[str, Any]], bool] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
         self.rows, self.batch_size, self.seed, self.shuffle = list(rows), batch_size, seed, shuffle
+        self.is_correct = is_correct
         self.epoch, self.position = 0, 0
         self._cached: tuple[int, list[int]] | None = None  # (epoch, order): shuffled once per epoch
         self.curriculum: Curriculum | None = None  # (a step's prompts stay active: floor=batch_size)

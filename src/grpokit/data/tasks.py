@@ -5,6 +5,8 @@ and the tests run without downloading anything.
     addition   "12+34="      -> "46"                         (a, b < 100)
     countdown  "3,5,7;22:"   -> an expression reaching 22    (each given number at most once)
     reverse    "1234>"       -> "4321"                       (3 to 6 digits)
+    chain      "37+25+18+41+9="                              (5 to 10 terms: completions of 32-128
+               -> "37+25=62,62+18=80,80+41=121,121+9=130;130"  tokens, every running total written)
     tool_addition  "48213+90577=" -> "138790"                (5-digit numbers; with a `calc` tool:
                    [calc("48213+90577")]{138790}138790        call, the tool's answer, the final answer)
 """
@@ -83,6 +85,60 @@ def countdown(seed: int = 0, num_eval: int = 200, size: int = 5000) -> Task:
     return Task("countdown", "0123456789+-*/(),;:", train, held_out, _countdown_correct, 13, 16)
 
 
+def chain_answer(completion: str) -> str:
+    """The final answer of a chain solution: what follows its last ';', stripped ('' when none)."""
+    return completion.rpartition(";")[2].strip() if ";" in completion else ""
+
+
+def _chain_correct(completion: str, row: dict[str, Any]) -> bool:
+    return chain_answer(completion) == row["result"]
+
+
+def chain_solution(terms: list[int], style: str) -> str:
+    """A worked sum, every running total written: "full" writes each step whole (37+25=62,62+18=80),
+    "short" only the term added and the new total (+25=62,+18=80); both end with ";" and the sum."""
+    total, steps = terms[0], []
+    for term in terms[1:]:
+        before, total = total, total + term
+        steps.append(f"{before}+{term}={total}" if style == "full" else f"+{term}={total}")
+    return ",".join(steps) + f";{total}"
+
+
+CHAIN_TERM, CHAIN_COUNT = (1, 9), (8, 16)
+
+
+def chain(seed: int = 0, num_eval: int = 200, size: int = 20000) -> Task:
+    """Sums of 5 to 10 two-digit numbers, solved step by step. A row's "answer" is its worked solution
+    (what a warm start learns) in one of two styles drawn per row: "full" (about 10.5 tokens a step)
+    or "short" (about 6.5), so a solution's length is partly the policy's own choice; "result" is the
+    sum, the exact answer after the last ';' that the reward checks."""
+    rng = random.Random(seed + 4)
+    rows: dict[str, dict[str, Any]] = {}
+    while len(rows) < size:
+        terms = [rng.randint(*CHAIN_TERM) for _ in range(rng.randint(*CHAIN_COUNT))]
+        prompt = "+".join(map(str, terms)) + "="
+        style = rng.choice(("full", "short"))
+        rows.setdefault(
+            prompt,
+            {
+                "prompt": prompt,
+                "answer": chain_solution(terms, style),
+                "result": str(sum(terms)),
+                "style": style,
+            },
+        )
+    train, held_out = _split(list(rows.values()), num_eval, seed)
+    return Task(
+        "chain",
+        "0123456789+=,;",
+        train,
+        held_out,
+        _chain_correct,
+        max_prompt_length=32,
+        max_completion_length=128,  # the longest full solution is 103 tokens: room for a policy's own length
+    )
+
+
 def final_answer(completion: str, response_end: str = "}") -> str:
     """The text after the last tool response (a whole completion when there is none), stripped."""
     return completion.rpartition(response_end)[2].strip()
@@ -126,6 +182,7 @@ def tool_addition(seed: int = 0, num_eval: int = 200, size: int = 20000) -> Task
 TASKS: dict[str, Callable[..., Task]] = {
     "addition": addition,
     "countdown": countdown,
+    "chain": chain,
     "reverse": reverse,
     "tool_addition": tool_addition,
 }

@@ -57,6 +57,17 @@ WEIGHTS_DIR = ".rollout"
 WEIGHT_FILE = re.compile(r"weights-v\d+\.(safetensors|tmp)|setup-rank\d+-worker\d+\.(pt|tmp)")
 
 
+def _picklable(item: object) -> bool:
+    """Whether the worker process can receive `item` (one defined in __main__ it cannot import)."""
+    if getattr(item, "__module__", None) == "__main__":
+        return False
+    try:
+        pickle.dumps(item)
+    except Exception:  # noqa: BLE001 - pickling fails in many ways
+        return False
+    return True
+
+
 def refuse_unpicklable(what: str, items: Sequence[tuple[str, object]]) -> None:
     """Each item goes to the worker process by pickling: a lambda, a closure or a function defined in
     `__main__` of another program cannot. One ValueError naming the first one and the fix."""
@@ -238,6 +249,8 @@ class AsyncRollout(BatchSource):
         else:
             torch.set_num_threads(max(1, count - worker_threads))
         prompts = copy.deepcopy(trainee.prompts)
+        if not _picklable(prompts.is_correct):  # a lambda of yours: the worker's steps split no lengths
+            prompts.is_correct = None
         if self.buffer:
             prompts.load_state_dict(self.buffer[max(self.buffer)].prompts_state)
         return WorkerSetup(

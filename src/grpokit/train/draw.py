@@ -23,6 +23,7 @@ from ..rewards.scoring import RewardScores, RunState
 from ..rollout import Rollout
 from . import distributed
 from .batch import Batch, group_invariants, merge_groups
+from .evaluation import length_by_correctness
 from .trainee import StepParams
 
 
@@ -40,6 +41,7 @@ class StepPrompts:
     rows: list[dict[str, Any]]  # [P] the dataset rows
     texts: list[str]  # [P] as the policy reads them (chat template, tools)
     drawn: list[int]  # [P·world] the rows every rank drew (the curriculum's visits)
+    is_correct: Callable[[str, dict[str, Any]], bool] | None = None  # the rows' answer check, if any
 
     def repeat(self, column: str, G: int) -> list[str]:
         """[B]: each row's `column`, G times in a row (rows p·G … p·G+G−1 share prompt p)."""
@@ -57,7 +59,7 @@ def step_prompts(
         render_prompt(r[spec.prompt_column], engine.tokenizer, schemas, spec.chat_template_kwargs)
         for r in rows
     ]
-    return StepPrompts(rows=rows, texts=texts, drawn=prompts.last_indices)
+    return StepPrompts(rows=rows, texts=texts, drawn=prompts.last_indices, is_correct=prompts.is_correct)
 
 
 def generate_and_score(
@@ -201,6 +203,11 @@ def score_rollout(
         | scores.metrics()
         | episode_metrics(rollout)
     )
+    if drawn.is_correct is not None:  # the rows' answers can be judged: lengths split by correctness
+        rows = [row for row in drawn.rows for _ in range(G)]  # [B]
+        judged = zip(rollout.completions, rows, strict=True)
+        correct = torch.tensor([bool(drawn.is_correct(c, r)) for c, r in judged], dtype=torch.bool)  # [B]
+        metrics |= length_by_correctness(lengths, correct)
     return batch, adv.is_std_zero, metrics
 
 

@@ -60,8 +60,11 @@ def evaluate(
     if episodic:
         metrics["turns"] = sum(sampled.turns) / max(len(sampled.turns), 1)
     if is_correct is not None:
-        right = sum(is_correct(c, r) for c, r in zip(completions, rows, strict=True))
-        metrics["accuracy"] = right / len(rows)
+        judged = [bool(is_correct(c, r)) for c, r in zip(completions, rows, strict=True)]
+        metrics["accuracy"] = sum(judged) / len(rows)
+        lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)  # [N]
+        split = length_by_correctness(lengths, torch.tensor(judged, dtype=torch.bool))
+        metrics |= {k: v.item() for k, v in split.items() if k != "completions/correct_ratio"}
         if pass_at_k > 0:
             drawn = _sample_in_chunks(
                 engine,
@@ -80,6 +83,16 @@ def evaluate(
             per_prompt = [any(hits[i * pass_at_k : (i + 1) * pass_at_k]) for i in range(len(rows))]
             metrics[f"pass@{pass_at_k}"] = sum(per_prompt) / len(rows)
     return metrics
+
+
+def length_by_correctness(lengths: torch.Tensor, correct: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The mean length of the right and of the wrong completions (NaN where there are none), and the
+    share that are right. lengths [B] tokens, correct [B] bool."""
+    return {  # (the mean of no element is NaN)
+        "completions/correct_ratio": correct.float().mean(),
+        "completions/correct_mean_length": lengths[correct].mean(),
+        "completions/incorrect_mean_length": lengths[~correct].mean(),
+    }
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ def build_trainee(
             seed=spec.step.seed,
             curriculum=curriculum_rule(spec.step),
             shuffle=spec.step.shuffle_dataset,
+            is_correct=data.is_correct,
         ),
         entropy=None if spec.step.entropy is None else EntropyControl(spec.step.entropy),
     )
