@@ -10,12 +10,17 @@ after the other on the same machine, from the same starting policy:
   generations of exactly 128 tokens (EOS is never drawn by a random model at this length in
   practice; both trainers cut at 128), a dense reward (the share of characters from a fixed set),
   beta 0.04, learning rate 1e-5, 12 steps.
+* `--setup chain`: the chain preset's task and policy (sums of 8-16 digits worked step by step,
+  completions of up to 128 tokens), warm-started as the preset does (stopped once a probe of training
+  prompts is 30% right), then 16 prompts × 8 generations a step in micro-batches of 64, beta 0,
+  learning rate 1e-4 held constant, dapo loss, 50 steps. Reports held-out greedy accuracy (200 prompts)
+  before and after, as for addition.
 
 Reports the median step time of each after a warm-up of 3 steps, with the spread, and each
 process's peak RSS (VmHWM: imports, model and training together).
 
-    python benchmarks/grpo_vs_trl.py [--setup addition|v32k] [--steps N] [--torch-compile false|true|both]
-        [--out FILE]
+    python benchmarks/grpo_vs_trl.py [--setup addition|v32k|chain] [--steps N]
+        [--torch-compile false|true|both] [--dtype float32|bfloat16] [--out FILE]
 
 `--torch-compile both` runs grpokit twice, eager then with torch_compile=true (its first steps
 compile: the warm-up of 3 steps keeps that out of the median), each against the same TRL run.
@@ -35,7 +40,9 @@ from pathlib import Path
 SETUPS = {  # name -> (steps, completion tokens, learning rate)
     "addition": (60, 4, 1e-4),
     "v32k": (12, 128, 1e-5),
+    "chain": (50, 128, 1e-4),
 }
+TASKS = {"addition": "addition", "v32k": "addition", "chain": "chain"}  # the task's prompts and rows
 CJK = "".join(chr(0x4E00 + i) for i in range(32000 - 4 - 12))  # V = 32000 with digits, '+', '='
 
 
@@ -94,13 +101,33 @@ def v32k_policy(directory: Path, seed: int) -> None:
     save_policy(model, tok, directory)
 
 
-def held_out_accuracy(model, tok, seed: int) -> float:
+def chain_policy(directory: Path, seed: int) -> None:
+    """The chain preset's warm start (length_bias.py's: stopped at the preset's probe accuracy)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from length_bias import preset_config, tiny_policy, warmed_policy
+
+    from grpokit.models import save_policy
+
+    with tempfile.TemporaryDirectory() as scratch:
+        warmed, tokenizer = warmed_policy(seed, Path(scratch))
+        model, _ = tiny_policy(preset_config(seed, Path(scratch) / "unused"))
+    model.load_state_dict(warmed["state"])
+    save_policy(model, tokenizer, directory)
+
+
+def chain_reward(prompts, completions, result, **_):
+    from grpokit.data.tasks import chain_answer
+
+    return [1.0 if chain_answer(c) == r else 0.0 for c, r in zip(completions, result, strict=True)]
+
+
+def held_out_accuracy(model, tok, seed: int, setup: str = "addition") -> float:
     from grpokit.data import get_task
     from grpokit.engine import EngineSpec, PolicyEngine
     from grpokit.models.device import model_device
     from grpokit.train.evaluation import EvalTask, evaluate
 
-    task = get_task("addition", seed=seed)
+    task = get_task(TASKS[setup], seed=seed)
     # greedy, as training samples
     engine = PolicyEngine.create(model, tok, EngineSpec(), device=model_device(model))
     judged = EvalTask(
@@ -129,7 +156,7 @@ def run_trl(
     from grpokit.data import get_task
     from grpokit.models import load_policy
 
-    task = get_task("addition", seed=seed)
+    task = get_task(TASKS[setup], seed=seed)
     policy = load_policy(start)
     times: list[float] = []
 
@@ -149,11 +176,16 @@ def run_trl(
         return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer, strict=True)]
 
     _, tokens, lr = SETUPS[setup]
+    # chain: 16 prompts × 8 a step, two micro-batches of 64, one optimizer step (TRL's generation batch
+    # is per_device_train_batch_size × gradient_accumulation_steps), as the chain preset trains
+    batches = {"per_device_train_batch_size": 16, "beta": 0.04}
+    if setup == "chain":
+        batches = {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 2, "beta": 0.0}
+        batches |= {"lr_scheduler_type": "constant", "loss_type": "dapo"}
     args = GRPOConfig(
         output_dir=str(out),
-        per_device_train_batch_size=16,
+        **batches,
         num_generations=8,
-        beta=0.04,
         learning_rate=lr,
         max_steps=steps,
         max_completion_length=tokens,
@@ -169,7 +201,7 @@ def run_trl(
     )
     trainer = GRPOTrainer(
         model=policy.model,
-        reward_funcs=addition_reward if setup == "addition" else dense_reward,
+        reward_funcs={"addition": addition_reward, "v32k": dense_reward, "chain": chain_reward}[setup],
         args=args,
         train_dataset=Dataset.from_list(task.train),
         processing_class=policy.tokenizer,
@@ -178,8 +210,8 @@ def run_trl(
     torch.manual_seed(seed)
     trainer.train()
     result = {"step_time": spread(times)}
-    if setup == "addition":
-        result["accuracy"] = held_out_accuracy(trainer.model, policy.tokenizer, seed)
+    if setup in ("addition", "chain"):
+        result["accuracy"] = held_out_accuracy(trainer.model, policy.tokenizer, seed, setup)
     return result
 
 
@@ -198,36 +230,36 @@ def run_grpokit(
 
     _, tokens, lr = SETUPS[setup]
     task = get_task("addition", seed=seed)
-    extra = {"task": "addition"}
-    if setup != "addition":  # the task's prompts (passed below) with the dense reward
-        extra = {"task": None, "max_completion_length": tokens, "num_eval_prompts": 2}
+    extra = {"task": "addition", "prompts_per_step": 2, "micro_batch_size": 16, "beta": 0.04}
+    extra |= {"lr_scheduler_type": "linear"}
+    if setup == "v32k":  # the task's prompts (passed below) with the dense reward
+        extra |= {"task": None, "max_completion_length": tokens, "num_eval_prompts": 2}
+    if setup == "chain":  # as the chain preset trains
+        extra = {"task": "chain", "prompts_per_step": 16, "micro_batch_size": 64, "beta": 0.0}
+        extra |= {"lr_scheduler_type": "constant", "loss_type": "dapo", "num_eval_prompts": 200}
     cfg = GRPOConfig(
         output_dir=str(out),
         model=str(start),
         seed=seed,
-        prompts_per_step=2,
         num_generations=8,
-        micro_batch_size=16,
-        beta=0.04,
         learning_rate=lr,
         max_steps=steps,
         eval_steps=0,
         save_steps=0,
         log_completions_steps=0,
         progress=False,
-        lr_scheduler_type="linear",
         torch_compile=compiled,
         dtype=dtype,
         **extra,
     )
-    if setup == "addition":
+    if setup != "v32k":
         result = train_grpo(cfg)
     else:  # the same prompts as TRL sees, the dense reward, no accuracy check
         result = train_grpo(cfg, reward_funcs=[dense_reward], train_rows=task.train, eval_rows=task.eval[:2])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_time"] for r in rows if "step_time" in r]
     out = {"step_time": spread(times)}
-    if setup == "addition":
+    if setup != "v32k":
         out |= {"accuracy": result.eval_after["accuracy"], "accuracy_before": result.eval_before["accuracy"]}
     return out
 
@@ -235,7 +267,7 @@ def run_grpokit(
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--setup", choices=sorted(SETUPS), default="addition")
-    parser.add_argument("--steps", type=int, default=None, help="default: 60 (addition), 12 (v32k)")
+    parser.add_argument("--steps", type=int, default=None, help="default: SETUPS' (60, 12, 50)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/grpo_vs_trl_<setup>.json")
     parser.add_argument(
@@ -266,7 +298,7 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         start = Path(tmp) / "start"
-        (warm_policy if args.setup == "addition" else v32k_policy)(start, args.seed)
+        {"addition": warm_policy, "v32k": v32k_policy, "chain": chain_policy}[args.setup](start, args.seed)
         ours = {"false": ["grpokit"], "true": ["grpokit_compiled"], "both": ["grpokit", "grpokit_compiled"]}
         for child in [*ours[args.torch_compile], "trl"]:
             cmd = [sys.executable, __file__, "--child", child, "--start", str(start), "--setup", args.setup]

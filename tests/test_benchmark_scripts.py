@@ -323,3 +323,52 @@ def test_launches_counts_each_pieces_operator_calls(tmp_path):
             assert counts[1]["compiled_over_eager"][piece][key] == round(
                 compiled[key] / eager[1][piece][key], 3
             )
+
+
+def test_length_bias_summarises_each_loss_over_its_first_and_last_steps(tmp_path):
+    """benchmarks/length_bias.py's table from runs on record (`--plot-only`): the first and last windows'
+    mean lengths (NaN steps, with no right or no wrong completion, skipped), the drift of the wrong
+    completions' length per seed, and the held-out accuracy before and after, averaged over seeds."""
+    spec = importlib.util.spec_from_file_location("length_bias", SCRIPT.parent / "length_bias.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def run(wrong: list, right: list, share: list, evals: list) -> dict:
+        return {
+            "completions/incorrect_mean_length": wrong,
+            "completions/correct_mean_length": right,
+            "completions/correct_ratio": share,
+            "eval": evals,
+            "eval_lengths": [],
+            "seconds": 1.0,
+        }
+
+    results = {
+        "steps": 4,
+        "runs": {
+            "grpo": {
+                "1": run([50, 60, 80, 90], [40, None, 40, 40], [0.1, 0.0, 0.3, 0.5], [(0, 0.2), (4, 0.4)]),
+                "2": run([50, 50, 70, 70], [30, 30, 30, 30], [0.2, 0.2, 0.4, 0.4], [(0, 0.3), (4, 0.5)]),
+            },
+            "dr_grpo": {
+                "1": run([50, 50, 50, 50], [40, 40, 40, 40], [0.1, 0.1, 0.1, 0.1], [(0, 0.2), (4, 0.2)]),
+                "2": run([60, 60, 60, 60], [40, 40, 40, 40], [0.1, 0.1, 0.1, 0.1], [(0, 0.3), (4, 0.3)]),
+            },
+        },
+    }
+    out = tmp_path / "length_bias.json"
+    out.write_text(json.dumps(results))
+    table = module.summary(results, width=2)
+    assert table["grpo"]["wrong_length_drift_per_seed"] == [30.0, 20.0]  # (80+90)/2-(50+60)/2; 70-50
+    assert table["grpo"]["completions/incorrect_mean_length"] == [52.5, 77.5]
+    assert table["grpo"]["completions/correct_mean_length"] == [35.0, 35.0]  # seed 1's None skipped: 40
+    assert table["grpo"]["eval_accuracy"] == pytest.approx([0.25, 0.45])
+    assert table["dr_grpo"]["wrong_length_drift_per_seed"] == [0.0, 0.0]
+    text = module.markdown(table, 2)
+    assert "| grpo | 35.0 → 35.0 | 52.5 → 77.5 | +30.0, +20.0 | 0.12 → 0.40 | 25.0% → 45.0% |" in text
+    figure = tmp_path / "length_bias.png"
+    argv = ["x", "--plot-only", "--out", str(out), "--figure", str(figure), "--window", "2"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.argv", argv)
+        assert module.main() == 0
+    assert figure.stat().st_size > 10_000 and "summary" in json.loads(out.read_text())
