@@ -34,7 +34,34 @@ SERIES = {  # what is followed, step by step: metric -> label
     "completions/correct_mean_length": "mean length of right completions (tokens)",
     "completions/incorrect_mean_length": "mean length of wrong completions (tokens)",
     "completions/correct_ratio": "share of the step's completions right",
+    # from the step's completions (below): what a length change is made of
+    "wrong_excess": "wrong: length beyond the solution in its style (chars)",
+    "wrong_terms": "wrong: terms in their prompts",
+    "short_style": "share of completions in the short style",
 }
+FROM_METRICS = list(SERIES)[:3]
+
+
+def completion_figures(prompts: list[str], completions: list[str], rewards: list[float]) -> dict:
+    """What a step's completions are made of. A wrong completion's excess is its length beyond the
+    worked solution of its prompt in the style it chose (the short style starts with '+'): rambling on
+    is positive, stopping short negative. Its prompt's terms show whether the wrong ones are simply the
+    longer sums (a longer right answer, not a longer wrong one)."""
+    from grpokit.data.tasks import chain_solution
+
+    excess, terms, short = [], [], 0
+    for prompt, completion, reward in zip(prompts, completions, rewards, strict=True):
+        numbers = [int(t) for t in prompt.removesuffix("=").split("+")]
+        style = "short" if completion.startswith("+") else "full"
+        short += style == "short"
+        if reward < 1.0:
+            excess.append(len(completion) - len(chain_solution(numbers, style)))
+            terms.append(len(numbers))
+    return {
+        "wrong_excess": statistics.fmean(excess) if excess else None,
+        "wrong_terms": statistics.fmean(terms) if terms else None,
+        "short_style": short / len(completions),
+    }
 
 
 def preset_config(seed: int, output_dir: Path, **overrides):
@@ -42,7 +69,7 @@ def preset_config(seed: int, output_dir: Path, **overrides):
     from grpokit.config.applied import preset_values
 
     values = preset_values("chain") | {"output_dir": str(output_dir), "seed": seed, "progress": False}
-    values |= {"save_steps": 0, "log_completions_steps": 0, "overwrite": True}
+    values |= {"save_steps": 0, "log_completions_steps": 0, "overwrite": True, "report_to": []}
     return GRPOConfig(**(values | overrides))
 
 
@@ -77,17 +104,25 @@ def warmed_policy(seed: int, scratch: Path):
 
 
 def train_loss(seed: int, loss: str, steps: int, warmed: dict, tokenizer, scratch: Path) -> dict:
+    from grpokit.train.events import EventKind
     from grpokit.train.grpo import train_grpo
 
     run_dir = scratch / f"{loss}_s{seed}"
-    cfg = preset_config(seed, run_dir, loss_type=loss, sft_steps=0, max_steps=steps)
+    cfg = preset_config(seed, run_dir, loss_type=loss, sft_steps=0, max_steps=steps, log_completions_steps=1)
     model, _ = tiny_policy(cfg)
     model.load_state_dict(warmed["state"])
+    figures: list[dict] = []
+
+    def on_event(kind, step, data):
+        if kind == EventKind.COMPLETIONS:  # every step's (log_completions_steps=1)
+            figures.append(completion_figures(data["prompts"], data["completions"], data["rewards"]))
+
     began = time.perf_counter()
-    train_grpo(cfg, model=model, tokenizer=tokenizer)
+    train_grpo(cfg, model=model, tokenizer=tokenizer, on_event=on_event)
     seconds = time.perf_counter() - began
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    out = {key: [r.get(key) for r in rows if "step" in r and key in r] for key in SERIES}
+    out = {key: [r.get(key) for r in rows if "loss" in r] for key in FROM_METRICS}  # (a step's row)
+    out |= {key: [f[key] for f in figures] for key in SERIES if key not in FROM_METRICS}
     out["eval"] = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     out["eval_lengths"] = [
         (
@@ -122,8 +157,8 @@ def summary(results: dict, width: int) -> dict:
         row = {}
         for key in SERIES:
             row[key] = [
-                statistics.fmean(window(r[key], True, width) for r in seeds.values()),
-                statistics.fmean(window(r[key], False, width) for r in seeds.values()),
+                statistics.fmean(window(r.get(key, []), True, width) for r in seeds.values()),
+                statistics.fmean(window(r.get(key, []), False, width) for r in seeds.values()),
             ]
         wrong = "completions/incorrect_mean_length"
         row["wrong_length_drift_per_seed"] = [
@@ -148,12 +183,13 @@ def draw(results: dict, figure: Path, width: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.6))
+    axes = axes.reshape(-1)
     colours = {"grpo": "tab:red", "dr_grpo": "tab:blue", "dapo": "tab:green"}
     for loss, seeds in results["runs"].items():
         for i, (key, label) in enumerate(SERIES.items()):
             for n, r in enumerate(seeds.values()):
-                curve = smoothed(r[key], width)
+                curve = smoothed(r.get(key, []), width)
                 axes[i].plot(
                     range(1, len(curve) + 1),
                     curve,
@@ -179,16 +215,21 @@ def draw(results: dict, figure: Path, width: int) -> None:
 def markdown(table: dict, width: int) -> str:
     lines = [
         f"| loss | right: length, first → last {width} steps | wrong: length | wrong: drift per seed "
-        "| share right | held-out accuracy |",
-        "|---|---|---|---|---|---|",
+        "| wrong: excess | wrong: terms | short style | share right | held-out accuracy |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def moved(pair: list, digits: int) -> str:
+        return f"{pair[0]:.{digits}f} → {pair[1]:.{digits}f}"
+
     for loss, row in table.items():
         right, wrong = row["completions/correct_mean_length"], row["completions/incorrect_mean_length"]
         share, acc = row["completions/correct_ratio"], row["eval_accuracy"]
         drift = ", ".join(f"{d:+.1f}" for d in row["wrong_length_drift_per_seed"])
         lines.append(
-            f"| {loss} | {right[0]:.1f} → {right[1]:.1f} | {wrong[0]:.1f} → {wrong[1]:.1f} | {drift} "
-            f"| {share[0]:.2f} → {share[1]:.2f} | {100 * acc[0]:.1f}% → {100 * acc[1]:.1f}% |"
+            f"| {loss} | {moved(right, 1)} | {moved(wrong, 1)} | {drift} | {moved(row['wrong_excess'], 1)} "
+            f"| {moved(row['wrong_terms'], 1)} | {moved(row['short_style'], 2)} | {moved(share, 2)} "
+            f"| {100 * acc[0]:.1f}% → {100 * acc[1]:.1f}% |"
         )
     return "\n".join(lines)
 

@@ -365,10 +365,18 @@ def test_length_bias_summarises_each_loss_over_its_first_and_last_steps(tmp_path
     assert table["grpo"]["eval_accuracy"] == pytest.approx([0.25, 0.45])
     assert table["dr_grpo"]["wrong_length_drift_per_seed"] == [0.0, 0.0]
     text = module.markdown(table, 2)
-    assert "| grpo | 35.0 → 35.0 | 52.5 → 77.5 | +30.0, +20.0 | 0.12 → 0.40 | 25.0% → 45.0% |" in text
+    assert "| grpo | 35.0 → 35.0 | 52.5 → 77.5 | +30.0, +20.0 | nan → nan |" in text  # (no completions kept)
+    assert "| 0.12 → 0.40 | 25.0% → 45.0% |" in text
     figure = tmp_path / "length_bias.png"
     argv = ["x", "--plot-only", "--out", str(out), "--figure", str(figure), "--window", "2"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("sys.argv", argv)
         assert module.main() == 0
     assert figure.stat().st_size > 10_000 and "summary" in json.loads(out.read_text())
+    # a step's completions: the wrong ones' length beyond the solution in the style each chose
+    prompts = ["1+2+3=", "1+2+3=", "4+5+6=", "4+5+6="]
+    completions = ["1+2=3,3+3=6;6", "+2=3,+3=6,+9=15;15", "+5=9,+6=15;15", "4+5=9;9"]
+    figures = module.completion_figures(prompts, completions, [1.0, 0.0, 1.0, 0.0])
+    # wrong: a short one 7 characters past "+2=3,+3=6;6" (18 against 11) and a full one that stopped 8
+    # short of "4+5=9,9+6=15;15" (7 against 15): (7 - 8) / 2
+    assert figures == {"wrong_excess": -0.5, "wrong_terms": 3.0, "short_style": 0.5}
