@@ -85,7 +85,7 @@ def tiny_policy(cfg):
 
 
 def warmed_policy(seed: int, scratch: Path):
-    """The preset's warm start for `seed` (stopped, as the preset's is, once a probe is 30% right):
+    """The preset's warm start for `seed` (stopped, as the preset's is, once a probe is solved to its target):
     the policy's weights at its end, and the tokenizer."""
     from grpokit.train.events import EventKind
     from grpokit.train.grpo import train_grpo
