@@ -28,7 +28,6 @@ PLOTS: dict[str, tuple[list[str], str]] = {
             "eval/pass@1",
             "eval/pass@4",
             "eval/pass@8",
-            "completions/correct_ratio",
         ],
         "share of prompts solved (0-1)",
     ),

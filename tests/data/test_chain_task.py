@@ -1,4 +1,4 @@
-"""The chain task: sums of 5-10 two-digit numbers solved step by step, completions of 32-128 tokens."""
+"""The chain task: sums of 8-16 digits solved step by step, completions of 41-126 tokens."""
 
 from grpokit.data import get_task
 from grpokit.data.tasks import chain_answer, chain_solution
@@ -24,14 +24,14 @@ def test_every_row_is_its_own_right_answer_and_only_the_sum_is_judged():
     assert task.reward([row["prompt"]] * 2, [row["answer"], ";0"], result=[row["result"]] * 2) == [1.0, 0.0]
 
 
-def test_rows_are_sums_of_5_to_10_terms_with_completions_of_32_to_128_tokens():
+def test_rows_are_sums_of_8_to_16_digits_with_completions_of_32_to_128_tokens():
     task = get_task("chain")
     rows = task.train + task.eval
     assert len(rows) == 20000
     styles = {"full": 0, "short": 0}
     for row in rows:
         terms = [int(t) for t in row["prompt"].removesuffix("=").split("+")]
-        assert 5 <= len(terms) <= 10 and all(10 <= t <= 99 for t in terms)
+        assert 8 <= len(terms) <= 16 and all(1 <= t <= 9 for t in terms)
         assert row["result"] == str(sum(terms)) and row["answer"] == chain_solution(terms, row["style"])
         # the character tokenizer: one token a character, plus EOS
         assert 32 <= len(row["answer"]) + 1 <= task.max_completion_length == 128

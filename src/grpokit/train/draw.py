@@ -204,11 +204,20 @@ def score_rollout(
         | episode_metrics(rollout)
     )
     if drawn.is_correct is not None:  # the rows' answers can be judged: lengths split by correctness
-        rows = [row for row in drawn.rows for _ in range(G)]  # [B]
-        judged = zip(rollout.completions, rows, strict=True)
-        correct = torch.tensor([bool(drawn.is_correct(c, r)) for c, r in judged], dtype=torch.bool)  # [B]
-        metrics |= length_by_correctness(lengths, correct)
+        metrics |= _lengths_judged(drawn, rollout, lengths, G)
     return batch, adv.is_std_zero, metrics
+
+
+def _lengths_judged(drawn: StepPrompts, rollout: Rollout, lengths: torch.Tensor, G: int) -> dict[str, Any]:
+    """`length_by_correctness` of the step's completions; none where the check cannot judge these rows
+    (training rows without the answers it reads: gkd's seq_kd needs none)."""
+    assert drawn.is_correct is not None
+    rows = [row for row in drawn.rows for _ in range(G)]  # [B]
+    try:
+        judged = [bool(drawn.is_correct(c, r)) for c, r in zip(rollout.completions, rows, strict=True)]
+    except (KeyError, TypeError, ValueError):  # a missing or malformed answer column: no split
+        return {}
+    return length_by_correctness(lengths, torch.tensor(judged, dtype=torch.bool))  # [B]
 
 
 # multi_objective_aggregation -> the batch's advantages [B] from its scores

@@ -64,7 +64,8 @@ def evaluate(
         metrics["accuracy"] = sum(judged) / len(rows)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)  # [N]
         split = length_by_correctness(lengths, torch.tensor(judged, dtype=torch.bool))
-        metrics |= {k: v.item() for k, v in split.items() if k != "completions/correct_ratio"}
+        # (a length of no completion, NaN, is left out: NaN equals nothing, not even another evaluation's)
+        metrics |= {k: v.item() for k, v in split.items() if k != "completions/correct_ratio" and v == v}
         if pass_at_k > 0:
             drawn = _sample_in_chunks(
                 engine,
