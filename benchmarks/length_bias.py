@@ -99,7 +99,9 @@ def warmed_policy(seed: int, scratch: Path):
             saved["state"] = copy.deepcopy(model.state_dict())
             saved["probe"] = data.get("probe_accuracy")
 
-    train_grpo(cfg, model=model, tokenizer=tokenizer, on_event=on_event)
+    result = train_grpo(cfg, model=model, tokenizer=tokenizer, on_event=on_event)
+    if result.stopped_by is not None or "state" not in saved:  # a stopped warm start is no start
+        raise SystemExit(f"seed {seed}: the warm start was stopped ({result.stopped_by}); nothing recorded")
     return saved, tokenizer
 
 
@@ -118,7 +120,9 @@ def train_loss(seed: int, loss: str, steps: int, warmed: dict, tokenizer, scratc
             figures.append(completion_figures(data["prompts"], data["completions"], data["rewards"]))
 
     began = time.perf_counter()
-    train_grpo(cfg, model=model, tokenizer=tokenizer, on_event=on_event)
+    result = train_grpo(cfg, model=model, tokenizer=tokenizer, on_event=on_event)
+    if result.stopped_by is not None:  # a signal: the whole benchmark ends, nothing half-run is kept
+        raise SystemExit(f"seed {seed} {loss}: stopped ({result.stopped_by}); the runs before it are kept")
     seconds = time.perf_counter() - began
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     out = {key: [r.get(key) for r in rows if "loss" in r] for key in FROM_METRICS}  # (a step's row)
