@@ -13,7 +13,7 @@ after the other on the same machine, from the same starting policy:
 * `--setup chain`: the chain preset's task and policy (sums of 8-16 digits worked step by step,
   completions of up to 128 tokens), warm-started as the preset does (stopped once a probe of training
   prompts is solved to its target), then 16 prompts × 8 generations a step in micro-batches of 64,
-  beta 0, the preset's learning rate held constant, dapo loss, 50 steps. Reports held-out greedy
+  the preset's beta and learning rate (held constant), dapo loss, 50 steps. Reports held-out greedy
   accuracy (200 prompts) before and after, as for addition.
 
 Reports the median step time of each after a warm-up of 3 steps, with the spread, and each
@@ -40,10 +40,18 @@ from pathlib import Path
 SETUPS = {  # name -> (steps, completion tokens, learning rate)
     "addition": (60, 4, 1e-4),
     "v32k": (12, 128, 1e-5),
-    "chain": (50, 128, 2e-4),  # the chain preset's learning rate
+    "chain": (50, 128, 2e-4),  # the chain preset's learning rate (chain_preset() reads it, and its beta)
 }
 TASKS = {"addition": "addition", "v32k": "addition", "chain": "chain"}  # the task's prompts and rows
 CJK = "".join(chr(0x4E00 + i) for i in range(32000 - 4 - 12))  # V = 32000 with digits, '+', '='
+
+
+def chain_preset() -> dict:
+    """The chain preset's update settings, which both trainers take."""
+    from grpokit.config.applied import preset_values
+
+    values = preset_values("chain")
+    return {key: values.get(key, 0.0) for key in ("learning_rate", "beta")}
 
 
 def peak_rss_bytes() -> int:
@@ -180,7 +188,8 @@ def run_trl(
     # is per_device_train_batch_size × gradient_accumulation_steps), as the chain preset trains
     batches = {"per_device_train_batch_size": 16, "beta": 0.04}
     if setup == "chain":
-        batches = {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 2, "beta": 0.0}
+        lr, beta = chain_preset().values()
+        batches = {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 2, "beta": beta}
         batches |= {"lr_scheduler_type": "constant", "loss_type": "dapo"}
     args = GRPOConfig(
         output_dir=str(out),
@@ -235,7 +244,8 @@ def run_grpokit(
     if setup == "v32k":  # the task's prompts (passed below) with the dense reward
         extra |= {"task": None, "max_completion_length": tokens, "num_eval_prompts": 2}
     if setup == "chain":  # as the chain preset trains
-        extra = {"task": "chain", "prompts_per_step": 16, "micro_batch_size": 64, "beta": 0.0}
+        lr, beta = chain_preset().values()
+        extra = {"task": "chain", "prompts_per_step": 16, "micro_batch_size": 64, "beta": beta}
         extra |= {"lr_scheduler_type": "constant", "loss_type": "dapo", "num_eval_prompts": 200}
     cfg = GRPOConfig(
         output_dir=str(out),

@@ -325,6 +325,23 @@ def test_launches_counts_each_pieces_operator_calls(tmp_path):
             )
 
 
+def test_length_bias_warm_start_never_learns_a_held_out_prompt(tmp_path):
+    """The task's held-out prompts are its first num_eval_prompts rows: a warm start built with fewer
+    (it once was, with 2) learns worked solutions of prompts the later runs hold out, and their held-out
+    accuracy starts inflated. The warm start's training rows and the runs' held-out rows are disjoint."""
+    from grpokit.data import get_task
+
+    spec = importlib.util.spec_from_file_location("length_bias", SCRIPT.parent / "length_bias.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    warm = module.warm_config(3, tmp_path)
+    run = module.preset_config(3, tmp_path / "run", loss_type="grpo", sft_steps=0, max_steps=100)
+    assert warm.sft_steps > 0 and warm.task == run.task == "chain"
+    trained = {r["prompt"] for r in get_task("chain", seed=warm.seed, num_eval=warm.num_eval_prompts).train}
+    held_out = {r["prompt"] for r in get_task("chain", seed=run.seed, num_eval=run.num_eval_prompts).eval}
+    assert len(held_out) == run.num_eval_prompts and not trained & held_out
+
+
 def test_length_bias_summarises_each_loss_over_its_first_and_last_steps(tmp_path):
     """benchmarks/length_bias.py's table from runs on record (`--plot-only`): the first and last windows'
     mean lengths (NaN steps, with no right or no wrong completion, skipped), the drift of the wrong

@@ -203,3 +203,19 @@ def test_the_watch_on_a_constructed_metric_stream():
     assert watch.evaluated(20, {"eval/accuracy": 0.3}) == []  # once per run
     nan_step = {"entropy": 2.0, "reward": 0.9, "loss": torch.tensor(float("nan")), "skipped_update": 1.0}
     assert [a.name for a in watch.update(16, nan_step)] == ["non_finite"]
+
+
+@pytest.mark.parametrize(
+    ("rewards", "hacking"), [((0.2, 0.15, 0.1, 0.08, 0.05, 0.05), False), ((0.2, 0.5, 0.9), True)]
+)
+def test_a_fall_from_the_evaluation_before_training_is_hacking_only_if_the_reward_rose(rewards, hacking):
+    """The best held-out accuracy is often step 0's, before any training reward: the reward then is
+    the first step's. A collapse (held-out 0.34 -> 0.08 with the training reward falling, the chain
+    preset at seed 42 and a learning rate of 2e-4) is not hacking; the same fall with the reward rising
+    is."""
+    watch = AlertWatch()
+    assert watch.evaluated(0, {"eval/accuracy": 0.34}) == []
+    for step, reward in enumerate(rewards, start=1):
+        watch.update(step, {"entropy": 2.0, "reward": reward, "reward_std": 0.1, "loss": 0.0})
+    fired = watch.evaluated(len(rewards), {"eval/accuracy": 0.08})
+    assert [a.name for a in fired] == (["reward_hacking"] if hacking else [])

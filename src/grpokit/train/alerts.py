@@ -99,7 +99,8 @@ class AlertWatch:
         self.history: dict[str, list[float]] = {}  # metric -> its finite values, in step order
         self.zero_spread = ZeroSpreadWatch(patience=10, threshold=self.threshold["zero_spread"])
         self.watch_zero_spread = watch_zero_spread
-        self.best_accuracy: tuple[float, float] | None = None  # (held-out accuracy, training reward then)
+        # the best held-out accuracy, and where the training rewards stood then (an index into them)
+        self.best_accuracy: tuple[float, int] | None = None
 
     # ------------------------------------------------------------------ the checks
 
@@ -225,24 +226,29 @@ class AlertWatch:
 
     def evaluated(self, step: int, row: Mapping[str, Any]) -> list[Alert]:
         """A held-out evaluation's row (keys with the eval/ prefix): reward hacking, when the held-out
-        accuracy has fallen from its best while the training reward has risen above its value then."""
+        accuracy has fallen from its best while the training reward has risen above its level then: the
+        mean of the last WINDOW rewards before the best evaluation, or, for an evaluation before any
+        step (step 0's), the first step's reward after it. A held-out fall with a falling training
+        reward is a policy getting worse at everything (a collapse), not hacking, and is not said as
+        hacking."""
         accuracy = _finite(row.get("eval/accuracy"))
         rewards = self.history.get("reward", [])
-        reward = _mean(rewards[-WINDOW:]) if rewards else None
         if accuracy is None:
             return []
         if self.best_accuracy is None or accuracy > self.best_accuracy[0]:
-            self.best_accuracy = (accuracy, reward if reward is not None else -math.inf)
+            self.best_accuracy = (accuracy, len(rewards))
             return []
-        drop, threshold = self.best_accuracy[0] - accuracy, self.threshold["reward_hacking"]
-        if drop < threshold or reward is None or reward <= self.best_accuracy[1]:
+        best, seen = self.best_accuracy
+        then = rewards[max(0, seen - WINDOW) : seen] or rewards[seen : seen + 1]
+        drop, threshold = best - accuracy, self.threshold["reward_hacking"]
+        if drop < threshold or not then or not rewards[seen:] or _mean(rewards[-WINDOW:]) <= _mean(then):
             return []
         return self._fire(
             step,
             "reward_hacking",
             drop,
             threshold,
-            f"held-out accuracy fell from {self.best_accuracy[0]:.3f} to {accuracy:.3f} while the training "
+            f"held-out accuracy fell from {best:.3f} to {accuracy:.3f} while the training "
             "reward rose: the policy is learning what the reward pays for, not the task. Inspect "
             "completions (log_completions_steps), tighten the reward, or stop at the best checkpoint.",
         )
