@@ -40,18 +40,18 @@ from pathlib import Path
 SETUPS = {  # name -> (steps, completion tokens, learning rate)
     "addition": (60, 4, 1e-4),
     "v32k": (12, 128, 1e-5),
-    "chain": (50, 128, 2e-4),  # the chain preset's learning rate (chain_preset() reads it, and its beta)
+    "chain": (50, 128, None),  # the chain preset's learning rate and beta (chain_preset)
 }
 TASKS = {"addition": "addition", "v32k": "addition", "chain": "chain"}  # the task's prompts and rows
 CJK = "".join(chr(0x4E00 + i) for i in range(32000 - 4 - 12))  # V = 32000 with digits, '+', '='
 
 
-def chain_preset() -> dict:
-    """The chain preset's update settings, which both trainers take."""
+def chain_preset() -> tuple[float, float]:
+    """The chain preset's learning rate and beta, which both trainers take."""
     from grpokit.config.applied import preset_values
 
     values = preset_values("chain")
-    return {key: values.get(key, 0.0) for key in ("learning_rate", "beta")}
+    return values["learning_rate"], values.get("beta", 0.0)
 
 
 def peak_rss_bytes() -> int:
@@ -188,7 +188,7 @@ def run_trl(
     # is per_device_train_batch_size × gradient_accumulation_steps), as the chain preset trains
     batches = {"per_device_train_batch_size": 16, "beta": 0.04}
     if setup == "chain":
-        lr, beta = chain_preset().values()
+        lr, beta = chain_preset()
         batches = {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 2, "beta": beta}
         batches |= {"lr_scheduler_type": "constant", "loss_type": "dapo"}
     args = GRPOConfig(
@@ -244,7 +244,7 @@ def run_grpokit(
     if setup == "v32k":  # the task's prompts (passed below) with the dense reward
         extra |= {"task": None, "max_completion_length": tokens, "num_eval_prompts": 2}
     if setup == "chain":  # as the chain preset trains
-        lr, beta = chain_preset().values()
+        lr, beta = chain_preset()
         extra = {"task": "chain", "prompts_per_step": 16, "micro_batch_size": 64, "beta": beta}
         extra |= {"lr_scheduler_type": "constant", "loss_type": "dapo", "num_eval_prompts": 200}
     cfg = GRPOConfig(
