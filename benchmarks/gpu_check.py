@@ -331,8 +331,12 @@ def _print_table(result: dict[str, Any]) -> None:
 def plan_budget(name: str, smoke: bool, left: float | None) -> float | None:
     """The part's time limit, or None when its budget does not fit in what is left of the deadline (a
     part cut short by the deadline would measure nothing, and a later, shorter part may still fit)."""
-    budget = SMOKE_BUDGET if smoke else BUDGETS[name]
+    budget = part_budget(name, smoke)
     return budget if left is None or budget <= left else None
+
+
+def part_budget(name: str, smoke: bool) -> float:
+    return SMOKE_BUDGET if smoke else BUDGETS[name]
 
 
 def _write(out: str | None, result: dict[str, Any]) -> None:
@@ -380,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             if budget is None:
                 parts[name] = {
                     "ok": False, "seconds": 0.0, "not_reached": True,
-                    "error": f"not started: its {BUDGETS[name]} s budget did not fit the {left:.0f} s left",
+                    "error": f"not started: its {part_budget(name, args.smoke)} s budget did not fit"
+                    f" the {left:.0f} s left",
                 }  # fmt: skip
                 print(f"[gpu_check] {name}: {parts[name]['error']}", flush=True)
             else:

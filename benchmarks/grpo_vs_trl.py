@@ -36,22 +36,33 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 SETUPS = {  # name -> (steps, completion tokens, learning rate)
     "addition": (60, 4, 1e-4),
     "v32k": (12, 128, 1e-5),
-    "chain": (50, 128, None),  # the chain preset's learning rate and beta (chain_preset)
+    "chain": (50, 128, None),  # the chain preset's learning rate, beta, schedule, loss (chain_preset)
 }
 TASKS = {"addition": "addition", "v32k": "addition", "chain": "chain"}  # the task's prompts and rows
 CJK = "".join(chr(0x4E00 + i) for i in range(32000 - 4 - 12))  # V = 32000 with digits, '+', '='
 
 
-def chain_preset() -> tuple[float, float]:
-    """The chain preset's learning rate and beta, which both trainers take."""
+class ChainPreset(NamedTuple):
+    """The chain preset's optimisation settings, which both trainers take (TRL's names)."""
+
+    learning_rate: float
+    beta: float
+    lr_scheduler_type: str
+    loss_type: str
+
+
+def chain_preset() -> ChainPreset:
     from grpokit.config.applied import preset_values
 
     values = preset_values("chain")
-    return values["learning_rate"], values.get("beta", 0.0)
+    return ChainPreset(
+        values["learning_rate"], values.get("beta", 0.0), values["lr_scheduler_type"], values["loss_type"]
+    )
 
 
 def peak_rss_bytes() -> int:
@@ -188,9 +199,10 @@ def run_trl(
     # is per_device_train_batch_size × gradient_accumulation_steps), as the chain preset trains
     batches = {"per_device_train_batch_size": 16, "beta": 0.04}
     if setup == "chain":
-        lr, beta = chain_preset()
-        batches = {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 2, "beta": beta}
-        batches |= {"lr_scheduler_type": "constant", "loss_type": "dapo"}
+        preset = chain_preset()
+        lr = preset.learning_rate
+        batches = {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 2, "beta": preset.beta}
+        batches |= {"lr_scheduler_type": preset.lr_scheduler_type, "loss_type": preset.loss_type}
     args = GRPOConfig(
         output_dir=str(out),
         **batches,
@@ -244,9 +256,11 @@ def run_grpokit(
     if setup == "v32k":  # the task's prompts (passed below) with the dense reward
         extra |= {"task": None, "max_completion_length": tokens, "num_eval_prompts": 2}
     if setup == "chain":  # as the chain preset trains
-        lr, beta = chain_preset()
-        extra = {"task": "chain", "prompts_per_step": 16, "micro_batch_size": 64, "beta": beta}
-        extra |= {"lr_scheduler_type": "constant", "loss_type": "dapo", "num_eval_prompts": 200}
+        preset = chain_preset()
+        lr = preset.learning_rate
+        extra = {"task": "chain", "prompts_per_step": 16, "micro_batch_size": 64, "beta": preset.beta}
+        extra |= {"lr_scheduler_type": preset.lr_scheduler_type, "loss_type": preset.loss_type}
+        extra |= {"num_eval_prompts": 200}
     cfg = GRPOConfig(
         output_dir=str(out),
         model=str(start),

@@ -13,8 +13,8 @@ For each seed the preset's warm start runs once; every loss then trains from tha
 (`sft_steps=0`), so that within a seed the losses differ in nothing else.
 
     python benchmarks/length_bias.py [--seeds 1 2 3] [--steps 150] [--losses grpo dr_grpo dapo]
-        [--beta B] [--out benchmarks/results/length_bias.json] [--figure docs/images/length_bias.png]
-        [--plot-only]
+        [--beta B] [--lr-scheduler-type constant|linear|cosine] [--out benchmarks/results/length_bias.json]
+        [--figure docs/images/length_bias.png] [--plot-only]
 
 `--plot-only` redraws the figure and the table from the JSON.
 """
@@ -259,12 +259,16 @@ def main() -> int:
     parser.add_argument("--figure", default="docs/images/length_bias.png")
     parser.add_argument("--plot-only", action="store_true")
     parser.add_argument("--beta", type=float, default=None, help="the KL coefficient (default: the preset's)")
+    schedules = ["constant", "linear", "cosine"]
+    parser.add_argument("--lr-scheduler-type", choices=schedules, default=None, help="default: the preset's")
     args = parser.parse_args()
     out = Path(args.out)
     if args.plot_only:
         results = json.loads(out.read_text())
     else:
-        results = {"steps": args.steps, "beta": args.beta, "runs": {loss: {} for loss in args.losses}}
+        chosen = {"beta": args.beta, "lr_scheduler_type": args.lr_scheduler_type}
+        overrides = {key: value for key, value in chosen.items() if value is not None}
+        results = {"steps": args.steps, **chosen, "runs": {loss: {} for loss in args.losses}}
         results["warm_probe"] = {}
         with tempfile.TemporaryDirectory() as tmp:
             scratch = Path(tmp)
@@ -272,8 +276,7 @@ def main() -> int:
                 warmed, tokenizer = warmed_policy(seed, scratch)
                 results["warm_probe"][str(seed)] = warmed["probe"]
                 for loss in args.losses:
-                    beta = {} if args.beta is None else {"beta": args.beta}
-                    r = train_loss(seed, loss, args.steps, warmed, tokenizer, scratch, **beta)
+                    r = train_loss(seed, loss, args.steps, warmed, tokenizer, scratch, **overrides)
                     results["runs"][loss][str(seed)] = r
                     before, after = r["eval"][0][1], r["eval"][-1][1]
                     print(f"seed {seed} {loss}: {before:.3f} -> {after:.3f}, {r['seconds']} s", flush=True)
