@@ -8,6 +8,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")  # a Markdown link's target, without its anchor
 
@@ -38,6 +40,7 @@ def test_every_config_option_appears_in_the_reference_with_its_description():
             assert field.description, (schema.__name__, name)  # (the schema refuses one without, too)
 
 
+@pytest.mark.slow  # a whole Sphinx build (2.6 s): the full suite runs it, the fast tier stays under 75 s
 def test_the_docs_build_offline_with_warnings_as_errors(tmp_path):
     """Sphinx reads every page (no network: the suite blocks it), and any warning (a broken cross
     reference, a missing image, a page in no table of contents) fails the build."""

@@ -120,6 +120,7 @@ def test_compiled_passes_with_activation_checkpointing_equal_the_eager_ones():
     compare(passes(eager, batch, slice(0, 12)), passes(compiled, batch, slice(0, 12)))
 
 
+@pytest.mark.slow  # a run under torch.compile (3.7 s): the full suite runs it, the fast tier stays under 75 s
 def test_a_run_compiles_one_graph_per_bucket_and_pass():
     """Completion widths 1..12 fall in three buckets (4, 8, 12): three graphs with gradients."""
     _, compiled = engines("aot_eager", layers=1)

@@ -156,6 +156,7 @@ def test_built_in_preference_pairs(name):
         assert slips <= {1, 2, 9, 10, 11} and len(slips) >= 4, slips
 
 
+@pytest.mark.slow  # two reward runs and a resume (1.9 s): the full suite runs it; the fast tier under 75 s
 def test_train_reward_writes_metrics_checkpoints_calibration_and_resumes_bitwise(tmp_path):
     straight = reward_cfg(tmp_path / "a", max_steps=4, save_steps=2)
     result = train_reward(straight)
