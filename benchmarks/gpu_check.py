@@ -96,7 +96,8 @@ def _parts(smoke: bool, work: Path, profile: str | None) -> tuple[dict[str, list
     gsm8k = ["--smoke"] if smoke else ["--minutes", "1.5", "--eval-prompts", "8"]
     # in issue 55's order of priority: a check stopped at its deadline has measured the first ones
     return {
-        "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider"],
+        # -v: a line per test, so that a run stopped at its budget still says which tests passed
+        "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-v", "-p", "no:cacheprovider"],
         "train_bf16": [py, __file__, "--child", "train_bf16", *size, "--out", str(out["train_bf16"])],
         "compiled": [py, str(BENCH / "gpu_throughput.py"), *compiled, "--out", str(out["compiled"])],
         "vs_trl": [py, str(BENCH / "gpu_vs_trl.py"), *size, *trl_steps, "--out", str(out["vs_trl"])],
@@ -151,12 +152,15 @@ def run_part(name: str, argv: list[str], budget: float, json_path: Path | None) 
         log.seek(0)
         output = log.read()
     if code is None:
-        return {
+        stopped = {
             "ok": False,
             "seconds": round(time.perf_counter() - start, 1),
             "error": f"over its budget of {budget} s",
             "output_tail": _tail(output, 12),
         }
+        # a part read from its output (pytest) keeps what it printed before the budget; a JSON is
+        # written only at a part's end
+        return stopped | (SUMMARIES[name](output) if json_path is None else {})
     result: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1)}
     try:
         figures = SUMMARIES[name](json.loads(json_path.read_text()) if json_path else output)
@@ -171,13 +175,20 @@ def run_part(name: str, argv: list[str], budget: float, json_path: Path | None) 
 
 
 def summarise_pytest(output: str) -> dict[str, Any]:
+    """From pytest's closing line; from its per-test lines (`-v`) when it was stopped before it."""
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", output)}
     failures = re.findall(r"^FAILED (\S+)", output, flags=re.M)
+    if not counts:  # no closing line: the verdict of each test that finished
+        verdicts = re.findall(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)", output, flags=re.M)
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        for test, verdict in verdicts:
+            counts["passed" if verdict == "PASSED" else "skipped" if verdict == "SKIPPED" else "failed"] += 1
+            failures += [test] if verdict in ("FAILED", "ERROR") else []
     return {
         "passed": counts.get("passed", 0),
         "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
         "skipped": counts.get("skipped", 0),
-        "failures": failures,
+        "failures": sorted(set(failures)),
     }
 
 

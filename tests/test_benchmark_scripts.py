@@ -161,6 +161,15 @@ def test_gpu_check_reads_pytest_counts_and_judges_goals():
     assert module.summarise_pytest(text) == {
         "passed": 9, "failed": 1, "skipped": 2, "failures": ["tests/gpu/test_gpu.py::test_a"],
     }  # fmt: skip
+    stopped = (  # `-v` lines of a run stopped at its budget: no closing line
+        "tests/gpu/test_gpu.py::test_a PASSED [  7%]\n"
+        "tests/gpu/test_gpu.py::test_b[cuda-cpu] FAILED [ 14%]\n"
+        "tests/gpu/test_gpu.py::test_c SKIPPED (needs two GPUs) [ 21%]\n"
+        "tests/gpu/test_gpu.py::test_d PASSED [ 28%]"
+    )
+    assert module.summarise_pytest(stopped) == {
+        "passed": 2, "failed": 1, "skipped": 1, "failures": ["tests/gpu/test_gpu.py::test_b[cuda-cpu]"],
+    }  # fmt: skip
     goals = module._goals({"vs_trl": {"step_time_ratio": 0.1, "peak_memory_ratio": 0.95}})
     assert goals["step_time_vs_trl_at_most_0.1"]["met"] is True  # the bound itself meets it
     assert goals["peak_memory_vs_trl_at_most_0.6"]["met"] is False
@@ -252,6 +261,11 @@ def test_gpu_check_stops_a_part_at_its_budget_with_its_output(tmp_path):
     part = module.run_part("train_bf16", [sys.executable, "-c", script], 2, tmp_path / "none.json")
     assert part["ok"] is False and part["error"] == "over its budget of 2 s"
     assert part["output_tail"] == "started" and part["seconds"] < 10
+    # a part read from its output keeps the verdicts it printed before its budget
+    line = "print('tests/gpu/test_gpu.py::test_a PASSED [ 7%]', flush=True)"
+    argv = [sys.executable, "-c", f"import time; {line}; time.sleep(30)"]
+    part = module.run_part("pytest_gpu", argv, 2, None)
+    assert part["ok"] is False and (part["passed"], part["failed"]) == (1, 0)
 
 
 @pytest.mark.slow
