@@ -10,7 +10,7 @@
 #
 # A lease has 15 minutes of device time, the machine's start (a minute or more) and idle time
 # included. At 480 s the check runs pytest_gpu, train_bf16, compiled and vs_trl (455 s of budgets);
-# call 2 takes the decode loops and the eager MFU; gsm8k (170 s) is for a lease with time left, or
+# call 2 takes the decode loops and the eager MFU; gsm8k (200 s) is for a lease with time left, or
 # for call 2 instead (`240 --only gsm8k`). A call that fails in its first seconds (an import, a
 # wheel) leaves the time to mend it and call again.
 #
